@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/quillmail/quill/internal/admin"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// adminTimeout bounds one admin API call; adding a user hashes a password,
+// which takes tens of milliseconds.
+const adminTimeout = 30 * time.Second
+
+// adminClient talks to a node's admin API.
+type adminClient struct {
+	server, token, dataDir string
+}
+
+func (c *adminClient) flags(cmd *cobra.Command) {
+	cmd.PersistentFlags().StringVar(&c.server, "server", "http://127.0.0.1:8025", "admin API URL of a running node")
+	cmd.PersistentFlags().StringVar(&c.token, "token", os.Getenv("QUILL_ADMIN_TOKEN"), "admin token (default $QUILL_ADMIN_TOKEN, or read from --data)")
+	cmd.PersistentFlags().StringVar(&c.dataDir, "data", "quill-data", "data directory to read the admin token from when --token is not given")
+}
+
+func (c *adminClient) do(method, path string, body any, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, strings.TrimRight(c.server, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	tok := c.token
+	if tok == "" {
+		if b, err := os.ReadFile(filepath.Join(c.dataDir, admin.TokenFile)); err == nil {
+			tok = strings.TrimSpace(string(b))
+		}
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: adminTimeout}).Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API %s: %w (is `quill serve` running?)", c.server, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if resp.StatusCode >= 300 {
+		var e struct{ Error string }
+		if json.Unmarshal(data, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%s", e.Error)
+		}
+		return fmt.Errorf("admin API %s %s: %s", method, path, resp.Status)
+	}
+	if out != nil {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// readPassword takes --password, else prompts on a terminal, else reads the
+// first line of stdin.
+func readPassword(flag string, confirm bool) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	if term.IsTerminal(int(os.Stdin.Fd())) {
+		fmt.Fprint(os.Stderr, "Password: ")
+		p, err := term.ReadPassword(int(os.Stdin.Fd()))
+		fmt.Fprintln(os.Stderr)
+		if err != nil {
+			return "", err
+		}
+		if confirm {
+			fmt.Fprint(os.Stderr, "Again: ")
+			q, err := term.ReadPassword(int(os.Stdin.Fd()))
+			fmt.Fprintln(os.Stderr)
+			if err != nil {
+				return "", err
+			}
+			if string(p) != string(q) {
+				return "", fmt.Errorf("passwords do not match")
+			}
+		}
+		return string(p), nil
+	}
+	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	if err != nil && err != io.EOF {
+		return "", fmt.Errorf("read password from stdin: %w", err)
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return "", fmt.Errorf("no password given (use --password or pipe it on stdin)")
+	}
+	return line, nil
+}
+
+func init() {
+	var c adminClient
+	var password string
+	cmd := &cobra.Command{Use: "user", Short: "Manage users on a running node"}
+	c.flags(cmd)
+
+	add := &cobra.Command{
+		Use: "add ADDRESS", Short: "Add a user (password from --password or stdin)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pw, err := readPassword(password, true)
+			if err != nil {
+				return err
+			}
+			if err := c.do("POST", "/api/users", map[string]string{"address": args[0], "password": pw}, nil); err != nil {
+				return err
+			}
+			fmt.Printf("added %s\n", args[0])
+			return nil
+		},
+	}
+	add.Flags().StringVar(&password, "password", "", "the password (default: read from stdin or prompt)")
+
+	passwd := &cobra.Command{
+		Use: "passwd ADDRESS", Short: "Change a user's password", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pw, err := readPassword(password, true)
+			if err != nil {
+				return err
+			}
+			if err := c.do("PUT", "/api/users/"+url.PathEscape(args[0])+"/password", map[string]string{"password": pw}, nil); err != nil {
+				return err
+			}
+			fmt.Printf("password of %s changed\n", args[0])
+			return nil
+		},
+	}
+	passwd.Flags().StringVar(&password, "password", "", "the new password (default: read from stdin or prompt)")
+
+	del := &cobra.Command{
+		Use: "del ADDRESS", Short: "Delete a user and all their mail", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := c.do("DELETE", "/api/users/"+url.PathEscape(args[0]), nil, nil); err != nil {
+				return err
+			}
+			fmt.Printf("deleted %s\n", args[0])
+			return nil
+		},
+	}
+
+	list := &cobra.Command{
+		Use: "list", Short: "List users", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var users []struct {
+				Address string    `json:"address"`
+				Created time.Time `json:"created"`
+			}
+			if err := c.do("GET", "/api/users", nil, &users); err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ADDRESS\tCREATED")
+			for _, u := range users {
+				fmt.Fprintf(w, "%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime))
+			}
+			return w.Flush()
+		},
+	}
+	cmd.AddCommand(add, passwd, del, list)
+	rootCmd.AddCommand(cmd)
+}

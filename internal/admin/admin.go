@@ -1,0 +1,245 @@
+// Package admin is the node's HTTP admin API (user management, cluster view,
+// Prometheus metrics) and the dashboard that draws the cluster: nodes, the
+// 256 buckets of the user map (Porcupine §3.2) and their load. It listens on
+// loopback by default; bound anywhere else it requires the bearer token
+// generated into the data directory.
+package admin
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
+)
+
+// TokenFile is the name of the admin token file in the data directory.
+const TokenFile = "admin.token"
+
+// maxRequestBody bounds admin request bodies; they are small JSON objects.
+const maxRequestBody = 64 << 10
+
+// LoadToken reads the admin token of a data directory, creating it (mode
+// 0600) if missing.
+func LoadToken(dataDir string) (string, error) {
+	path := filepath.Join(dataDir, TokenFile)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("admin token %s: %w", path, err)
+	}
+	var r [24]byte
+	rand.Read(r[:])
+	tok := hex.EncodeToString(r[:])
+	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("admin token %s: %w", path, err)
+	}
+	return tok, nil
+}
+
+// NodeInfo describes the node for the cluster view.
+type NodeInfo struct {
+	ID      cluster.NodeID
+	Started time.Time
+	Addrs   map[string]string // protocol -> listen address
+	Load    func() int        // pending disk operations
+	UserMap func() cluster.UserMap
+}
+
+// Server is the admin HTTP handler.
+type Server struct {
+	Users *usermgr.Manager
+	Node  NodeInfo
+	// Token, when non-empty, is required as "Authorization: Bearer TOKEN"
+	// on every request except /healthz.
+	Token  string
+	Logger *slog.Logger
+}
+
+// RequireToken reports whether a listen address needs the token: anything
+// not bound to loopback does.
+func RequireToken(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return true
+	}
+	if host == "localhost" {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
+}
+
+// Handler returns the HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /api/users", s.listUsers)
+	mux.HandleFunc("POST /api/users", s.addUser)
+	mux.HandleFunc("PUT /api/users/{address}/password", s.setPassword)
+	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
+	mux.HandleFunc("GET /cluster", s.clusterStatus)
+	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /{$}", s.dashboard)
+	return s.auth(mux)
+}
+
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.Token != "" && r.URL.Path != "/healthz" {
+			got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) != 1 {
+				writeError(w, http.StatusUnauthorized, errors.New("admin token missing or wrong (see "+TokenFile+" in the data directory)"))
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type userJSON struct {
+	Address  string    `json:"address"`
+	Password string    `json:"password,omitempty"`
+	Created  time.Time `json:"created,omitzero"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, userdb.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, userdb.ErrExists):
+		return http.StatusConflict
+	default:
+		return http.StatusBadRequest
+	}
+}
+
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxRequestBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("request body: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
+	ps := s.Users.Users()
+	out := make([]userJSON, len(ps))
+	for i, p := range ps {
+		out[i] = userJSON{Address: p.Address, Created: p.Created}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) addUser(w http.ResponseWriter, r *http.Request) {
+	var u userJSON
+	if err := readJSON(r, &u); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	p, err := s.Users.AddUser(u.Address, u.Password)
+	if err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("user added", "user", p.Address)
+	writeJSON(w, http.StatusCreated, userJSON{Address: p.Address, Created: p.Created})
+}
+
+func (s *Server) setPassword(w http.ResponseWriter, r *http.Request) {
+	var u userJSON
+	if err := readJSON(r, &u); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	addr := r.PathValue("address")
+	if err := s.Users.SetPassword(addr, u.Password); err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("password changed", "user", addr)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request) {
+	addr := r.PathValue("address")
+	if err := s.Users.DeleteUser(addr); err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("user deleted", "user", addr)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ClusterStatus is the JSON of GET /cluster.
+type ClusterStatus struct {
+	Epoch   uint64         `json:"epoch"`
+	Members []MemberStatus `json:"members"`
+	Buckets []BucketStatus `json:"buckets"`
+	Users   int            `json:"users"`
+}
+
+// MemberStatus is one node in the cluster view.
+type MemberStatus struct {
+	ID      cluster.NodeID    `json:"id"`
+	State   string            `json:"state"`
+	Load    int               `json:"load"`
+	Buckets int               `json:"buckets"`
+	Started time.Time         `json:"started"`
+	Addrs   map[string]string `json:"addrs,omitempty"`
+}
+
+// BucketStatus is one user-map entry.
+type BucketStatus struct {
+	Bucket int            `json:"bucket"`
+	Node   cluster.NodeID `json:"node"`
+	Epoch  uint64         `json:"epoch"`
+}
+
+func (s *Server) status() ClusterStatus {
+	um := s.Node.UserMap()
+	st := ClusterStatus{Epoch: um.Epoch, Users: len(s.Users.Users())}
+	count := map[cluster.NodeID]int{}
+	for b := 0; b < cluster.Buckets; b++ {
+		st.Buckets = append(st.Buckets, BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]})
+		count[um.Node[b]]++
+	}
+	st.Members = []MemberStatus{{ID: s.Node.ID, State: "alive", Load: s.Node.Load(),
+		Buckets: count[s.Node.ID], Started: s.Node.Started, Addrs: s.Node.Addrs}}
+	return st
+}
+
+func (s *Server) clusterStatus(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.status())
+}

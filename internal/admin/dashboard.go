@@ -1,0 +1,51 @@
+package admin
+
+import (
+	"fmt"
+	"hash/fnv"
+	"html/template"
+	"net/http"
+
+	"github.com/quillmail/quill/internal/cluster"
+)
+
+// The dashboard draws the cluster as Porcupine Fig. 3 does: the user map's
+// buckets, each coloured by the node that manages it, beside the nodes and
+// their load. It refreshes itself every few seconds.
+var dashboardTmpl = template.Must(template.New("d").Funcs(template.FuncMap{
+	"color": nodeColor,
+}).Parse(`<!doctype html>
+<html><head><meta charset="utf-8"><title>Quill cluster</title>
+<meta http-equiv="refresh" content="5">
+<style>
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}
+.grid{display:grid;grid-template-columns:repeat(32,18px);gap:2px;margin-top:1em}
+.b{width:18px;height:18px;font-size:8px;color:#fff;text-align:center;line-height:18px;border-radius:2px}
+.bar{height:10px;background:#4a90d9;display:inline-block}
+.sw{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px}
+</style></head><body>
+<h1>Quill cluster</h1>
+<p>User-map epoch {{.Epoch}} · {{len .Members}} node(s) · {{.Users}} user(s)</p>
+<h2>Nodes</h2>
+<table><tr><th>node</th><th>state</th><th>buckets</th><th>load (pending disk ops)</th><th>listeners</th></tr>
+{{range .Members}}<tr><td><span class="sw" style="background:{{color .ID}}"></span>{{.ID}}</td><td>{{.State}}</td><td>{{.Buckets}}</td>
+<td><span class="bar" style="width:{{.Load}}px"></span> {{.Load}}</td><td>{{range $k, $v := .Addrs}}{{$k}} {{$v}} {{end}}</td></tr>{{end}}
+</table>
+<h2>User map (256 buckets)</h2>
+<div class="grid">{{range .Buckets}}<div class="b" title="bucket {{.Bucket}}: {{.Node}} (epoch {{.Epoch}})" style="background:{{color .Node}}">{{.Bucket}}</div>{{end}}</div>
+<p><a href="/cluster">JSON</a> · <a href="/metrics">metrics</a></p>
+</body></html>`))
+
+func nodeColor(id cluster.NodeID) template.CSS {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return template.CSS(fmt.Sprintf("hsl(%d,55%%,45%%)", h.Sum32()%360))
+}
+
+func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := dashboardTmpl.Execute(w, s.status()); err != nil {
+		s.Logger.Error("dashboard", "err", err)
+	}
+}

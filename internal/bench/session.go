@@ -1,0 +1,206 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/emersion/go-smtp"
+)
+
+// Network deadlines. Every operation of a run is bounded by them, so a run
+// ends by itself even against a server that stops answering.
+const (
+	// DialTimeout bounds opening a TCP connection.
+	DialTimeout = 5 * time.Second
+	// SessionTimeout bounds a whole SMTP or POP3 session, from dial to the
+	// reply to QUIT. A session that reaches it fails with ErrTimeout. It is
+	// much longer than the 2 s latency deadline so that slow sessions are
+	// measured (and counted as late) rather than cut off.
+	SessionTimeout = 30 * time.Second
+	// DrainTimeout is how long requests still in flight when the run's
+	// duration is over may take to finish before they are cut off and
+	// counted as aborted.
+	DrainTimeout = 5 * time.Second
+)
+
+// boundedConn keeps every deadline of a connection at or before the end of
+// its session, whatever the protocol client sets (go-smtp's client resets
+// its deadline to "none" after each command), and lets the run cut the
+// session off.
+type boundedConn struct {
+	net.Conn
+	mu      sync.Mutex
+	limit   time.Time
+	aborted bool
+}
+
+var pastDeadline = time.Unix(1, 0)
+
+func (c *boundedConn) clamp(t time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted {
+		return pastDeadline
+	}
+	if t.IsZero() || t.After(c.limit) {
+		return c.limit
+	}
+	return t
+}
+
+func (c *boundedConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.clamp(t)) }
+func (c *boundedConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.clamp(t)) }
+func (c *boundedConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.clamp(t)) }
+
+func (c *boundedConn) abort() {
+	c.mu.Lock()
+	c.aborted = true
+	c.mu.Unlock()
+	c.Conn.SetDeadline(pastDeadline)
+}
+
+// dialSession opens a connection for one session that starts at start. The
+// connection is cut off when abort is done.
+func dialSession(abort context.Context, addr string, start time.Time) (*boundedConn, func(), error) {
+	d := net.Dialer{Timeout: DialTimeout}
+	raw, err := d.DialContext(abort, "tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &boundedConn{Conn: raw, limit: start.Add(SessionTimeout)}
+	c.SetDeadline(time.Time{})
+	stop := context.AfterFunc(abort, c.abort)
+	return c, func() { stop(); raw.Close() }, nil
+}
+
+// classify maps a session error to its kind.
+func classify(err error) ErrKind {
+	var se *smtp.SMTPError
+	var pe *popError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return ErrNone
+	case errors.As(err, &se) && se.Code >= 400 && se.Code < 500:
+		return ErrSMTP4xx
+	case errors.As(err, &se) && se.Code >= 500:
+		return ErrSMTP5xx
+	case errors.As(err, &pe):
+		return ErrPOP
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return ErrTimeout
+	}
+	return ErrOther
+}
+
+// smtpTarget is what one SMTP session needs.
+type smtpTarget struct {
+	addr     string
+	helo     string
+	from, to string
+	msg      []byte
+}
+
+// deliver runs one SMTP session (RFC 5321 §3.3): EHLO, MAIL, RCPT, DATA
+// with one message, QUIT.
+func deliver(abort context.Context, t smtpTarget) (res Result, err error) {
+	res.Op = OpSMTP
+	start := time.Now()
+	defer func() {
+		res.Latency = time.Since(start)
+		if err != nil {
+			res.Err = classify(err)
+			if abort.Err() != nil {
+				res.Aborted, res.Err = true, ErrNone
+			}
+		}
+	}()
+	conn, closeConn, err := dialSession(abort, t.addr, start)
+	if err != nil {
+		if abort.Err() == nil {
+			res.Err = ErrConnect
+		}
+		return res, nil // classified here, not by the deferred code
+	}
+	defer closeConn()
+	c := smtp.NewClient(conn)
+	c.CommandTimeout, c.SubmissionTimeout = SessionTimeout, SessionTimeout
+	if err := c.Hello(t.helo); err != nil {
+		return res, err
+	}
+	if err := c.Mail(t.from, nil); err != nil {
+		return res, err
+	}
+	if err := c.Rcpt(t.to, nil); err != nil {
+		return res, err
+	}
+	w, err := c.Data()
+	if err != nil {
+		return res, err
+	}
+	if _, err := w.Write(t.msg); err != nil {
+		return res, err
+	}
+	if err := w.Close(); err != nil {
+		return res, err
+	}
+	res.Delivered, res.BytesSent = true, int64(len(t.msg))
+	return res, c.Quit()
+}
+
+// popTarget is what one POP3 session needs.
+type popTarget struct {
+	addr       string
+	user, pass string
+}
+
+// retrieveAll runs one POP3 session (RFC 1939): log in, LIST, RETR and
+// DELE every message, QUIT.
+func retrieveAll(abort context.Context, t popTarget) (res Result, err error) {
+	res.Op = OpPOP
+	start := time.Now()
+	defer func() {
+		res.Latency = time.Since(start)
+		if err != nil {
+			res.Err = classify(err)
+			if abort.Err() != nil {
+				res.Aborted, res.Err = true, ErrNone
+			}
+		}
+	}()
+	conn, closeConn, err := dialSession(abort, t.addr, start)
+	if err != nil {
+		if abort.Err() == nil {
+			res.Err = ErrConnect
+		}
+		return res, nil
+	}
+	defer closeConn()
+	c := newPOPClient(conn)
+	if err := c.greeting(); err != nil {
+		return res, err
+	}
+	if err := c.login(t.user, t.pass); err != nil {
+		return res, err
+	}
+	nums, err := c.list()
+	if err != nil {
+		return res, err
+	}
+	for _, n := range nums {
+		size, err := c.retr(n)
+		if err != nil {
+			return res, err
+		}
+		res.Retrieved++
+		res.BytesRetrieved += size
+		if err := c.dele(n); err != nil {
+			return res, err
+		}
+	}
+	return res, c.quit()
+}

@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Op is the kind of a request.
+type Op int
+
+const (
+	OpSMTP Op = iota // one SMTP session delivering one message
+	OpPOP            // one POP3 session: login, retrieve and delete all, quit
+)
+
+func (o Op) String() string {
+	if o == OpPOP {
+		return "pop"
+	}
+	return "smtp"
+}
+
+// ErrKind classifies a failed request.
+type ErrKind string
+
+const (
+	ErrNone    ErrKind = ""
+	ErrConnect ErrKind = "connect"  // the TCP connection could not be opened
+	ErrSMTP4xx ErrKind = "smtp_4xx" // a transient SMTP reply (RFC 5321 §4.2.1)
+	ErrSMTP5xx ErrKind = "smtp_5xx" // a permanent SMTP reply
+	ErrPOP     ErrKind = "pop_err"  // a POP3 -ERR reply (RFC 1939 §3)
+	ErrTimeout ErrKind = "timeout"  // an operation ran into its deadline
+	ErrOther   ErrKind = "other"    // connection lost, malformed reply, ...
+)
+
+// ErrKinds lists the kinds in report order.
+var ErrKinds = []ErrKind{ErrConnect, ErrSMTP4xx, ErrSMTP5xx, ErrPOP, ErrTimeout, ErrOther}
+
+// Result is the outcome of one request.
+type Result struct {
+	Op      Op
+	Latency time.Duration // whole session, from dial to the reply to QUIT
+	Err     ErrKind
+	// Aborted marks a request cut off because the run ended; it is counted
+	// neither as a success nor as an error.
+	Aborted bool
+	// Delivered is set for an SMTP session whose DATA got a 250, even if
+	// the session failed afterwards.
+	Delivered bool
+	BytesSent int64 // message bytes handed to DATA
+	// Retrieved and BytesRetrieved count the messages fully read by RETR.
+	Retrieved      int
+	BytesRetrieved int64
+}
+
+// Stats accumulates Results. The zero value is ready to use; it is not safe
+// for concurrent use.
+type Stats struct {
+	Requests  int64 // finished requests, errors included, aborted excluded
+	Delivered int64 // messages accepted after DATA
+	BytesSent int64 // size of the delivered messages
+	POP       int64 // POP sessions that ended with +OK to QUIT
+	Retrieved int64 // messages read by RETR
+	BytesRead int64
+	Aborted   int64
+	// Over counts successful requests slower than the deadline, by Op.
+	Over   [2]int64
+	Errors map[ErrKind]int64
+
+	lat [2][]time.Duration // latencies of successful requests, by Op
+}
+
+// Add records r; deadline is the latency above which a successful request
+// counts as late.
+func (s *Stats) Add(r Result, deadline time.Duration) {
+	if r.Delivered {
+		s.Delivered++
+		s.BytesSent += r.BytesSent
+	}
+	s.Retrieved += int64(r.Retrieved)
+	s.BytesRead += r.BytesRetrieved
+	if r.Aborted {
+		s.Aborted++
+		return
+	}
+	s.Requests++
+	if r.Err != ErrNone {
+		if s.Errors == nil {
+			s.Errors = make(map[ErrKind]int64)
+		}
+		s.Errors[r.Err]++
+		return
+	}
+	if r.Op == OpPOP {
+		s.POP++
+	}
+	s.lat[r.Op] = append(s.lat[r.Op], r.Latency)
+	if r.Latency > deadline {
+		s.Over[r.Op]++
+	}
+}
+
+// Merge adds the counts and latencies of o to s.
+func (s *Stats) Merge(o *Stats) {
+	s.Requests += o.Requests
+	s.Delivered += o.Delivered
+	s.BytesSent += o.BytesSent
+	s.POP += o.POP
+	s.Retrieved += o.Retrieved
+	s.BytesRead += o.BytesRead
+	s.Aborted += o.Aborted
+	for i := range s.Over {
+		s.Over[i] += o.Over[i]
+		s.lat[i] = append(s.lat[i], o.lat[i]...)
+	}
+	for k, v := range o.Errors {
+		if s.Errors == nil {
+			s.Errors = make(map[ErrKind]int64)
+		}
+		s.Errors[k] += v
+	}
+}
+
+// ErrorCount is the number of failed requests.
+func (s *Stats) ErrorCount() int64 {
+	var n int64
+	for _, v := range s.Errors {
+		n += v
+	}
+	return n
+}
+
+// Misses is the number of requests that did not complete successfully
+// within the deadline: the late ones and the failed ones. The probe uses
+// it, as Porcupine's generator does, to detect saturation.
+func (s *Stats) Misses() int64 { return s.Over[OpSMTP] + s.Over[OpPOP] + s.ErrorCount() }
+
+// MissFraction is Misses/Requests; 0 when nothing finished.
+func (s *Stats) MissFraction() float64 {
+	if s.Requests == 0 {
+		return 0
+	}
+	return float64(s.Misses()) / float64(s.Requests)
+}
+
+// MeanSize is the mean size of the delivered messages in bytes.
+func (s *Stats) MeanSize() float64 {
+	if s.Delivered == 0 {
+		return 0
+	}
+	return float64(s.BytesSent) / float64(s.Delivered)
+}
+
+// Latency summarises the latencies of the successful requests of op.
+func (s *Stats) Latency(op Op) LatencySummary { return Summarize(s.lat[op]) }
+
+// LatencySummary holds latency percentiles in milliseconds.
+type LatencySummary struct {
+	Count int     `json:"count"`
+	Mean  float64 `json:"mean_ms"`
+	P50   float64 `json:"p50_ms"`
+	P90   float64 `json:"p90_ms"`
+	P99   float64 `json:"p99_ms"`
+	Max   float64 `json:"max_ms"`
+}
+
+// Summarize computes the summary of ds (which it does not modify).
+func Summarize(ds []time.Duration) LatencySummary {
+	if len(ds) == 0 {
+		return LatencySummary{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	return LatencySummary{
+		Count: len(s),
+		Mean:  ms(sum / time.Duration(len(s))),
+		P50:   ms(Percentile(s, 50)),
+		P90:   ms(Percentile(s, 90)),
+		P99:   ms(Percentile(s, 99)),
+		Max:   ms(s[len(s)-1]),
+	}
+}
+
+// Percentile returns the p-th percentile (0 < p <= 100) of the sorted
+// slice by the nearest-rank method: the smallest value with at least p% of
+// the values at or below it.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank = min(max(rank, 1), len(sorted))
+	return sorted[rank-1]
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }

@@ -1,0 +1,999 @@
+// Package mailbox is the mailbox manager of Porcupine §2.2: it keeps this
+// node's mailbox fragments (the messages stored here for each user) on
+// stable storage and serves them to the delivery and retrieval proxies.
+//
+// A user has several mailboxes (Porcupine's ⟨user, mailbox⟩ pairs); each
+// mailbox carries what IMAP needs (RFC 3501 §2.3.1, RFC 7162): UIDVALIDITY,
+// UIDNEXT, a strictly ascending UID per message that is never reused, and a
+// MODSEQ per change. All keys of a user sit under the user's bucket, so the
+// fragments of a whole bucket are found by one scan (§3.3, §6.1).
+//
+// Every change is one Pebble batch committed with fsync before the call
+// returns. Changes to one user are serialised by a per-user lock held across
+// the commit, so a UID becomes visible only after every smaller UID of its
+// mailbox; changes to different users commit concurrently and share WAL
+// fsyncs.
+package mailbox
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble"
+	"github.com/quillmail/quill/internal/store"
+)
+
+// Inbox is the name of the mailbox that SMTP delivers to (RFC 3501 §5.1:
+// case-insensitive).
+const Inbox = "INBOX"
+
+// Separator is the hierarchy delimiter of mailbox names.
+const Separator = "/"
+
+// DefaultMailboxes are made for every new user, with their RFC 6154
+// special-use attribute.
+var DefaultMailboxes = []struct{ Name, SpecialUse string }{
+	{Inbox, ""},
+	{"Sent", `\Sent`},
+	{"Drafts", `\Drafts`},
+	{"Trash", `\Trash`},
+	{"Junk", `\Junk`},
+	{"Archive", `\Archive`},
+}
+
+var (
+	ErrNoMailbox     = errors.New("no such mailbox")
+	ErrMailboxExists = errors.New("mailbox already exists")
+	ErrNoMessage     = errors.New("no such message")
+	ErrBadName       = errors.New("invalid mailbox name")
+)
+
+// Mailbox is the record of one mailbox.
+type Mailbox struct {
+	ID            uint64    `json:"id"`
+	Name          string    `json:"name"`
+	UIDValidity   uint32    `json:"uidvalidity"`
+	UIDNext       uint32    `json:"uidnext"`
+	HighestModSeq uint64    `json:"highestmodseq"`
+	Subscribed    bool      `json:"subscribed"`
+	SpecialUse    string    `json:"special_use,omitempty"`
+	Created       time.Time `json:"created"`
+}
+
+// Message is the index record of one message in a mailbox.
+type Message struct {
+	UID    uint32
+	ID     string // node-independent id, the POP3 UIDL and the body's key
+	Size   int64
+	Date   time.Time // IMAP INTERNALDATE
+	Flags  []string
+	ModSeq uint64
+}
+
+// HasFlag reports whether the message carries flag (case-insensitive, RFC
+// 3501 §2.3.2).
+func (m *Message) HasFlag(flag string) bool {
+	for _, f := range m.Flags {
+		if strings.EqualFold(f, flag) {
+			return true
+		}
+	}
+	return false
+}
+
+// userMeta holds per-user counters.
+type userMeta struct {
+	NextMailboxID   uint64 `json:"next_mailbox_id"`
+	LastUIDValidity uint32 `json:"last_uidvalidity"`
+}
+
+// Change tells subscribers that a mailbox of a user changed.
+type Change struct {
+	User    string
+	Mailbox uint64 // mailbox ID; 0 when the set of mailboxes changed
+}
+
+// Manager is the node's mailbox manager.
+type Manager struct {
+	db    *store.DB
+	locks [1024]sync.Mutex
+	// pending counts commits waiting for their fsync: the load measure of
+	// Porcupine §5 (pending disk operations).
+	pending atomic.Int64
+
+	subMu sync.Mutex
+	subs  map[string]map[*subscription]struct{}
+}
+
+// New returns the mailbox manager on top of the node's store.
+func New(db *store.DB) *Manager {
+	return &Manager{db: db, subs: map[string]map[*subscription]struct{}{}}
+}
+
+func (m *Manager) lockUser(user string) func() {
+	h := fnv.New32a()
+	h.Write([]byte(user))
+	mu := &m.locks[h.Sum32()%uint32(len(m.locks))]
+	mu.Lock()
+	return mu.Unlock
+}
+
+// lockUsers locks several users' stripes in a fixed order, so two
+// multi-recipient deliveries cannot deadlock.
+func (m *Manager) lockUsers(users []string) func() {
+	idx := map[uint32]bool{}
+	for _, u := range users {
+		h := fnv.New32a()
+		h.Write([]byte(u))
+		idx[h.Sum32()%uint32(len(m.locks))] = true
+	}
+	order := make([]int, 0, len(idx))
+	for i := range idx {
+		order = append(order, int(i))
+	}
+	sort.Ints(order)
+	for _, i := range order {
+		m.locks[i].Lock()
+	}
+	return func() {
+		for _, i := range order {
+			m.locks[i].Unlock()
+		}
+	}
+}
+
+// Pending returns the number of disk writes in flight.
+func (m *Manager) Pending() int { return int(m.pending.Load()) }
+
+// NewMessageID returns a node-independent message id: time-ordered, with 64
+// random bits, so ids from different nodes never collide. It is printable
+// ASCII of 29 characters, valid as a POP3 unique-id (RFC 1939 §7).
+func (m *Manager) NewMessageID() string {
+	var r [8]byte
+	rand.Read(r[:])
+	return fmt.Sprintf("%013x%s", time.Now().UnixMicro(), hex.EncodeToString(r[:]))
+}
+
+// --- keys
+
+func mailboxKey(user, name string) []byte {
+	return append(store.UserPrefix(store.KindMailbox, user), normName(name)...)
+}
+
+func messagePrefix(user string, mbox uint64) []byte {
+	k := store.UserPrefix(store.KindMessage, user)
+	return binary.BigEndian.AppendUint64(k, mbox)
+}
+
+func messageKey(user string, mbox uint64, uid uint32) []byte {
+	return binary.BigEndian.AppendUint32(messagePrefix(user, mbox), uid)
+}
+
+func bodyKey(user, id string) []byte {
+	return append(store.UserPrefix(store.KindBody, user), id...)
+}
+
+func userMetaKey(user string) []byte { return store.UserPrefix(store.KindUserMeta, user) }
+
+// normName makes INBOX case-insensitive (RFC 3501 §5.1); other names are
+// case-sensitive.
+func normName(name string) string {
+	if strings.EqualFold(name, Inbox) {
+		return Inbox
+	}
+	if len(name) > 6 && strings.EqualFold(name[:6], Inbox+Separator) {
+		return Inbox + name[5:]
+	}
+	return name
+}
+
+// maxNameLen bounds mailbox names; IMAP clients never need more.
+const maxNameLen = 512
+
+// ValidateName checks a mailbox name.
+func ValidateName(name string) error {
+	if name == "" || len(name) > maxNameLen {
+		return fmt.Errorf("mailbox %q: %w: length must be 1 to %d", name, ErrBadName, maxNameLen)
+	}
+	if strings.HasPrefix(name, Separator) || strings.HasSuffix(name, Separator) || strings.Contains(name, Separator+Separator) {
+		return fmt.Errorf("mailbox %q: %w: empty hierarchy level", name, ErrBadName)
+	}
+	for _, c := range []byte(name) {
+		if c < ' ' || c == 0x7f || c == '*' || c == '%' {
+			return fmt.Errorf("mailbox %q: %w: character %q not allowed", name, ErrBadName, c)
+		}
+	}
+	return nil
+}
+
+// --- reads
+
+func getJSON(r pebble.Reader, key []byte, v any) (bool, error) {
+	b, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	return true, json.Unmarshal(b, v)
+}
+
+// Mailboxes returns the user's mailboxes sorted by name.
+func (m *Manager) Mailboxes(user string) ([]Mailbox, error) {
+	it, err := m.db.PrefixIter(nil, store.UserPrefix(store.KindMailbox, user))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []Mailbox
+	for it.First(); it.Valid(); it.Next() {
+		var mb Mailbox
+		if err := json.Unmarshal(it.Value(), &mb); err != nil {
+			return nil, fmt.Errorf("user %s: corrupt mailbox record: %w", user, err)
+		}
+		out = append(out, mb)
+	}
+	return out, it.Error()
+}
+
+// Mailbox returns one mailbox record.
+func (m *Manager) Mailbox(user, name string) (*Mailbox, error) {
+	return m.getMailbox(m.db, user, name)
+}
+
+func (m *Manager) getMailbox(r pebble.Reader, user, name string) (*Mailbox, error) {
+	var mb Mailbox
+	ok, err := getJSON(r, mailboxKey(user, name), &mb)
+	if err != nil {
+		return nil, fmt.Errorf("user %s mailbox %q: %w", user, name, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("user %s mailbox %q: %w", user, name, ErrNoMailbox)
+	}
+	return &mb, nil
+}
+
+// Messages returns the index records of a mailbox, in UID order.
+func (m *Manager) Messages(user string, mbox uint64) ([]Message, error) {
+	it, err := m.db.PrefixIter(nil, messagePrefix(user, mbox))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []Message
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		var msg Message
+		msg.UID = binary.BigEndian.Uint32(k[len(k)-4:])
+		if err := decodeMessage(it.Value(), &msg); err != nil {
+			return nil, fmt.Errorf("user %s mailbox %d uid %d: %w", user, mbox, msg.UID, err)
+		}
+		out = append(out, msg)
+	}
+	return out, it.Error()
+}
+
+// Body returns the whole message as stored (CRLF line endings).
+func (m *Manager) Body(user, id string) ([]byte, error) {
+	b, closer, err := m.db.Get(bodyKey(user, id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("user %s message %s: %w", user, id, ErrNoMessage)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("user %s message %s: read: %w", user, id, err)
+	}
+	defer closer.Close()
+	return bytes.Clone(b), nil
+}
+
+// OpenBody returns a reader over the message bytes.
+func (m *Manager) OpenBody(user, id string) (io.ReadCloser, error) {
+	b, err := m.Body(user, id)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// --- writes
+
+// tx is one change to a user's mail under the user's lock: reads see the
+// batch's own writes, and commit makes them durable.
+type tx struct {
+	m       *Manager
+	b       *pebble.Batch
+	changed map[string]map[uint64]bool
+}
+
+func (m *Manager) newTx() *tx {
+	return &tx{m: m, b: m.db.NewIndexedBatch(), changed: map[string]map[uint64]bool{}}
+}
+
+func (t *tx) touch(user string, mbox uint64) {
+	if t.changed[user] == nil {
+		t.changed[user] = map[uint64]bool{}
+	}
+	t.changed[user][mbox] = true
+}
+
+func (t *tx) putJSON(key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return t.b.Set(key, b, nil)
+}
+
+func (t *tx) putMailbox(user string, mb *Mailbox) error {
+	t.touch(user, mb.ID)
+	return t.putJSON(mailboxKey(user, mb.Name), mb)
+}
+
+// commit fsyncs the batch (store.Sync), then tells subscribers.
+func (t *tx) commit() error {
+	defer t.b.Close()
+	if t.b.Empty() {
+		return nil
+	}
+	t.m.pending.Add(1)
+	err := t.b.Commit(store.Sync)
+	t.m.pending.Add(-1)
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	for user, boxes := range t.changed {
+		for id := range boxes {
+			t.m.publish(Change{User: user, Mailbox: id})
+		}
+	}
+	return nil
+}
+
+func (t *tx) abort() { t.b.Close() }
+
+func (t *tx) meta(user string) (*userMeta, error) {
+	var um userMeta
+	if _, err := getJSON(t.b, userMetaKey(user), &um); err != nil {
+		return nil, fmt.Errorf("user %s: counters: %w", user, err)
+	}
+	return &um, nil
+}
+
+// createMailbox makes a mailbox record with a fresh ID and UIDVALIDITY.
+// UIDVALIDITY is the creation second, but strictly greater than any this
+// user had before, so a mailbox deleted and made again under the same name
+// never repeats one (RFC 3501 §2.3.1.1).
+func (t *tx) createMailbox(user, name, specialUse string) (*Mailbox, error) {
+	um, err := t.meta(user)
+	if err != nil {
+		return nil, err
+	}
+	um.NextMailboxID++
+	v := uint32(time.Now().Unix())
+	if v <= um.LastUIDValidity {
+		v = um.LastUIDValidity + 1
+	}
+	um.LastUIDValidity = v
+	if err := t.putJSON(userMetaKey(user), um); err != nil {
+		return nil, err
+	}
+	mb := &Mailbox{ID: um.NextMailboxID, Name: normName(name), UIDValidity: v, UIDNext: 1,
+		HighestModSeq: 1, Subscribed: true, SpecialUse: specialUse, Created: time.Now().UTC()}
+	t.touch(user, 0)
+	return mb, t.putMailbox(user, mb)
+}
+
+// ensureMailbox returns the mailbox, making it if it is INBOX or one of the
+// defaults (so delivery never fails for a user whose mailboxes were not yet
+// made on this node).
+func (t *tx) ensureMailbox(user, name string) (*Mailbox, error) {
+	mb, err := t.m.getMailbox(t.b, user, name)
+	if err == nil || !errors.Is(err, ErrNoMailbox) {
+		return mb, err
+	}
+	if normName(name) != Inbox {
+		return nil, err
+	}
+	return t.createMailbox(user, Inbox, "")
+}
+
+// addMessage writes a new message with the next UID of mb.
+func (t *tx) addMessage(user string, mb *Mailbox, id string, raw []byte, flags []string, date time.Time) (Message, error) {
+	if mb.UIDNext == 0 || mb.UIDNext == ^uint32(0) {
+		return Message{}, fmt.Errorf("user %s mailbox %q: UIDs exhausted", user, mb.Name)
+	}
+	mb.HighestModSeq++
+	msg := Message{UID: mb.UIDNext, ID: id, Size: int64(len(raw)), Date: date, Flags: cleanFlags(flags), ModSeq: mb.HighestModSeq}
+	mb.UIDNext++
+	if raw != nil {
+		if err := t.b.Set(bodyKey(user, id), raw, nil); err != nil {
+			return Message{}, err
+		}
+	}
+	if err := t.b.Set(messageKey(user, mb.ID, msg.UID), encodeMessage(&msg), nil); err != nil {
+		return Message{}, err
+	}
+	return msg, t.putMailbox(user, mb)
+}
+
+// EnsureUser makes the default mailboxes of a user that lacks them.
+func (m *Manager) EnsureUser(user string) error {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	for _, d := range DefaultMailboxes {
+		if _, err := m.getMailbox(t.b, user, d.Name); err == nil {
+			continue
+		} else if !errors.Is(err, ErrNoMailbox) {
+			t.abort()
+			return err
+		}
+		if _, err := t.createMailbox(user, d.Name, d.SpecialUse); err != nil {
+			t.abort()
+			return err
+		}
+	}
+	return t.commit()
+}
+
+// Delivered is the result of delivering to one recipient.
+type Delivered struct {
+	User    string
+	Mailbox uint64
+	Message Message
+}
+
+// Deliver stores one message into the INBOX of every recipient in a single
+// durable batch: when it returns nil, the message is fsync'd for all of them.
+// The body is stored once per recipient, since each recipient's fragment is
+// its own hard state (and may later move to other nodes alone).
+func (m *Manager) Deliver(users []string, raw []byte, date time.Time) ([]Delivered, error) {
+	defer m.lockUsers(users)()
+	t := m.newTx()
+	out := make([]Delivered, 0, len(users))
+	seen := map[string]bool{}
+	for _, u := range users {
+		if seen[u] {
+			continue
+		}
+		seen[u] = true
+		mb, err := t.ensureMailbox(u, Inbox)
+		if err != nil {
+			t.abort()
+			return nil, err
+		}
+		msg, err := t.addMessage(u, mb, m.NewMessageID(), raw, nil, date)
+		if err != nil {
+			t.abort()
+			return nil, err
+		}
+		out = append(out, Delivered{User: u, Mailbox: mb.ID, Message: msg})
+	}
+	if err := t.commit(); err != nil {
+		return nil, fmt.Errorf("deliver to %s: %w", strings.Join(users, ","), err)
+	}
+	return out, nil
+}
+
+// Append adds a message to a mailbox (IMAP APPEND, RFC 3501 §6.3.11).
+func (m *Manager) Append(user, name string, raw []byte, flags []string, date time.Time) (*Mailbox, Message, error) {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := t.ensureMailbox(user, name)
+	if err != nil {
+		t.abort()
+		return nil, Message{}, err
+	}
+	msg, err := t.addMessage(user, mb, m.NewMessageID(), raw, flags, date)
+	if err != nil {
+		t.abort()
+		return nil, Message{}, err
+	}
+	return mb, msg, t.commit()
+}
+
+// CreateMailbox makes a mailbox (IMAP CREATE).
+func (m *Manager) CreateMailbox(user, name, specialUse string) (*Mailbox, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	defer m.lockUser(user)()
+	t := m.newTx()
+	if _, err := m.getMailbox(t.b, user, name); err == nil {
+		t.abort()
+		return nil, fmt.Errorf("user %s mailbox %q: %w", user, name, ErrMailboxExists)
+	}
+	mb, err := t.createMailbox(user, name, specialUse)
+	if err != nil {
+		t.abort()
+		return nil, err
+	}
+	return mb, t.commit()
+}
+
+// DeleteMailbox removes a mailbox and its messages (IMAP DELETE). INBOX
+// cannot be deleted (RFC 3501 §6.3.4).
+func (m *Manager) DeleteMailbox(user, name string) error {
+	if normName(name) == Inbox {
+		return fmt.Errorf("user %s: INBOX cannot be deleted", user)
+	}
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := m.getMailbox(t.b, user, name)
+	if err != nil {
+		t.abort()
+		return err
+	}
+	if err := t.dropMessages(user, mb.ID); err != nil {
+		t.abort()
+		return err
+	}
+	if err := t.b.Delete(mailboxKey(user, mb.Name), nil); err != nil {
+		t.abort()
+		return err
+	}
+	t.touch(user, 0)
+	t.touch(user, mb.ID)
+	return t.commit()
+}
+
+func (t *tx) dropMessages(user string, mbox uint64) error {
+	msgs, err := t.m.messagesIn(t.b, user, mbox)
+	if err != nil {
+		return err
+	}
+	for _, msg := range msgs {
+		if err := t.b.Delete(bodyKey(user, msg.ID), nil); err != nil {
+			return err
+		}
+	}
+	p := messagePrefix(user, mbox)
+	return t.b.DeleteRange(p, store.UpperBound(p), nil)
+}
+
+func (m *Manager) messagesIn(r pebble.Reader, user string, mbox uint64) ([]Message, error) {
+	it, err := m.db.PrefixIter(r, messagePrefix(user, mbox))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []Message
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		msg := Message{UID: binary.BigEndian.Uint32(k[len(k)-4:])}
+		if err := decodeMessage(it.Value(), &msg); err != nil {
+			return nil, err
+		}
+		out = append(out, msg)
+	}
+	return out, it.Error()
+}
+
+// RenameMailbox renames a mailbox and every mailbox below it in the
+// hierarchy (RFC 3501 §6.3.5). Renaming INBOX moves its messages to the new
+// name and leaves an empty INBOX with a new UIDVALIDITY.
+func (m *Manager) RenameMailbox(user, from, to string) error {
+	if err := ValidateName(to); err != nil {
+		return err
+	}
+	from, to = normName(from), normName(to)
+	defer m.lockUser(user)()
+	t := m.newTx()
+	fail := func(err error) error { t.abort(); return err }
+	if _, err := m.getMailbox(t.b, user, to); err == nil {
+		return fail(fmt.Errorf("user %s mailbox %q: %w", user, to, ErrMailboxExists))
+	}
+	all, err := m.mailboxesIn(t.b, user)
+	if err != nil {
+		return fail(err)
+	}
+	found := false
+	for _, mb := range all {
+		var newName string
+		switch {
+		case mb.Name == from:
+			newName = to
+			found = true
+		case from != Inbox && strings.HasPrefix(mb.Name, from+Separator):
+			newName = to + mb.Name[len(from):]
+		default:
+			continue
+		}
+		if _, err := m.getMailbox(t.b, user, newName); err == nil {
+			return fail(fmt.Errorf("user %s mailbox %q: %w", user, newName, ErrMailboxExists))
+		}
+		if err := t.b.Delete(mailboxKey(user, mb.Name), nil); err != nil {
+			return fail(err)
+		}
+		mb := mb
+		mb.Name = newName
+		if err := t.putMailbox(user, &mb); err != nil {
+			return fail(err)
+		}
+	}
+	if !found {
+		return fail(fmt.Errorf("user %s mailbox %q: %w", user, from, ErrNoMailbox))
+	}
+	if from == Inbox {
+		if _, err := t.createMailbox(user, Inbox, ""); err != nil {
+			return fail(err)
+		}
+	}
+	t.touch(user, 0)
+	return t.commit()
+}
+
+func (m *Manager) mailboxesIn(r pebble.Reader, user string) ([]Mailbox, error) {
+	it, err := m.db.PrefixIter(r, store.UserPrefix(store.KindMailbox, user))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []Mailbox
+	for it.First(); it.Valid(); it.Next() {
+		var mb Mailbox
+		if err := json.Unmarshal(it.Value(), &mb); err != nil {
+			return nil, err
+		}
+		out = append(out, mb)
+	}
+	return out, it.Error()
+}
+
+// SetSubscribed changes a mailbox's subscription (IMAP SUBSCRIBE).
+func (m *Manager) SetSubscribed(user, name string, on bool) error {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := m.getMailbox(t.b, user, name)
+	if err != nil {
+		t.abort()
+		return err
+	}
+	mb.Subscribed = on
+	if err := t.putMailbox(user, mb); err != nil {
+		t.abort()
+		return err
+	}
+	return t.commit()
+}
+
+// FlagOp says how StoreFlags changes flags (RFC 3501 §6.4.6).
+type FlagOp int
+
+const (
+	FlagsSet FlagOp = iota
+	FlagsAdd
+	FlagsRemove
+)
+
+// StoreFlags changes the flags of the given UIDs. With unchangedSince > 0
+// (CONDSTORE, RFC 7162 §3.1.3) a message whose MODSEQ is greater is left
+// alone and its UID returned in failed. Messages whose flags really change
+// get a new MODSEQ; updated holds the resulting records of all matched
+// messages.
+func (m *Manager) StoreFlags(user string, mbox uint64, uids []uint32, op FlagOp, flags []string, unchangedSince uint64) (updated []Message, failed []uint32, err error) {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := t.m.mailboxByID(t.b, user, mbox)
+	if err != nil {
+		t.abort()
+		return nil, nil, err
+	}
+	flags = cleanFlags(flags)
+	for _, uid := range uids {
+		msg, ok, err := t.message(user, mbox, uid)
+		if err != nil {
+			t.abort()
+			return nil, nil, err
+		}
+		if !ok {
+			continue
+		}
+		if unchangedSince > 0 && msg.ModSeq > unchangedSince {
+			failed = append(failed, uid)
+			continue
+		}
+		nf := applyFlags(msg.Flags, op, flags)
+		if !sameFlags(nf, msg.Flags) {
+			mb.HighestModSeq++
+			msg.Flags = nf
+			msg.ModSeq = mb.HighestModSeq
+			if err := t.b.Set(messageKey(user, mbox, uid), encodeMessage(&msg), nil); err != nil {
+				t.abort()
+				return nil, nil, err
+			}
+		}
+		updated = append(updated, msg)
+	}
+	if err := t.putMailbox(user, mb); err != nil {
+		t.abort()
+		return nil, nil, err
+	}
+	return updated, failed, t.commit()
+}
+
+func (m *Manager) mailboxByID(r pebble.Reader, user string, id uint64) (*Mailbox, error) {
+	all, err := m.mailboxesIn(r, user)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if all[i].ID == id {
+			return &all[i], nil
+		}
+	}
+	return nil, fmt.Errorf("user %s mailbox id %d: %w", user, id, ErrNoMailbox)
+}
+
+// MailboxByID returns the record of a mailbox by its ID (which survives
+// renames).
+func (m *Manager) MailboxByID(user string, id uint64) (*Mailbox, error) {
+	return m.mailboxByID(m.db, user, id)
+}
+
+func (t *tx) message(user string, mbox uint64, uid uint32) (Message, bool, error) {
+	b, closer, err := t.b.Get(messageKey(user, mbox, uid))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Message{}, false, nil
+	}
+	if err != nil {
+		return Message{}, false, err
+	}
+	defer closer.Close()
+	msg := Message{UID: uid}
+	return msg, true, decodeMessage(b, &msg)
+}
+
+// Expunge removes messages by UID (IMAP EXPUNGE, POP3 DELE at QUIT) and
+// returns the UIDs that were present.
+func (m *Manager) Expunge(user string, mbox uint64, uids []uint32) ([]uint32, error) {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := m.mailboxByID(t.b, user, mbox)
+	if err != nil {
+		t.abort()
+		return nil, err
+	}
+	var gone []uint32
+	for _, uid := range uids {
+		msg, ok, err := t.message(user, mbox, uid)
+		if err != nil {
+			t.abort()
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if err := t.b.Delete(messageKey(user, mbox, uid), nil); err != nil {
+			t.abort()
+			return nil, err
+		}
+		if err := t.b.Delete(bodyKey(user, msg.ID), nil); err != nil {
+			t.abort()
+			return nil, err
+		}
+		gone = append(gone, uid)
+	}
+	if len(gone) == 0 {
+		t.abort()
+		return nil, nil
+	}
+	mb.HighestModSeq++
+	if err := t.putMailbox(user, mb); err != nil {
+		t.abort()
+		return nil, err
+	}
+	return gone, t.commit()
+}
+
+// CopyResult pairs a source UID with the UID of its copy (RFC 4315 COPYUID).
+type CopyResult struct {
+	Dest    *Mailbox
+	SrcUIDs []uint32
+	DstUIDs []uint32
+}
+
+// Copy copies messages to another mailbox (IMAP COPY); with move set the
+// originals are expunged in the same batch (RFC 6851 MOVE is atomic for the
+// client).
+func (m *Manager) Copy(user string, src uint64, uids []uint32, dstName string, move bool) (*CopyResult, error) {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	fail := func(err error) (*CopyResult, error) { t.abort(); return nil, err }
+	dst, err := m.getMailbox(t.b, user, dstName)
+	if err != nil {
+		return fail(err)
+	}
+	srcBox, err := m.mailboxByID(t.b, user, src)
+	if err != nil {
+		return fail(err)
+	}
+	res := &CopyResult{Dest: dst}
+	for _, uid := range uids {
+		msg, ok, err := t.message(user, src, uid)
+		if err != nil {
+			return fail(err)
+		}
+		if !ok {
+			continue
+		}
+		raw, closer, err := t.b.Get(bodyKey(user, msg.ID))
+		if err != nil {
+			return fail(fmt.Errorf("user %s message %s: body: %w", user, msg.ID, err))
+		}
+		body := bytes.Clone(raw)
+		closer.Close()
+		var nm Message
+		if move {
+			// A move keeps the message id: the body stays where it is.
+			nm, err = t.addMessage(user, dst, msg.ID, nil, msg.Flags, msg.Date)
+		} else {
+			nm, err = t.addMessage(user, dst, m.NewMessageID(), body, msg.Flags, msg.Date)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		if move {
+			if err := t.b.Delete(messageKey(user, src, uid), nil); err != nil {
+				return fail(err)
+			}
+		}
+		res.SrcUIDs = append(res.SrcUIDs, uid)
+		res.DstUIDs = append(res.DstUIDs, nm.UID)
+	}
+	if move && len(res.SrcUIDs) > 0 {
+		srcBox.HighestModSeq++
+		if err := t.putMailbox(user, srcBox); err != nil {
+			return fail(err)
+		}
+	}
+	return res, t.commit()
+}
+
+// DeleteUser removes every mailbox and message of a user on this node.
+func (m *Manager) DeleteUser(user string) error {
+	defer m.lockUser(user)()
+	b := m.db.NewBatch()
+	defer b.Close()
+	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta} {
+		p := store.UserPrefix(kind, user)
+		if err := b.DeleteRange(p, store.UpperBound(p), nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Commit(store.Sync); err != nil {
+		return fmt.Errorf("user %s: delete mail: %w", user, err)
+	}
+	m.publish(Change{User: user})
+	return nil
+}
+
+// FragmentUsers calls fn for every user that has mailboxes on this node in
+// the given bucket (or in every bucket when bucket < 0), with the number of
+// messages stored here. It is the bucket-scoped disk scan the user manager
+// rebuilds mail maps from (Porcupine §3.3).
+func (m *Manager) FragmentUsers(bucket int, fn func(user string, messages int) error) error {
+	prefix := store.KindPrefix(store.KindMailbox)
+	if bucket >= 0 {
+		prefix = store.BucketPrefix(store.KindMailbox, uint8(bucket))
+	}
+	it, err := m.db.PrefixIter(nil, prefix)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	last := ""
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()[2:]
+		i := bytes.IndexByte(k, 0)
+		if i < 0 {
+			continue
+		}
+		user := string(k[:i])
+		if user == last {
+			continue
+		}
+		last = user
+		n, err := m.countMessages(user)
+		if err != nil {
+			return err
+		}
+		if err := fn(user, n); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+func (m *Manager) countMessages(user string) (int, error) {
+	it, err := m.db.PrefixIter(nil, store.UserPrefix(store.KindMessage, user))
+	if err != nil {
+		return 0, err
+	}
+	defer it.Close()
+	n := 0
+	for it.First(); it.Valid(); it.Next() {
+		n++
+	}
+	return n, it.Error()
+}
+
+// --- flags
+
+// cleanFlags drops duplicates (case-insensitively) and \Recent, which is
+// session state and never stored (RFC 3501 §2.3.2).
+func cleanFlags(flags []string) []string {
+	out := make([]string, 0, len(flags))
+	for _, f := range flags {
+		if f == "" || strings.EqualFold(f, `\Recent`) {
+			continue
+		}
+		dup := false
+		for _, g := range out {
+			if strings.EqualFold(f, g) {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func applyFlags(cur []string, op FlagOp, flags []string) []string {
+	switch op {
+	case FlagsSet:
+		return cleanFlags(flags)
+	case FlagsAdd:
+		return cleanFlags(append(append([]string{}, cur...), flags...))
+	default:
+		out := []string{}
+		for _, f := range cur {
+			drop := false
+			for _, g := range flags {
+				if strings.EqualFold(f, g) {
+					drop = true
+					break
+				}
+			}
+			if !drop {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+}
+
+func sameFlags(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, f := range a {
+		found := false
+		for _, g := range b {
+			if strings.EqualFold(f, g) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,28 @@
+// Package metrics holds the node's Prometheus metrics, in one place so every
+// manager and proxy counts the same way and the admin API exports them.
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+var (
+	// Registry is the node's own registry (not the global default), so
+	// tests that start several nodes in one process do not collide.
+	Registry = prometheus.NewRegistry()
+
+	Delivered = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_messages_delivered_total", Help: "Messages stored for a recipient (one per recipient)."})
+	DeliveryFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_delivery_failures_total", Help: "DATA commands answered with a 4xx because storage failed."})
+	DeliverySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "quill_delivery_seconds", Help: "Time from end of DATA to durable storage.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
+	Sessions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_sessions_total", Help: "Protocol sessions accepted."}, []string{"protocol"})
+	AuthFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_auth_failures_total", Help: "Failed logins."}, []string{"protocol"})
+)
+
+func init() {
+	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+}

@@ -1,0 +1,247 @@
+// Package node assembles one Quill node from the managers of Porcupine
+// Fig. 2: store, user database, mailbox manager, user manager, membership
+// (the user map), the protocol proxies and the admin API. Every node runs
+// the same modules; a single node is a cluster of one.
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/admin"
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/pop3"
+	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/smtp"
+	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
+)
+
+// Config is everything an operator can set on a node. Each field is a flag
+// of `quill serve` and a key of its config file.
+type Config struct {
+	DataDir  string // --data: hard state lives here
+	SMTPAddr string // --smtp
+	POP3Addr string // --pop3
+	IMAPAddr string // --imap
+	HTTPAddr string // --http: admin API and dashboard
+	Hostname string // --hostname: name in greetings and Received headers
+	// MaxMessageBytes is the SMTP SIZE limit (--max-message-size).
+	MaxMessageBytes int64
+	// AuthFailDelay is how long a wrong password waits before its error,
+	// slowing password guessing (--auth-fail-delay).
+	AuthFailDelay time.Duration
+	Logger        *slog.Logger
+}
+
+// DefaultConfig is a single node on loopback with the ports of the README.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	return Config{
+		DataDir:         "quill-data",
+		SMTPAddr:        "127.0.0.1:2525",
+		POP3Addr:        "127.0.0.1:1110",
+		IMAPAddr:        "127.0.0.1:1143",
+		HTTPAddr:        "127.0.0.1:8025",
+		Hostname:        host,
+		MaxMessageBytes: 25 << 20,
+		AuthFailDelay:   time.Second,
+		Logger:          slog.Default(),
+	}
+}
+
+// Node is a running node.
+type Node struct {
+	cfg     Config
+	ID      cluster.NodeID
+	DB      *store.DB
+	Boxes   *mailbox.Manager
+	Users   *usermgr.Manager
+	Proxy   *proxy.Proxy
+	userMap cluster.UserMap
+	started time.Time
+
+	smtp  *gosmtp.Server
+	pop3  *pop3.Server
+	http  *http.Server
+	addrs map[string]string
+	wg    sync.WaitGroup
+}
+
+// LoadNodeID returns the node id kept in the data directory, generating it
+// the first time.
+func LoadNodeID(dataDir string) (cluster.NodeID, error) {
+	path := filepath.Join(dataDir, "node.id")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return cluster.NodeID(strings.TrimSpace(string(b))), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("node id %s: %w", path, err)
+	}
+	var r [6]byte
+	rand.Read(r[:])
+	id := "n-" + hex.EncodeToString(r[:])
+	if err := writeFileSync(path, []byte(id+"\n")); err != nil {
+		return "", fmt.Errorf("node id %s: %w", path, err)
+	}
+	return cluster.NodeID(id), nil
+}
+
+// writeFileSync writes a small file and fsyncs it, so an identity made once
+// survives a crash right after.
+func writeFileSync(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Start opens the node's storage, rebuilds soft state and starts the
+// listeners. It returns once every listener accepts connections.
+func Start(cfg Config) (*Node, error) {
+	log := cfg.Logger
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", cfg.DataDir, err)
+	}
+	id, err := LoadNodeID(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	db, err := store.Open(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, ID: id, DB: db, started: time.Now(), addrs: map[string]string{}}
+	n.Boxes = mailbox.New(db)
+	n.Users = usermgr.New(id, userdb.New(db), n.Boxes)
+	// A cluster of one: every bucket is ours (Porcupine §3.2).
+	n.userMap = cluster.Compute([]cluster.NodeID{id}, 1, nil)
+	t0 := time.Now()
+	if err := n.Users.Rebuild(nil); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("rebuild soft state: %w", err)
+	}
+	log.Info("soft state rebuilt", "node", id, "users", len(n.Users.Users()), "took", time.Since(t0).Round(time.Millisecond))
+	n.Proxy = &proxy.Proxy{Self: id, Users: n.Users, Boxes: n.Boxes}
+
+	if err := n.startListeners(); err != nil {
+		n.Shutdown(context.Background())
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) listen(proto, addr string, serve func(net.Listener) error) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%s listener on %s: %w", proto, addr, err)
+	}
+	n.addrs[proto] = l.Addr().String()
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := serve(l); err != nil && !isClosed(err) {
+			n.cfg.Logger.Error("listener stopped", "proto", proto, "addr", addr, "err", err)
+		}
+	}()
+	return nil
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) || errors.Is(err, gosmtp.ErrServerClosed)
+}
+
+func (n *Node) startListeners() error {
+	cfg := n.cfg
+	sc := smtp.DefaultConfig()
+	sc.Hostname = cfg.Hostname
+	sc.MaxMessageBytes = cfg.MaxMessageBytes
+	sc.Logger = cfg.Logger
+	n.smtp = smtp.New(n.Proxy, sc)
+	if err := n.listen("smtp", cfg.SMTPAddr, n.smtp.Serve); err != nil {
+		return err
+	}
+
+	pc := pop3.Config{}
+	pc.Hostname = cfg.Hostname
+	pc.AuthFailDelay = cfg.AuthFailDelay
+	pc.Logger = cfg.Logger
+	n.pop3 = pop3.New(proxy.POP3{P: n.Proxy}, pc)
+	if err := n.listen("pop3", cfg.POP3Addr, n.pop3.Serve); err != nil {
+		return err
+	}
+
+	token := ""
+	if admin.RequireToken(cfg.HTTPAddr) {
+		t, err := admin.LoadToken(cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		token = t
+	}
+	as := &admin.Server{Users: n.Users, Token: token, Logger: cfg.Logger, Node: admin.NodeInfo{
+		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending,
+		UserMap: func() cluster.UserMap { return n.userMap },
+	}}
+	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
+}
+
+// Addr returns the bound address of a listener ("smtp", "pop3", "imap",
+// "http").
+func (n *Node) Addr(proto string) string { return n.addrs[proto] }
+
+// Shutdown stops accepting, lets sessions finish until ctx is done, closes
+// the rest and then the store.
+func (n *Node) Shutdown(ctx context.Context) error {
+	var wg sync.WaitGroup
+	stop := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(ctx) }()
+	}
+	if n.smtp != nil {
+		stop(func(ctx context.Context) error {
+			err := n.smtp.Shutdown(ctx)
+			if err != nil {
+				n.smtp.Close()
+			}
+			return err
+		})
+	}
+	if n.pop3 != nil {
+		stop(n.pop3.Shutdown)
+	}
+	if n.http != nil {
+		stop(n.http.Shutdown)
+	}
+	wg.Wait()
+	n.wg.Wait()
+	return n.DB.Close()
+}

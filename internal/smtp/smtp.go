@@ -1,0 +1,167 @@
+// Package smtp is the SMTP delivery proxy of Porcupine §2.3.1: it accepts
+// mail from other MTAs with github.com/emersion/go-smtp (RFC 5321) and hands
+// each message to the protocol-independent proxy, which stores it. The 250
+// after DATA is sent only when the store says the message is fsync'd.
+package smtp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/proxy"
+)
+
+// Config holds the delivery proxy's tunables.
+type Config struct {
+	// Hostname names this node in the greeting and Received headers.
+	Hostname string
+	// MaxMessageBytes is the SIZE limit (RFC 1870); larger messages get 552.
+	MaxMessageBytes int64
+	// MaxRecipients bounds RCPT per transaction; RFC 5321 §4.5.3.1.8 asks
+	// servers to accept at least 100.
+	MaxRecipients int
+	// ReadTimeout and WriteTimeout bound each command read and reply write;
+	// RFC 5321 §4.5.3.2 suggests 5 minutes for commands.
+	ReadTimeout, WriteTimeout time.Duration
+	// DeliverTimeout bounds the storage of one message after DATA.
+	DeliverTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+// DefaultConfig returns the defaults an operator would expect.
+func DefaultConfig() Config {
+	return Config{
+		Hostname:        "localhost",
+		MaxMessageBytes: 25 << 20,
+		MaxRecipients:   100,
+		ReadTimeout:     5 * time.Minute,
+		WriteTimeout:    5 * time.Minute,
+		DeliverTimeout:  2 * time.Minute,
+		Logger:          slog.Default(),
+	}
+}
+
+// New returns a go-smtp server delivering through p.
+func New(p *proxy.Proxy, cfg Config) *gosmtp.Server {
+	s := gosmtp.NewServer(&backend{p: p, cfg: cfg})
+	s.Domain = cfg.Hostname
+	s.MaxMessageBytes = cfg.MaxMessageBytes
+	s.MaxRecipients = cfg.MaxRecipients
+	s.ReadTimeout = cfg.ReadTimeout
+	s.WriteTimeout = cfg.WriteTimeout
+	// RFC 5321 §4.5.3.1.6: a text line is at most 1000 octets with CRLF;
+	// go-smtp's default is 2000, which we keep to be lenient with senders.
+	s.ErrorLog = slogLogger{cfg.Logger}
+	return s
+}
+
+type backend struct {
+	p   *proxy.Proxy
+	cfg Config
+}
+
+func (b *backend) NewSession(c *gosmtp.Conn) (gosmtp.Session, error) {
+	metrics.Sessions.WithLabelValues("smtp").Inc()
+	return &session{b: b, conn: c}, nil
+}
+
+type session struct {
+	b     *backend
+	conn  *gosmtp.Conn
+	from  string
+	rcpts []string
+}
+
+func (s *session) Reset() { s.from, s.rcpts = "", nil }
+
+func (s *session) Logout() error { return nil }
+
+func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
+	s.from = from
+	s.rcpts = nil
+	return nil
+}
+
+func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
+	err := s.b.p.CheckRecipient(to)
+	switch {
+	case err == nil:
+		s.rcpts = append(s.rcpts, to)
+		return nil
+	case errors.Is(err, proxy.ErrUnknownUser):
+		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
+			Message: fmt.Sprintf("<%s>: no such user here", to)}
+	case errors.Is(err, proxy.ErrForeignDomain):
+		// RFC 5321 §3.6.2: no relaying for unauthenticated senders.
+		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)}
+	default:
+		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+			Message: fmt.Sprintf("<%s>: temporary failure: %v", to, err)}
+	}
+}
+
+func (s *session) Data(r io.Reader) error {
+	if len(s.rcpts) == 0 {
+		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"}
+	}
+	var buf bytes.Buffer
+	s.writeTrace(&buf)
+	if _, err := buf.ReadFrom(r); err != nil {
+		// go-smtp's ErrDataTooLarge is already a 552 SMTPError.
+		return err
+	}
+	raw := buf.Bytes()
+	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.DeliverTimeout)
+	defer cancel()
+	if err := s.b.p.Deliver(ctx, s.rcpts, raw); err != nil {
+		metrics.DeliveryFailures.Inc()
+		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err)
+		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+			Message: fmt.Sprintf("message not stored, try again later: %v", err)}
+	}
+	return nil
+}
+
+// writeTrace prepends the trace headers of RFC 5321 §4.4: Return-Path with
+// the reverse path, and a Received line naming the client and this node.
+func (s *session) writeTrace(w *bytes.Buffer) {
+	fmt.Fprintf(w, "Return-Path: <%s>\r\n", s.from)
+	ip := ""
+	if a, ok := s.conn.Conn().RemoteAddr().(*net.TCPAddr); ok {
+		ip = a.IP.String()
+	}
+	helo := sanitize(s.conn.Hostname())
+	for_ := ""
+	if len(s.rcpts) == 1 {
+		for_ = fmt.Sprintf("\r\n\tfor <%s>", sanitize(s.rcpts[0]))
+	}
+	fmt.Fprintf(w, "Received: from %s ([%s])\r\n\tby %s (Quill) with ESMTP%s;\r\n\t%s\r\n",
+		helo, ip, s.b.cfg.Hostname, for_, time.Now().Format(time.RFC1123Z))
+}
+
+// sanitize keeps client-chosen text from breaking the header it lands in.
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x21 || r > 0x7e || r == '(' || r == ')' {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+type slogLogger struct{ l *slog.Logger }
+
+func (l slogLogger) Printf(format string, v ...interface{}) {
+	l.l.Warn("smtp: " + fmt.Sprintf(format, v...))
+}
+func (l slogLogger) Println(v ...interface{}) { l.l.Warn("smtp: " + fmt.Sprint(v...)) }

@@ -1,0 +1,152 @@
+// Package userdb is the user database manager of Porcupine §2.2: the node's
+// replica of the user profile database, which is hard state. A profile holds
+// the address, the password hash and per-user policy. Passwords are stored
+// only as argon2id hashes (bcrypt hashes are accepted on verification, for
+// imported users).
+package userdb
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble"
+	"github.com/quillmail/quill/internal/store"
+)
+
+// ErrNotFound is returned for a user that has no profile.
+var ErrNotFound = errors.New("no such user")
+
+// ErrExists is returned when adding a user that already has a profile.
+var ErrExists = errors.New("user already exists")
+
+// Profile is one user's hard state in the profile database.
+type Profile struct {
+	Address      string    `json:"address"`
+	PasswordHash string    `json:"password_hash"`
+	Created      time.Time `json:"created"`
+	Updated      time.Time `json:"updated"`
+}
+
+// Domain returns the domain part of the address.
+func (p *Profile) Domain() string { return Domain(p.Address) }
+
+// DB is the node's replica of the user profile database.
+type DB struct {
+	db *store.DB
+}
+
+// New returns the profile database on top of the node's store.
+func New(db *store.DB) *DB { return &DB{db: db} }
+
+func key(addr string) []byte {
+	k := store.UserPrefix(store.KindProfile, addr)
+	return k[:len(k)-1] // profiles need no separator: the address ends the key
+}
+
+// Get returns the profile of addr.
+func (d *DB) Get(addr string) (*Profile, error) {
+	addr = Normalize(addr)
+	v, closer, err := d.db.Get(key(addr))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("user %s: %w", addr, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("user %s: read profile: %w", addr, err)
+	}
+	defer closer.Close()
+	var p Profile
+	if err := json.Unmarshal(v, &p); err != nil {
+		return nil, fmt.Errorf("user %s: corrupt profile: %w", addr, err)
+	}
+	return &p, nil
+}
+
+// Put writes a profile durably.
+func (d *DB) Put(p *Profile) error {
+	v, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if err := d.db.Set(key(p.Address), v, store.Sync); err != nil {
+		return fmt.Errorf("user %s: write profile: %w", p.Address, err)
+	}
+	return nil
+}
+
+// Delete removes a profile durably.
+func (d *DB) Delete(addr string) error {
+	addr = Normalize(addr)
+	if err := d.db.Delete(key(addr), store.Sync); err != nil {
+		return fmt.Errorf("user %s: delete profile: %w", addr, err)
+	}
+	return nil
+}
+
+// Scan calls fn for every profile in the given bucket, or in every bucket
+// when bucket < 0. It is the scan the user manager rebuilds its profile soft
+// state from (Porcupine §3.3).
+func (d *DB) Scan(bucket int, fn func(*Profile) error) error {
+	prefix := store.KindPrefix(store.KindProfile)
+	if bucket >= 0 {
+		prefix = store.BucketPrefix(store.KindProfile, uint8(bucket))
+	}
+	it, err := d.db.PrefixIter(nil, prefix)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		var p Profile
+		if err := json.Unmarshal(it.Value(), &p); err != nil {
+			return fmt.Errorf("profile key %q: corrupt: %w", it.Key(), err)
+		}
+		if err := fn(&p); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// Normalize lower-cases an address: Quill treats addresses as
+// case-insensitive, as users expect (RFC 5321 §2.4 allows this for the local
+// part when the server chooses).
+func Normalize(addr string) string { return strings.ToLower(strings.TrimSpace(addr)) }
+
+// Domain returns the part of an address after the last '@'.
+func Domain(addr string) string {
+	if i := strings.LastIndexByte(addr, '@'); i >= 0 {
+		return strings.ToLower(addr[i+1:])
+	}
+	return ""
+}
+
+// maxAddressLen is RFC 5321 §4.5.3.1.3's limit on a path, less the brackets.
+const maxAddressLen = 254
+
+// ValidateAddress checks that addr is a plain mailbox address we can host:
+// local@domain, printable ASCII, no spaces, within RFC 5321 length limits.
+func ValidateAddress(addr string) error {
+	if len(addr) == 0 || len(addr) > maxAddressLen {
+		return fmt.Errorf("address %q: length must be 1 to %d", addr, maxAddressLen)
+	}
+	at := strings.LastIndexByte(addr, '@')
+	if at <= 0 || at == len(addr)-1 {
+		return fmt.Errorf("address %q: must be local@domain", addr)
+	}
+	if at > 64 {
+		return fmt.Errorf("address %q: local part longer than 64 octets", addr)
+	}
+	for _, c := range []byte(addr) {
+		if c <= ' ' || c >= 0x7f || c == '<' || c == '>' || c == '"' || c == '\\' || c == ',' || c == ';' || c == ':' {
+			return fmt.Errorf("address %q: character %q not allowed", addr, c)
+		}
+	}
+	dom := addr[at+1:]
+	if strings.Contains(addr[:at], "@") || strings.HasPrefix(dom, ".") || strings.HasSuffix(dom, ".") || strings.Contains(dom, "..") {
+		return fmt.Errorf("address %q: bad domain", addr)
+	}
+	return nil
+}
