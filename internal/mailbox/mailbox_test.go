@@ -11,7 +11,7 @@ import (
 	"github.com/quillmail/quill/internal/store"
 )
 
-func newManager(t *testing.T) (*Manager, string) {
+func newManager(t testing.TB) (*Manager, string) {
 	dir := t.TempDir()
 	db, err := store.Open(dir)
 	if err != nil {

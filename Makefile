@@ -1,0 +1,38 @@
+# Quill: one binary, its unit tests, and end-to-end tests that drive real
+# clients (Python smtplib/poplib/imaplib, curl, mbsync, fetchmail) against a
+# real quill process.
+
+GO ?= go
+BIN := bin/quill
+
+.PHONY: build run test deps unit e2e fuzz vet clean
+
+build:
+	$(GO) build -o $(BIN) ./cmd/quill
+
+run: build
+	./$(BIN) serve
+
+vet:
+	gofmt -l . | tee /dev/stderr | (! read)
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -count=1 ./...
+
+e2e: build
+	QUILL_BIN=$(CURDIR)/$(BIN) python3 -m pytest tests/e2e -q
+
+deps:
+	scripts/test-deps.sh
+
+test: deps vet unit e2e
+
+# Short fuzzing of every parser; `make fuzz FUZZTIME=10m` for longer.
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=$(FUZZTIME) ./internal/pop3/
+	$(GO) test -run='^$$' -fuzz=FuzzSession -fuzztime=$(FUZZTIME) ./internal/pop3/
+
+clean:
+	rm -rf bin

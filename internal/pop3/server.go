@@ -1,0 +1,877 @@
+package pop3
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrServerClosed is returned by Serve once Shutdown has been called.
+var ErrServerClosed = errors.New("pop3: server closed")
+
+// Config tunes a Server. Every zero field takes the default in its comment,
+// so the zero Config is ready for production.
+type Config struct {
+	// Hostname names this server in the greeting. Default: os.Hostname(),
+	// or "localhost" if that fails.
+	Hostname string
+	// AuthFailDelay is the short delay before the -ERR [AUTH] that answers
+	// a wrong password, to slow down password guessing. Default 1s; a
+	// negative value means no delay.
+	AuthFailDelay time.Duration
+	// IdleTimeout ends a session whose client sends nothing for this long,
+	// or whose writes make no progress for this long. RFC 1939 §3 asks for
+	// an autologout timer of at least 10 minutes. Default 10m.
+	IdleTimeout time.Duration
+	// MaxLineLength is the longest client line accepted, CRLF included.
+	// RFC 2449 §4 limits commands to 255 octets; the default, 1024, leaves
+	// room for long AUTH PLAIN responses. A longer line is discarded and
+	// answered with -ERR.
+	MaxLineLength int
+	// MaxBadCommands is how many failed commands (unknown, malformed, out
+	// of state, failed logins) a session may send; the last one is
+	// answered and the connection closed. Default 20.
+	MaxBadCommands int
+	// Logger receives session events; passwords are never logged.
+	// Default: discard.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Hostname == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "localhost"
+		}
+		c.Hostname = h
+	}
+	if c.AuthFailDelay == 0 {
+		c.AuthFailDelay = time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.MaxLineLength <= 0 {
+		c.MaxLineLength = 1024
+	}
+	if c.MaxBadCommands <= 0 {
+		c.MaxBadCommands = 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Server is a POP3 server. Its methods are safe for concurrent use.
+type Server struct {
+	backend Backend
+	cfg     Config
+	log     *slog.Logger
+
+	// ctx is the parent of every session's context; Shutdown cancels it
+	// when it gives up waiting, to abort backend calls in flight.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	nextID   atomic.Uint64
+	sessions sync.WaitGroup
+
+	mu        sync.Mutex
+	closing   bool
+	listeners map[net.Listener]struct{}
+	active    map[*session]struct{}
+}
+
+// New returns a Server that authenticates users and reads their mail
+// through b.
+func New(b Backend, cfg Config) *Server {
+	cfg = cfg.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{
+		backend:   b,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		ctx:       ctx,
+		cancel:    cancel,
+		listeners: make(map[net.Listener]struct{}),
+		active:    make(map[*session]struct{}),
+	}
+}
+
+// Serve accepts connections on l and serves each in its own goroutine. It
+// returns ErrServerClosed after Shutdown, or the error that stopped
+// Accept. It closes l when it returns. TLS (POP3S) is the caller's to
+// add, by passing a tls.Listener.
+func (s *Server) Serve(l net.Listener) error {
+	defer l.Close()
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if s.shuttingDown() {
+				return ErrServerClosed
+			}
+			// Running out of file descriptors is temporary: back off
+			// rather than spin or give up, as net/http does.
+			var te interface{ Temporary() bool }
+			if errors.As(err, &te) && te.Temporary() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("pop3: accept failed; retrying", "addr", l.Addr().String(), "err", err, "backoff", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("pop3: accept on %s: %w", l.Addr(), err)
+		}
+		backoff = 0
+		c := s.newSession(conn)
+		if c == nil {
+			conn.Close()
+			return ErrServerClosed
+		}
+		go s.serveSession(c)
+	}
+}
+
+// Shutdown stops accepting connections and waits for the active sessions
+// to end on their own (a client's QUIT). When ctx is done first, it closes
+// the remaining connections, cancels their backend calls and returns
+// ctx.Err() without waiting further. Sessions cut off this way do not
+// enter the UPDATE state, so they delete nothing (RFC 1939 §6).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for l := range s.listeners {
+		l.Close()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		s.sessions.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+	}
+	s.cancel()
+	s.mu.Lock()
+	n := len(s.active)
+	for c := range s.active {
+		c.conn.Close()
+	}
+	s.mu.Unlock()
+	s.log.Warn("pop3: shutdown deadline passed; closed remaining sessions", "sessions", n)
+	return ctx.Err()
+}
+
+// ActiveSessions returns the number of connections being served.
+func (s *Server) ActiveSessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.active)
+}
+
+func (s *Server) shuttingDown() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// newSession registers a session for conn, or returns nil once Shutdown
+// has begun. Registering under mu orders sessions.Add before
+// Shutdown's Wait.
+func (s *Server) newSession(conn net.Conn) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil
+	}
+	id := s.nextID.Add(1)
+	c := &session{
+		srv:  s,
+		conn: conn,
+		log:  s.log.With("session", id, "remote", conn.RemoteAddr().String()),
+		r:    bufio.NewReader(conn),
+		w:    bufio.NewWriterSize(timeoutWriter{conn, s.cfg.IdleTimeout}, 32<<10),
+	}
+	s.active[c] = struct{}{}
+	s.sessions.Add(1)
+	return c
+}
+
+// serveSession runs one session to its end and releases everything it
+// holds. A panic is contained here: it ends this session, not the server.
+func (s *Server) serveSession(c *session) {
+	defer s.sessions.Done()
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	c.ctx = ctx
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.Error("pop3: session panic; closing connection", "panic", v, "stack", string(debug.Stack()))
+		}
+		c.close()
+		s.mu.Lock()
+		delete(s.active, c)
+		s.mu.Unlock()
+	}()
+	c.log.Debug("pop3: session started")
+	err := c.run()
+	switch {
+	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, errTooManyBad):
+		c.log.Debug("pop3: session ended", "reason", err)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// RFC 1939 §3: autologout closes the connection without a reply.
+		c.log.Info("pop3: session idle too long; closed")
+	default:
+		c.log.Warn("pop3: session ended by error", "err", err)
+	}
+}
+
+// timeoutWriter bounds each write to the client, so a client that stops
+// reading a long RETR cannot hold its session forever.
+type timeoutWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (t timeoutWriter) Write(p []byte) (int, error) {
+	if err := t.conn.SetWriteDeadline(time.Now().Add(t.timeout)); err != nil {
+		return 0, err
+	}
+	return t.conn.Write(p)
+}
+
+var (
+	errLineTooLong = errors.New("line too long")
+	errTooManyBad  = errors.New("too many bad commands")
+	errQuit        = errors.New("client quit")
+)
+
+// maxReplyLine is the longest status line sent, CRLF included (RFC 2449 §4).
+const maxReplyLine = 512
+
+// session is one client connection. Only its own goroutine touches it,
+// except Shutdown closing conn.
+type session struct {
+	srv  *Server
+	conn net.Conn
+	log  *slog.Logger
+	ctx  context.Context
+	r    *bufio.Reader
+	w    *bufio.Writer
+	line []byte // readLine's buffer, reused
+
+	user    string   // name from USER, waiting for PASS
+	md      Maildrop // nil in the AUTHORIZATION state
+	msgs    []Message
+	deleted []bool // marked by DELE, indexed like msgs
+	bad     int    // failed commands so far
+	closing bool   // the last reply ended the session
+}
+
+func (c *session) close() {
+	c.w.Flush()
+	if c.md != nil {
+		if err := c.md.Close(); err != nil {
+			c.log.Warn("pop3: closing maildrop failed", "err", err)
+		}
+		c.md = nil
+	}
+	c.conn.Close()
+}
+
+func (c *session) run() error {
+	// RFC 1939 §4: the greeting opens the AUTHORIZATION state.
+	c.ok("%s Quill POP3 server ready", c.srv.cfg.Hostname)
+	for {
+		line, err := c.readLine()
+		switch {
+		case errors.Is(err, errLineTooLong):
+			c.fail("line too long: limit is %d octets including CRLF", c.srv.cfg.MaxLineLength)
+		case err != nil:
+			return err
+		default:
+			cmd, args, perr := parseCommand(line)
+			if perr != nil {
+				c.fail("%v", perr)
+				break
+			}
+			if err := c.dispatch(cmd, args); err != nil {
+				if errors.Is(err, errQuit) {
+					return nil
+				}
+				return err
+			}
+		}
+		if c.closing {
+			return errTooManyBad
+		}
+	}
+}
+
+// readLine returns the next line from the client without its line ending.
+// A line longer than MaxLineLength is read to its end, discarded, and
+// reported as errLineTooLong, so the session can go on.
+func (c *session) readLine() ([]byte, error) {
+	// Flush replies only when no whole command is waiting, so that a
+	// pipelined batch (RFC 2449 §6.6) is answered in one write.
+	if buf, _ := c.r.Peek(c.r.Buffered()); bytes.IndexByte(buf, '\n') < 0 {
+		if err := c.w.Flush(); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.conn.SetReadDeadline(time.Now().Add(c.srv.cfg.IdleTimeout)); err != nil {
+		return nil, err
+	}
+	c.line = c.line[:0]
+	tooLong := false
+	for {
+		frag, err := c.r.ReadSlice('\n')
+		if !tooLong {
+			if len(c.line)+len(frag) > c.srv.cfg.MaxLineLength {
+				tooLong = true
+				c.line = c.line[:0]
+			} else {
+				c.line = append(c.line, frag...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		break
+	}
+	if tooLong {
+		return nil, errLineTooLong
+	}
+	line := bytes.TrimSuffix(c.line, []byte("\n"))
+	return bytes.TrimSuffix(line, []byte("\r")), nil
+}
+
+// writeLine queues one reply line. Control characters (say, from a backend
+// error) become spaces so they cannot break the framing, and the line is
+// cut to the RFC 2449 §4 limit.
+func (c *session) writeLine(s string) {
+	if len(s) > maxReplyLine-2 {
+		s = s[:maxReplyLine-2]
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if b < 0x20 || b == 0x7f {
+			b = ' '
+		}
+		c.w.WriteByte(b)
+	}
+	c.w.WriteString("\r\n")
+}
+
+func (c *session) ok(format string, a ...any) {
+	c.writeLine("+OK " + fmt.Sprintf(format, a...))
+}
+
+// fail answers a command the client got wrong. Those count towards
+// MaxBadCommands; the reply that reaches it also closes the session.
+func (c *session) fail(format string, a ...any) {
+	c.bad++
+	msg := fmt.Sprintf(format, a...)
+	if c.bad >= c.srv.cfg.MaxBadCommands {
+		c.closing = true
+		msg += "; too many bad commands, closing connection"
+	}
+	c.writeLine("-ERR " + msg)
+}
+
+// sysTemp answers a command the backend could not carry out; not the
+// client's fault, so it does not count as a bad command (RFC 3206 §4).
+func (c *session) sysTemp(what string, err error) {
+	c.log.Warn("pop3: backend error", "op", what, "err", err)
+	c.writeLine(fmt.Sprintf("-ERR [SYS/TEMP] %s: %v", what, err))
+}
+
+// parseCommand splits a command line, line ending removed, into its
+// upper-cased keyword and its arguments. RFC 1939 §3: a keyword of three
+// or four characters, case-insensitive, then arguments separated by
+// spaces; runs of spaces are tolerated. PASS keeps everything after the
+// keyword as one argument, since a password may hold spaces (RFC 1939 §7).
+func parseCommand(line []byte) (cmd string, args []string, err error) {
+	for _, b := range line {
+		if b < 0x20 || b == 0x7f {
+			return "", nil, fmt.Errorf("command line contains control character 0x%02x", b)
+		}
+	}
+	if len(bytes.TrimLeft(line, " ")) == 0 {
+		return "", nil, errors.New("empty command line")
+	}
+	kw, rest, _ := bytes.Cut(line, []byte(" "))
+	if len(kw) < 3 || len(kw) > 4 || !isLetters(kw) {
+		return "", nil, fmt.Errorf("invalid command keyword %s: want 3 or 4 letters (RFC 1939 §3)", short(string(kw)))
+	}
+	cmd = strings.ToUpper(string(kw))
+	if cmd == "PASS" {
+		if len(rest) > 0 {
+			args = []string{string(rest)}
+		}
+		return cmd, args, nil
+	}
+	for f := range bytes.SplitSeq(rest, []byte(" ")) {
+		if len(f) > 0 {
+			args = append(args, string(f))
+		}
+	}
+	return cmd, args, nil
+}
+
+func isLetters(b []byte) bool {
+	for _, c := range b {
+		if (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') {
+			return false
+		}
+	}
+	return true
+}
+
+// short quotes a client-supplied value for a reply, cut to a readable size.
+func short(s string) string {
+	if len(s) > 40 {
+		return strconv.Quote(s[:40]) + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// dispatch runs one parsed command. It returns an error only when the
+// session must end: errQuit after QUIT, or a failure of the connection.
+func (c *session) dispatch(cmd string, args []string) error {
+	switch cmd {
+	case "CAPA":
+		if c.nargs(cmd, args, 0, 0) {
+			c.capa()
+		}
+		return nil
+	case "QUIT":
+		if !c.nargs(cmd, args, 0, 0) {
+			return nil
+		}
+		return c.quit()
+	case "APOP":
+		c.fail("APOP not supported; use USER/PASS or AUTH PLAIN")
+		return nil
+	}
+	if c.md == nil {
+		// AUTHORIZATION state (RFC 1939 §4).
+		switch cmd {
+		case "USER":
+			c.cmdUser(args)
+		case "PASS":
+			c.cmdPass(args)
+		case "AUTH":
+			return c.cmdAuth(args)
+		case "STAT", "LIST", "UIDL", "RETR", "TOP", "DELE", "RSET", "NOOP":
+			c.fail("%s not allowed before login", cmd)
+		default:
+			c.fail("unknown command %s", cmd)
+		}
+		return nil
+	}
+	// TRANSACTION state (RFC 1939 §5).
+	switch cmd {
+	case "STAT":
+		if c.nargs(cmd, args, 0, 0) {
+			n, size := c.stat()
+			c.ok("%d %d", n, size)
+		}
+	case "LIST":
+		c.cmdList(args)
+	case "UIDL":
+		c.cmdUIDL(args)
+	case "RETR":
+		if !c.nargs(cmd, args, 1, 1) {
+			return nil
+		}
+		if i, ok := c.msgArg(cmd, args[0]); ok {
+			return c.send(cmd, i, -1)
+		}
+	case "TOP":
+		if !c.nargs(cmd, args, 2, 2) {
+			return nil
+		}
+		i, ok := c.msgArg(cmd, args[0])
+		if !ok {
+			return nil
+		}
+		lines, err := parseCount(args[1])
+		if err != nil {
+			c.fail("TOP: invalid line count %s: want a non-negative number", short(args[1]))
+			return nil
+		}
+		return c.send(cmd, i, lines)
+	case "DELE":
+		if !c.nargs(cmd, args, 1, 1) {
+			return nil
+		}
+		if i, ok := c.msgArg(cmd, args[0]); ok {
+			c.deleted[i] = true
+			c.ok("message %d deleted", i+1)
+		}
+	case "RSET":
+		if c.nargs(cmd, args, 0, 0) {
+			clear(c.deleted)
+			n, size := c.stat()
+			c.ok("maildrop has %d messages (%d octets)", n, size)
+		}
+	case "NOOP":
+		if c.nargs(cmd, args, 0, 0) {
+			c.writeLine("+OK")
+		}
+	case "USER", "PASS", "AUTH":
+		c.fail("%s not allowed after login", cmd)
+	default:
+		c.fail("unknown command %s", cmd)
+	}
+	return nil
+}
+
+// nargs checks the argument count and answers -ERR when it is wrong.
+func (c *session) nargs(cmd string, args []string, lo, hi int) bool {
+	switch {
+	case len(args) < lo:
+		c.fail("%s: missing argument: want %d, got %d", cmd, lo, len(args))
+	case len(args) > hi:
+		c.fail("%s: too many arguments: want at most %d, got %d", cmd, hi, len(args))
+	default:
+		return true
+	}
+	return false
+}
+
+// msgArg resolves a message number (RFC 1939 §5: 1-based, fixed for the
+// session, deleted messages may not be referred to) to an index in msgs.
+func (c *session) msgArg(cmd, arg string) (int, bool) {
+	n, err := parseCount(arg)
+	switch {
+	case err != nil:
+		c.fail("%s: invalid message number %s", cmd, short(arg))
+	case n < 1 || n > len(c.msgs):
+		c.fail("%s: no such message %d, maildrop has %d", cmd, n, len(c.msgs))
+	case c.deleted[n-1]:
+		c.fail("%s: message %d already deleted", cmd, n)
+	default:
+		return n - 1, true
+	}
+	return 0, false
+}
+
+// parseCount parses a decimal number of digits only; values too large for
+// an int become math.MaxInt, which is "no such message" or "all lines".
+func parseCount(s string) (int, error) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, errors.New("not a decimal number")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return math.MaxInt, nil
+	}
+	return n, nil
+}
+
+// stat counts the messages not marked deleted and their octets.
+func (c *session) stat() (n int, size int64) {
+	for i, m := range c.msgs {
+		if !c.deleted[i] {
+			n++
+			size += m.Size
+		}
+	}
+	return n, size
+}
+
+func (c *session) capa() {
+	// RFC 2449 §5, §6; AUTH-RESP-CODE is from RFC 3206, SASL from RFC 5034.
+	c.ok("capability list follows")
+	for _, l := range []string{
+		"TOP", "USER", "UIDL", "RESP-CODES", "AUTH-RESP-CODE",
+		"PIPELINING", "SASL PLAIN", "IMPLEMENTATION Quill",
+	} {
+		c.writeLine(l)
+	}
+	c.writeLine(".")
+}
+
+func (c *session) cmdUser(args []string) {
+	if !c.nargs("USER", args, 1, 1) {
+		return
+	}
+	c.user = args[0]
+	c.ok("send PASS")
+}
+
+func (c *session) cmdPass(args []string) {
+	user := c.user
+	c.user = "" // RFC 1939 §7: after a failed PASS, authentication starts over.
+	switch {
+	case user == "":
+		c.fail("PASS: send USER first")
+	case len(args) == 0 || args[0] == "":
+		c.fail("PASS: missing password")
+	default:
+		c.login("PASS", user, args[0])
+	}
+}
+
+// cmdAuth runs AUTH (RFC 5034 §4) with the PLAIN mechanism (RFC 4616).
+func (c *session) cmdAuth(args []string) error {
+	if len(args) == 0 {
+		// Not in RFC 5034, but many clients probe mechanisms this way.
+		c.ok("SASL mechanisms follow")
+		c.writeLine("PLAIN")
+		c.writeLine(".")
+		return nil
+	}
+	if !c.nargs("AUTH", args, 1, 2) {
+		return nil
+	}
+	if !strings.EqualFold(args[0], "PLAIN") {
+		c.fail("AUTH: unsupported SASL mechanism %s; only PLAIN is offered", short(args[0]))
+		return nil
+	}
+	var resp string
+	if len(args) == 2 {
+		resp = args[1]
+		if resp == "=" { // RFC 5034 §4: "=" is an empty initial response.
+			resp = ""
+		}
+	} else {
+		// No initial response: send the empty PLAIN challenge and read the
+		// client's answer; "*" cancels the exchange (RFC 5034 §4).
+		c.writeLine("+ ")
+		line, err := c.readLine()
+		if errors.Is(err, errLineTooLong) {
+			c.fail("AUTH PLAIN: response too long: limit is %d octets including CRLF", c.srv.cfg.MaxLineLength)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		resp = string(bytes.Trim(line, " "))
+		if resp == "*" {
+			c.fail("AUTH PLAIN: cancelled by client")
+			return nil
+		}
+	}
+	raw, err := base64.StdEncoding.DecodeString(resp)
+	if err != nil {
+		c.fail("AUTH PLAIN: response is not valid base64")
+		return nil
+	}
+	authz, user, pass, err := parsePlain(raw)
+	if err != nil {
+		c.fail("AUTH PLAIN: %v", err)
+		return nil
+	}
+	if authz != "" && authz != user {
+		// Acting as another user is an admin feature Quill does not have.
+		c.log.Info("pop3: login refused: authorization identity differs", "user", user, "authz", authz)
+		c.authFailDelay()
+		c.fail("[AUTH] AUTH PLAIN: not authorized to act as %s", short(authz))
+		return nil
+	}
+	c.login("AUTH PLAIN", user, pass)
+	return nil
+}
+
+// parsePlain splits a PLAIN message (RFC 4616 §2):
+// [authzid] NUL authcid NUL passwd.
+func parsePlain(msg []byte) (authz, user, pass string, err error) {
+	parts := bytes.Split(msg, []byte{0})
+	if len(parts) != 3 {
+		return "", "", "", fmt.Errorf("malformed response: want 3 NUL-separated fields, got %d", len(parts))
+	}
+	if len(parts[1]) == 0 || len(parts[2]) == 0 {
+		return "", "", "", errors.New("malformed response: empty user name or password")
+	}
+	return string(parts[0]), string(parts[1]), string(parts[2]), nil
+}
+
+// login authenticates and, on success, takes the snapshot that numbers the
+// messages for the rest of the session, entering the TRANSACTION state.
+func (c *session) login(mech, user, pass string) {
+	md, err := c.srv.backend.Login(c.ctx, user, pass)
+	if errors.Is(err, ErrAuthFailed) {
+		c.log.Info("pop3: login failed", "user", user, "mech", mech)
+		c.authFailDelay()
+		// RFC 3206 §5: [AUTH] says the credentials were wrong, so the
+		// client need not retry blindly.
+		c.fail("[AUTH] %s: authentication failed", mech)
+		return
+	}
+	if err == nil && md == nil {
+		err = errors.New("backend returned no maildrop")
+	}
+	if err != nil {
+		c.sysTemp(mech+": login", err)
+		return
+	}
+	opened := false
+	defer func() { // also on panic: a maildrop not kept is released
+		if !opened {
+			if err := md.Close(); err != nil {
+				c.log.Warn("pop3: closing maildrop failed", "err", err)
+			}
+		}
+	}()
+	msgs, err := md.List(c.ctx)
+	if err != nil {
+		c.sysTemp(mech+": listing maildrop", err)
+		return
+	}
+	opened = true
+	c.md, c.msgs, c.deleted = md, msgs, make([]bool, len(msgs))
+	c.log = c.log.With("user", user)
+	n, size := c.stat()
+	c.log.Info("pop3: logged in", "mech", mech, "messages", n)
+	c.ok("maildrop has %d messages (%d octets)", n, size)
+}
+
+func (c *session) authFailDelay() {
+	d := c.srv.cfg.AuthFailDelay
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.ctx.Done():
+	}
+}
+
+// cmdList and cmdUIDL share a shape (RFC 1939 §5, §7): with an argument,
+// one "+OK n value" line; without, a multi-line listing of the messages
+// not marked deleted.
+func (c *session) cmdList(args []string) {
+	if !c.nargs("LIST", args, 0, 1) {
+		return
+	}
+	if len(args) == 1 {
+		if i, ok := c.msgArg("LIST", args[0]); ok {
+			c.ok("%d %d", i+1, c.msgs[i].Size)
+		}
+		return
+	}
+	n, size := c.stat()
+	c.ok("%d messages (%d octets)", n, size)
+	for i, m := range c.msgs {
+		if !c.deleted[i] {
+			c.writeLine(strconv.Itoa(i+1) + " " + strconv.FormatInt(m.Size, 10))
+		}
+	}
+	c.writeLine(".")
+}
+
+func (c *session) cmdUIDL(args []string) {
+	if !c.nargs("UIDL", args, 0, 1) {
+		return
+	}
+	if len(args) == 1 {
+		if i, ok := c.msgArg("UIDL", args[0]); ok {
+			c.ok("%d %s", i+1, c.msgs[i].UID)
+		}
+		return
+	}
+	c.ok("unique-id listing follows")
+	for i, m := range c.msgs {
+		if !c.deleted[i] {
+			c.writeLine(strconv.Itoa(i+1) + " " + m.UID)
+		}
+	}
+	c.writeLine(".")
+}
+
+// send streams message i for RETR (lines < 0) or TOP. Once "+OK" is out
+// a failure cannot be reported in-band, so it ends the session; nothing
+// is deleted, and the client will retry.
+func (c *session) send(cmd string, i, lines int) error {
+	m := c.msgs[i]
+	rc, err := c.md.Open(c.ctx, m.UID)
+	if err != nil {
+		c.sysTemp(fmt.Sprintf("%s %d: opening message", cmd, i+1), err)
+		return nil
+	}
+	defer rc.Close()
+	if lines < 0 {
+		c.ok("%d octets", m.Size)
+	} else {
+		c.ok("top of message %d follows", i+1)
+	}
+	dw := newDotWriter(c.w)
+	if lines < 0 {
+		_, err = io.Copy(dw, rc)
+	} else {
+		err = copyTop(dw, rc, lines)
+	}
+	if err == nil {
+		err = dw.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("%s %d (uid %s): streaming message: %w", cmd, i+1, m.UID, err)
+	}
+	return nil
+}
+
+// quit ends the session. In the TRANSACTION state it enters the UPDATE
+// state (RFC 1939 §6): only here are DELE marks applied.
+func (c *session) quit() error {
+	if c.md == nil {
+		c.ok("%s Quill POP3 server signing off", c.srv.cfg.Hostname)
+		return errQuit
+	}
+	var uids []string
+	for i, m := range c.msgs {
+		if c.deleted[i] {
+			uids = append(uids, m.UID)
+		}
+	}
+	if len(uids) > 0 {
+		if err := c.md.Delete(c.ctx, uids); err != nil {
+			c.sysTemp("QUIT: some deleted messages not removed", err)
+			return errQuit
+		}
+		c.log.Info("pop3: deleted messages", "count", len(uids))
+	}
+	n := len(c.msgs) - len(uids)
+	c.ok("%s Quill POP3 server signing off (%d messages left)", c.srv.cfg.Hostname, n)
+	return errQuit
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what the end-to-end tests drive, if missing: curl, mbsync (isync),
+# fetchmail from Debian, pytest from PyPI, and the Go modules.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+need=()
+for pkg in curl isync fetchmail; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest
+go mod download
