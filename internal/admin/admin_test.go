@@ -1,0 +1,121 @@
+package admin
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
+)
+
+func newServer(t *testing.T, token string) *httptest.Server {
+	db, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	users := usermgr.New("n1", userdb.New(db), mailbox.New(db))
+	um := cluster.Compute([]cluster.NodeID{"n1"}, 1, nil)
+	s := &Server{Users: users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: NodeInfo{
+		ID: "n1", Started: time.Now(), Load: func() int { return 0 }, UserMap: func() cluster.UserMap { return um }}}
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+func call(t *testing.T, method, url, token, body string) (int, string) {
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sb strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, sb.String()
+}
+
+func TestUserLifecycle(t *testing.T) {
+	ts := newServer(t, "")
+	if c, b := call(t, "POST", ts.URL+"/api/users", "", `{"address":"Alice@Example.org","password":"pw"}`); c != 201 {
+		t.Fatalf("add: %d %s", c, b)
+	}
+	if c, b := call(t, "POST", ts.URL+"/api/users", "", `{"address":"alice@example.org","password":"pw"}`); c != 409 || !strings.Contains(b, "alice@example.org") {
+		t.Fatalf("duplicate add: %d %s", c, b)
+	}
+	if c, b := call(t, "POST", ts.URL+"/api/users", "", `{"address":"not-an-address","password":"pw"}`); c != 400 {
+		t.Fatalf("bad address: %d %s", c, b)
+	}
+	if c, b := call(t, "POST", ts.URL+"/api/users", "", `{"address":"x@y.org"}`); c != 400 || !strings.Contains(b, "password") {
+		t.Fatalf("no password: %d %s", c, b)
+	}
+	c, b := call(t, "GET", ts.URL+"/api/users", "", "")
+	var list []userJSON
+	json.Unmarshal([]byte(b), &list)
+	if c != 200 || len(list) != 1 || list[0].Address != "alice@example.org" || list[0].Password != "" {
+		t.Fatalf("list: %d %s", c, b)
+	}
+	if c, b := call(t, "PUT", ts.URL+"/api/users/alice@example.org/password", "", `{"password":"new"}`); c != 204 {
+		t.Fatalf("passwd: %d %s", c, b)
+	}
+	if c, b := call(t, "PUT", ts.URL+"/api/users/nobody@example.org/password", "", `{"password":"new"}`); c != 404 {
+		t.Fatalf("passwd unknown: %d %s", c, b)
+	}
+	if c, b := call(t, "DELETE", ts.URL+"/api/users/alice@example.org", "", ""); c != 204 {
+		t.Fatalf("del: %d %s", c, b)
+	}
+	if c, _ := call(t, "DELETE", ts.URL+"/api/users/alice@example.org", "", ""); c != 404 {
+		t.Fatalf("del twice: %d", c)
+	}
+}
+
+func TestTokenAndViews(t *testing.T) {
+	ts := newServer(t, "sekrit")
+	if c, _ := call(t, "GET", ts.URL+"/api/users", "", ""); c != 401 {
+		t.Fatalf("no token: %d", c)
+	}
+	if c, _ := call(t, "GET", ts.URL+"/api/users", "wrong", ""); c != 401 {
+		t.Fatalf("wrong token: %d", c)
+	}
+	if c, _ := call(t, "GET", ts.URL+"/healthz", "", ""); c != 200 {
+		t.Fatalf("healthz needs no token: %d", c)
+	}
+	c, b := call(t, "GET", ts.URL+"/cluster", "sekrit", "")
+	var st ClusterStatus
+	if c != 200 || json.Unmarshal([]byte(b), &st) != nil || len(st.Buckets) != cluster.Buckets || st.Members[0].Buckets != cluster.Buckets {
+		t.Fatalf("cluster: %d %s", c, b)
+	}
+	if c, b := call(t, "GET", ts.URL+"/", "sekrit", ""); c != 200 || !strings.Contains(b, "bucket 255") {
+		t.Fatalf("dashboard: %d", c)
+	}
+	if c, b := call(t, "GET", ts.URL+"/metrics", "sekrit", ""); c != 200 || !strings.Contains(b, "quill_messages_delivered_total") {
+		t.Fatalf("metrics: %d", c)
+	}
+}
+
+func TestRequireToken(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:8025": false, "localhost:1": false, "[::1]:8025": false,
+		"0.0.0.0:8025": true, ":8025": true, "10.1.2.3:80": true} {
+		if RequireToken(addr) != want {
+			t.Errorf("RequireToken(%q) != %v", addr, want)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package smtp
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
+)
+
+func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
+	t.Helper()
+	db, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	boxes := mailbox.New(db)
+	users := usermgr.New("n1", userdb.New(db), boxes)
+	if _, err := users.AddUser("alice@example.org", "pw"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.AddUser("bob@example.org", "pw"); err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy.Proxy{Self: "n1", Users: users, Boxes: boxes}
+	cfg := DefaultConfig()
+	cfg.Hostname = "mx.test"
+	cfg.MaxMessageBytes = maxSize
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	s := New(p, cfg)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(l)
+	t.Cleanup(func() { s.Close(); db.Close() })
+	return l.Addr().String(), p
+}
+
+func inboxBodies(t *testing.T, p *proxy.Proxy, user string) [][]byte {
+	mb, err := p.Boxes.Mailbox(user, mailbox.Inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, _ := p.Boxes.Messages(user, mb.ID)
+	var out [][]byte
+	for _, m := range msgs {
+		b, _ := p.Boxes.Body(user, m.ID)
+		out = append(out, b)
+	}
+	return out
+}
+
+func TestDeliverySeveralRecipientsAndTrace(t *testing.T) {
+	addr, p := startServer(t, 1<<20)
+	msg := "Subject: hi\r\n\r\n.dot\r\n\xff\r\n"
+	c, err := gosmtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SendMail("sender@far.net", []string{"alice@example.org", "Bob@Example.org"}, strings.NewReader(msg)); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"alice@example.org", "bob@example.org"} {
+		bodies := inboxBodies(t, p, u)
+		if len(bodies) != 1 {
+			t.Fatalf("%s has %d messages", u, len(bodies))
+		}
+		b := bodies[0]
+		if !bytes.HasPrefix(b, []byte("Return-Path: <sender@far.net>\r\nReceived: from ")) {
+			t.Fatalf("trace headers missing: %q", b)
+		}
+		if !bytes.HasSuffix(b, []byte(msg)) || !bytes.Contains(b, []byte("by mx.test (Quill)")) {
+			t.Fatalf("body not kept exactly: %q", b)
+		}
+	}
+}
+
+func smtpCode(err error) int {
+	var se *gosmtp.SMTPError
+	if errors.As(err, &se) {
+		return se.Code*10 + se.EnhancedCode[1]
+	}
+	return 0
+}
+
+func TestRejections(t *testing.T) {
+	addr, _ := startServer(t, 1000)
+	c, err := gosmtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Hello("client.test")
+	if err := c.Mail("a@far.net", nil); err != nil {
+		t.Fatal(err)
+	}
+	// Unknown user in a served domain: 550 5.1.1.
+	if err := c.Rcpt("nobody@example.org", nil); smtpCode(err) != 5501 {
+		t.Fatalf("unknown user: %v", err)
+	}
+	// A domain we do not serve: 550 5.7.1, no open relay.
+	if err := c.Rcpt("x@elsewhere.net", nil); smtpCode(err) != 5507 {
+		t.Fatalf("foreign domain: %v", err)
+	}
+	if err := c.Rcpt("alice@example.org", nil); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(bytes.Repeat([]byte("0123456789\r\n"), 200))
+	if err := w.Close(); smtpCode(err) != 5523 {
+		t.Fatalf("oversized message: %v", err)
+	}
+}
+
+func TestSizeAdvertised(t *testing.T) {
+	addr, _ := startServer(t, 12345)
+	c, err := gosmtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Hello("client.test")
+	for _, ext := range []string{"PIPELINING", "8BITMIME", "ENHANCEDSTATUSCODES"} {
+		if ok, _ := c.Extension(ext); !ok {
+			t.Errorf("%s not advertised", ext)
+		}
+	}
+	if ok, p := c.Extension("SIZE"); !ok || p != "12345" {
+		t.Errorf("SIZE %v %q", ok, p)
+	}
+}
