@@ -23,7 +23,7 @@ func newServer(t *testing.T, token string) *httptest.Server {
 	}
 	t.Cleanup(func() { db.Close() })
 	users := usermgr.New("n1", userdb.New(db), mailbox.New(db))
-	um := cluster.Compute([]cluster.NodeID{"n1"}, 1, nil)
+	um := cluster.Compute([]cluster.Member{{ID: "n1", Boot: 1}}, 1, nil)
 	s := &Server{Users: users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: NodeInfo{
 		ID: "n1", Started: time.Now(), Load: func() int { return 0 }, UserMap: func() cluster.UserMap { return um }}}
 	ts := httptest.NewServer(s.Handler())

@@ -8,6 +8,7 @@ package cluster
 import (
 	"encoding/binary"
 	"hash/fnv"
+	"sort"
 	"strings"
 )
 
@@ -28,13 +29,24 @@ func Bucket(user string) uint8 {
 	return uint8(h.Sum32() % Buckets)
 }
 
+// Member is one node as the user map sees it: its id and its boot
+// incarnation, a number that grows every time the node process starts.
+type Member struct {
+	ID   NodeID
+	Boot uint64
+}
+
 // UserMap maps each bucket to the node that manages it, with the epoch at
 // which that assignment was made: a bucket whose manager changed gets the new
 // epoch, so a node can tell exactly which buckets need their soft state
-// rebuilt (Porcupine §3.2, Fig. 6).
+// rebuilt (Porcupine §3.2, Fig. 6). A manager that crashed and came back
+// before anyone noticed keeps its id but not its boot incarnation, so its
+// buckets count as changed too: its soft state is gone and must be pushed
+// again.
 type UserMap struct {
 	Epoch   uint64
 	Node    [Buckets]NodeID
+	Boot    [Buckets]uint64 // boot incarnation of Node[b] when assigned
 	Changed [Buckets]uint64 // epoch at which Node[b] was last assigned
 }
 
@@ -45,20 +57,21 @@ type UserMap struct {
 // and every node computes the same map from the same member set without
 // coordination. prev may be nil; buckets whose node differs from prev get the
 // new epoch.
-func Compute(members []NodeID, epoch uint64, prev *UserMap) UserMap {
+func Compute(members []Member, epoch uint64, prev *UserMap) UserMap {
 	var m UserMap
 	m.Epoch = epoch
 	for b := 0; b < Buckets; b++ {
-		var best NodeID
+		var best Member
 		var bestW uint64
 		for _, n := range members {
-			w := weight(b, n)
-			if best == "" || w > bestW || (w == bestW && n < best) {
+			w := weight(b, n.ID)
+			if best.ID == "" || w > bestW || (w == bestW && n.ID < best.ID) {
 				best, bestW = n, w
 			}
 		}
-		m.Node[b] = best
-		if prev != nil && prev.Node[b] == best {
+		m.Node[b] = best.ID
+		m.Boot[b] = best.Boot
+		if prev != nil && prev.Node[b] == best.ID && prev.Boot[b] == best.Boot {
 			m.Changed[b] = prev.Changed[b]
 		} else {
 			m.Changed[b] = epoch
@@ -82,6 +95,33 @@ func weight(bucket int, n NodeID) uint64 {
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
 	return x
+}
+
+// Ranked returns the members ordered by their weight for a bucket, highest
+// first: the first is the bucket's manager, the next ones are where hard
+// state that must survive the manager (user profiles) is kept.
+func Ranked(bucket uint8, members []Member) []Member {
+	out := append([]Member(nil), members...)
+	sort.Slice(out, func(i, j int) bool {
+		wi, wj := weight(int(bucket), out[i].ID), weight(int(bucket), out[j].ID)
+		if wi != wj {
+			return wi > wj
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// ChangedSince returns the buckets whose assignment differs from prev (all
+// when prev is nil).
+func (m *UserMap) ChangedSince(prev *UserMap) []uint8 {
+	var out []uint8
+	for b := 0; b < Buckets; b++ {
+		if prev == nil || prev.Node[b] != m.Node[b] || prev.Boot[b] != m.Boot[b] {
+			out = append(out, uint8(b))
+		}
+	}
+	return out
 }
 
 // Manager returns the node managing a user's soft state.

@@ -12,9 +12,9 @@ func TestBucketCaseInsensitive(t *testing.T) {
 }
 
 func TestComputeMinimalMovement(t *testing.T) {
-	var nodes []NodeID
+	var nodes []Member
 	for i := 0; i < 8; i++ {
-		nodes = append(nodes, NodeID(fmt.Sprintf("node-%d", i)))
+		nodes = append(nodes, Member{ID: NodeID(fmt.Sprintf("node-%d", i)), Boot: 1})
 	}
 	m7 := Compute(nodes[:7], 1, nil)
 	m8 := Compute(nodes, 2, &m7)
@@ -22,7 +22,7 @@ func TestComputeMinimalMovement(t *testing.T) {
 	for b := 0; b < Buckets; b++ {
 		if m7.Node[b] != m8.Node[b] {
 			moved++
-			if m8.Node[b] != nodes[7] {
+			if m8.Node[b] != nodes[7].ID {
 				t.Fatalf("bucket %d moved between old nodes %s -> %s", b, m7.Node[b], m8.Node[b])
 			}
 			if m8.Changed[b] != 2 {
@@ -44,15 +44,51 @@ func TestComputeMinimalMovement(t *testing.T) {
 }
 
 func TestComputeBalance(t *testing.T) {
-	nodes := []NodeID{"a", "b", "c"}
+	nodes := []Member{{"a", 1}, {"b", 1}, {"c", 1}}
 	m := Compute(nodes, 1, nil)
 	count := map[NodeID]int{}
 	for _, n := range m.Node {
 		count[n]++
 	}
 	for _, n := range nodes {
-		if count[n] < 50 {
-			t.Fatalf("node %s got only %d of %d buckets", n, count[n], Buckets)
+		if count[n.ID] < 50 {
+			t.Fatalf("node %s got only %d of %d buckets", n.ID, count[n.ID], Buckets)
+		}
+	}
+}
+
+// A node that restarted before anyone noticed (Porcupine Fig. 6) keeps its
+// buckets but every one of them must count as changed.
+func TestComputeDetectsQuickRestart(t *testing.T) {
+	before := Compute([]Member{{"a", 1}, {"b", 1}}, 1, nil)
+	after := Compute([]Member{{"a", 1}, {"b", 2}}, 2, &before)
+	changed := after.ChangedSince(&before)
+	for _, b := range changed {
+		if after.Node[b] != "b" {
+			t.Fatalf("bucket %d of a counted as changed", b)
+		}
+	}
+	nb := 0
+	for b := 0; b < Buckets; b++ {
+		if after.Node[b] == "b" {
+			nb++
+			if after.Changed[b] != 2 {
+				t.Fatalf("bucket %d of restarted b has epoch %d", b, after.Changed[b])
+			}
+		}
+	}
+	if nb == 0 || len(changed) != nb {
+		t.Fatalf("changed %d buckets, b manages %d", len(changed), nb)
+	}
+}
+
+func TestRanked(t *testing.T) {
+	ms := []Member{{"a", 1}, {"b", 1}, {"c", 1}}
+	m := Compute(ms, 1, nil)
+	for b := 0; b < Buckets; b++ {
+		r := Ranked(uint8(b), ms)
+		if r[0].ID != m.Node[b] || len(r) != 3 {
+			t.Fatalf("bucket %d: ranked %v, manager %s", b, r, m.Node[b])
 		}
 	}
 }

@@ -142,7 +142,7 @@ func Start(cfg Config) (*Node, error) {
 	n.Boxes = mailbox.New(db)
 	n.Users = usermgr.New(id, userdb.New(db), n.Boxes)
 	// A cluster of one: every bucket is ours (Porcupine §3.2).
-	n.userMap = cluster.Compute([]cluster.NodeID{id}, 1, nil)
+	n.userMap = cluster.Compute([]cluster.Member{{ID: id, Boot: 1}}, 1, nil)
 	t0 := time.Now()
 	if err := n.Users.Rebuild(nil); err != nil {
 		db.Close()
