@@ -47,6 +47,8 @@ command line win over the file.`,
 	f.StringVar(&cfg.POP3Addr, "pop3", cfg.POP3Addr, "POP3 listen address")
 	f.StringVar(&cfg.IMAPAddr, "imap", cfg.IMAPAddr, "IMAP listen address")
 	f.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "admin API and dashboard listen address (needs the token in DATA/admin.token unless on loopback)")
+	f.StringVar(&cfg.ClusterAddr, "cluster", "", "gossip address of this node (host:port); empty runs a cluster of one")
+	f.StringSliceVar(&cfg.Join, "join", nil, "gossip addresses of other nodes to join (HOST:PORT[,HOST:PORT...]), retried until they answer")
 	f.StringVar(&cfg.Hostname, "hostname", cfg.Hostname, "host name used in greetings and Received headers")
 	f.Int64Var(&cfg.MaxMessageBytes, "max-message-size", cfg.MaxMessageBytes, "largest message accepted by SMTP, in bytes")
 	f.DurationVar(&cfg.AuthFailDelay, "auth-fail-delay", cfg.AuthFailDelay, "delay before answering a failed login")
@@ -99,7 +101,7 @@ func serve(cfg node.Config) error {
 	}
 	// One line per listener, on stdout, once all accept connections: tests
 	// and scripts wait for these.
-	for _, p := range []string{"smtp", "pop3", "imap", "http"} {
+	for _, p := range []string{"smtp", "pop3", "imap", "http", "cluster", "rpc"} {
 		if a := n.Addr(p); a != "" {
 			fmt.Printf("quill: %s listening on %s\n", strings.ToUpper(p), a)
 		}

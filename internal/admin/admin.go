@@ -61,6 +61,7 @@ type NodeInfo struct {
 	Addrs   map[string]string // protocol -> listen address
 	Load    func() int        // pending disk operations
 	UserMap func() cluster.UserMap
+	Members func() []cluster.MemberInfo
 }
 
 // Server is the admin HTTP handler.
@@ -212,12 +213,17 @@ type ClusterStatus struct {
 
 // MemberStatus is one node in the cluster view.
 type MemberStatus struct {
-	ID      cluster.NodeID    `json:"id"`
-	State   string            `json:"state"`
-	Load    int               `json:"load"`
-	Buckets int               `json:"buckets"`
-	Started time.Time         `json:"started"`
-	Addrs   map[string]string `json:"addrs,omitempty"`
+	ID       cluster.NodeID    `json:"id"`
+	Self     bool              `json:"self,omitempty"`
+	State    string            `json:"state"`
+	Boot     uint64            `json:"boot"`
+	Load     int               `json:"load"`
+	DiskFull bool              `json:"disk_full,omitempty"`
+	Buckets  int               `json:"buckets"`
+	Gossip   string            `json:"gossip,omitempty"`
+	RPC      string            `json:"rpc,omitempty"`
+	Started  time.Time         `json:"started,omitzero"`
+	Addrs    map[string]string `json:"addrs,omitempty"`
 }
 
 // BucketStatus is one user-map entry.
@@ -235,8 +241,14 @@ func (s *Server) status() ClusterStatus {
 		st.Buckets = append(st.Buckets, BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]})
 		count[um.Node[b]]++
 	}
-	st.Members = []MemberStatus{{ID: s.Node.ID, State: "alive", Load: s.Node.Load(),
-		Buckets: count[s.Node.ID], Started: s.Node.Started, Addrs: s.Node.Addrs}}
+	for _, mi := range s.Node.Members() {
+		ms := MemberStatus{ID: mi.ID, State: mi.State, Load: mi.Load, DiskFull: mi.DiskFull,
+			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC}
+		if mi.ID == s.Node.ID {
+			ms.Load, ms.Started, ms.Addrs, ms.Self = s.Node.Load(), s.Node.Started, s.Node.Addrs, true
+		}
+		st.Members = append(st.Members, ms)
+	}
 	return st
 }
 

@@ -25,7 +25,10 @@ func newServer(t *testing.T, token string) *httptest.Server {
 	users := usermgr.New("n1", userdb.New(db), mailbox.New(db))
 	um := cluster.Compute([]cluster.Member{{ID: "n1", Boot: 1}}, 1, nil)
 	s := &Server{Users: users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: NodeInfo{
-		ID: "n1", Started: time.Now(), Load: func() int { return 0 }, UserMap: func() cluster.UserMap { return um }}}
+		ID: "n1", Started: time.Now(), Load: func() int { return 0 }, UserMap: func() cluster.UserMap { return um },
+		Members: func() []cluster.MemberInfo {
+			return []cluster.MemberInfo{{Member: cluster.Member{ID: "n1", Boot: 1}, State: "alive"}}
+		}}}
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 	return ts

@@ -25,6 +25,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/smtp"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
@@ -39,6 +40,13 @@ type Config struct {
 	POP3Addr string // --pop3
 	IMAPAddr string // --imap
 	HTTPAddr string // --http: admin API and dashboard
+	// ClusterAddr is the gossip address (--cluster); empty runs a cluster
+	// of one without gossip. Node-to-node RPC listens on the same host, on
+	// a port of its own that is gossiped to the others.
+	ClusterAddr string
+	// Join lists gossip addresses of other nodes (--join); they are retried
+	// for as long as the node runs.
+	Join     []string
 	Hostname string // --hostname: name in greetings and Received headers
 	// MaxMessageBytes is the SMTP SIZE limit (--max-message-size).
 	MaxMessageBytes int64
@@ -75,7 +83,9 @@ type Node struct {
 	Boxes   *mailbox.Manager
 	Users   *usermgr.Manager
 	Proxy   *proxy.Proxy
-	userMap cluster.UserMap
+	Members *cluster.Membership
+	RPC     *rpc.Server
+	Boot    uint64
 	started time.Time
 
 	smtp  *gosmtp.Server
@@ -141,8 +151,10 @@ func Start(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, ID: id, DB: db, started: time.Now(), addrs: map[string]string{}}
 	n.Boxes = mailbox.New(db)
 	n.Users = usermgr.New(id, userdb.New(db), n.Boxes)
-	// A cluster of one: every bucket is ours (Porcupine §3.2).
-	n.userMap = cluster.Compute([]cluster.Member{{ID: id, Boot: 1}}, 1, nil)
+	if n.Boot, err = nextBoot(cfg.DataDir); err != nil {
+		db.Close()
+		return nil, err
+	}
 	t0 := time.Now()
 	if err := n.Users.Rebuild(nil); err != nil {
 		db.Close()
@@ -151,6 +163,10 @@ func Start(cfg Config) (*Node, error) {
 	log.Info("soft state rebuilt", "node", id, "users", len(n.Users.Users()), "took", time.Since(t0).Round(time.Millisecond))
 	n.Proxy = &proxy.Proxy{Self: id, Users: n.Users, Boxes: n.Boxes}
 
+	if err := n.startCluster(); err != nil {
+		n.Shutdown(context.Background())
+		return nil, err
+	}
 	if err := n.startListeners(); err != nil {
 		n.Shutdown(context.Background())
 		return nil, err
@@ -208,10 +224,64 @@ func (n *Node) startListeners() error {
 	}
 	as := &admin.Server{Users: n.Users, Token: token, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending,
-		UserMap: func() cluster.UserMap { return n.userMap },
+		UserMap: n.Members.UserMap, Members: n.Members.Members,
 	}}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
+}
+
+// startCluster starts the RPC manager and the membership manager. Without
+// --cluster the node is a cluster of one: the same user map, computed from a
+// member set of one, with no gossip.
+func (n *Node) startCluster() error {
+	n.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: n.Boxes.Pending()} })
+	rpcAddr := ""
+	if n.cfg.ClusterAddr != "" {
+		host, _, err := net.SplitHostPort(n.cfg.ClusterAddr)
+		if err != nil {
+			return fmt.Errorf("cluster address %q: %w", n.cfg.ClusterAddr, err)
+		}
+		if err := n.listen("rpc", net.JoinHostPort(host, "0"), n.RPC.Serve); err != nil {
+			return err
+		}
+		rpcAddr = n.addrs["rpc"]
+	}
+	m, err := cluster.StartMembership(cluster.MembershipConfig{
+		Self: n.ID, Boot: n.Boot, Bind: n.cfg.ClusterAddr, RPC: rpcAddr, Seeds: n.cfg.Join,
+		Load:   func() (int, bool) { return n.Boxes.Pending(), false },
+		Logger: n.cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	n.Members = m
+	if n.cfg.ClusterAddr != "" {
+		n.addrs["cluster"] = n.cfg.ClusterAddr
+	}
+	return nil
+}
+
+// nextBoot increments and returns the node's boot incarnation, kept in the
+// data directory: it tells the other nodes that this process is a new life
+// of the node even if they never saw it die (Porcupine Fig. 6).
+func nextBoot(dataDir string) (uint64, error) {
+	path := filepath.Join(dataDir, "node.boot")
+	var boot uint64
+	if b, err := os.ReadFile(path); err == nil {
+		fmt.Sscanf(strings.TrimSpace(string(b)), "%d", &boot)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("boot counter %s: %w", path, err)
+	}
+	boot++
+	tmp := path + ".tmp"
+	os.Remove(tmp)
+	if err := writeFileSync(tmp, []byte(fmt.Sprintf("%d\n", boot))); err != nil {
+		return 0, fmt.Errorf("boot counter %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return 0, fmt.Errorf("boot counter %s: %w", path, err)
+	}
+	return boot, nil
 }
 
 // Addr returns the bound address of a listener ("smtp", "pop3", "imap",
@@ -242,6 +312,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		stop(n.http.Shutdown)
 	}
 	wg.Wait()
+	if n.Members != nil {
+		n.Members.Shutdown()
+	}
+	if n.RPC != nil {
+		n.RPC.Stop()
+	}
 	n.wg.Wait()
 	return n.DB.Close()
 }

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/quillmail/quill/internal/admin"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	var c adminClient
+	var asJSON bool
+	cmd := &cobra.Command{Use: "cluster", Short: "Look at the cluster through a running node"}
+	c.flags(cmd)
+	status := &cobra.Command{
+		Use: "status", Short: "Members, the user map and per-node load", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var st admin.ClusterStatus
+			if err := c.do("GET", "/cluster", nil, &st); err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			printStatus(st)
+			return nil
+		},
+	}
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(status)
+	rootCmd.AddCommand(cmd)
+}
+
+// printStatus draws the cluster for a terminal: one line per node with a
+// bar of its buckets and its load, then the user map as a 16x16 grid of
+// node letters.
+func printStatus(st admin.ClusterStatus) {
+	fmt.Printf("user map epoch %d, %d users\n\n", st.Epoch, st.Users)
+	letter := map[string]byte{}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tGOSSIP")
+	for i, m := range st.Members {
+		l := byte('A' + i%26)
+		letter[string(m.ID)] = l
+		self := ""
+		if m.Self {
+			self = " (this node)"
+		}
+		fmt.Fprintf(w, "%c\t%s%s\t%s\t%d\t%d\t%s\t%d\t%s\n", l, m.ID, self, m.State, m.Boot, m.Buckets,
+			strings.Repeat("#", m.Buckets/8), m.Load, m.Gossip)
+	}
+	w.Flush()
+	fmt.Println("\nbuckets (row = bucket/16):")
+	for r := 0; r < 16; r++ {
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "%3d  ", r*16)
+		for c := 0; c < 16; c++ {
+			b := st.Buckets[r*16+c]
+			l, ok := letter[string(b.Node)]
+			if !ok {
+				l = '?'
+			}
+			sb.WriteByte(l)
+			sb.WriteByte(' ')
+		}
+		fmt.Println(sb.String())
+	}
+}
