@@ -6,6 +6,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -155,7 +156,11 @@ func readJSON(r *http.Request, v any) error {
 }
 
 func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
-	ps := s.Users.Users()
+	ps, err := s.Users.Users(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
 	out := make([]userJSON, len(ps))
 	for i, p := range ps {
 		out[i] = userJSON{Address: p.Address, Created: p.Created}
@@ -169,7 +174,7 @@ func (s *Server) addUser(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	p, err := s.Users.AddUser(u.Address, u.Password)
+	p, err := s.Users.AddUser(r.Context(), u.Address, u.Password)
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return
@@ -185,7 +190,7 @@ func (s *Server) setPassword(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	addr := r.PathValue("address")
-	if err := s.Users.SetPassword(addr, u.Password); err != nil {
+	if err := s.Users.SetPassword(r.Context(), addr, u.Password); err != nil {
 		writeError(w, statusOf(err), err)
 		return
 	}
@@ -195,7 +200,7 @@ func (s *Server) setPassword(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request) {
 	addr := r.PathValue("address")
-	if err := s.Users.DeleteUser(addr); err != nil {
+	if err := s.Users.DeleteUser(r.Context(), addr); err != nil {
 		writeError(w, statusOf(err), err)
 		return
 	}
@@ -233,9 +238,10 @@ type BucketStatus struct {
 	Epoch  uint64         `json:"epoch"`
 }
 
-func (s *Server) status() ClusterStatus {
+func (s *Server) status(ctx context.Context) ClusterStatus {
 	um := s.Node.UserMap()
-	st := ClusterStatus{Epoch: um.Epoch, Users: len(s.Users.Users())}
+	users, _ := s.Users.Users(ctx)
+	st := ClusterStatus{Epoch: um.Epoch, Users: len(users)}
 	count := map[cluster.NodeID]int{}
 	for b := 0; b < cluster.Buckets; b++ {
 		st.Buckets = append(st.Buckets, BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]})
@@ -253,5 +259,5 @@ func (s *Server) status() ClusterStatus {
 }
 
 func (s *Server) clusterStatus(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.status())
+	writeJSON(w, http.StatusOK, s.status(r.Context()))
 }

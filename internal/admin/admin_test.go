@@ -1,4 +1,4 @@
-package admin
+package admin_test
 
 import (
 	"encoding/json"
@@ -9,26 +9,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/cluster"
-	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/store"
-	"github.com/quillmail/quill/internal/userdb"
-	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/node"
 )
 
 func newServer(t *testing.T, token string) *httptest.Server {
-	db, err := store.Open(t.TempDir())
+	core, err := node.NewCore(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { db.Close() })
-	users := usermgr.New("n1", userdb.New(db), mailbox.New(db))
-	um := cluster.Compute([]cluster.Member{{ID: "n1", Boot: 1}}, 1, nil)
-	s := &Server{Users: users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: NodeInfo{
-		ID: "n1", Started: time.Now(), Load: func() int { return 0 }, UserMap: func() cluster.UserMap { return um },
-		Members: func() []cluster.MemberInfo {
-			return []cluster.MemberInfo{{Member: cluster.Member{ID: "n1", Boot: 1}, State: "alive"}}
-		}}}
+	t.Cleanup(func() { core.Close() })
+	s := &admin.Server{Users: core.Users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: admin.NodeInfo{
+		ID: core.ID, Started: time.Now(), Load: core.Boxes.Pending, UserMap: core.Members.UserMap,
+		Members: core.Members.Members}}
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 	return ts
@@ -71,7 +65,7 @@ func TestUserLifecycle(t *testing.T) {
 		t.Fatalf("no password: %d %s", c, b)
 	}
 	c, b := call(t, "GET", ts.URL+"/api/users", "", "")
-	var list []userJSON
+	var list []struct{ Address, Password string }
 	json.Unmarshal([]byte(b), &list)
 	if c != 200 || len(list) != 1 || list[0].Address != "alice@example.org" || list[0].Password != "" {
 		t.Fatalf("list: %d %s", c, b)
@@ -102,7 +96,7 @@ func TestTokenAndViews(t *testing.T) {
 		t.Fatalf("healthz needs no token: %d", c)
 	}
 	c, b := call(t, "GET", ts.URL+"/cluster", "sekrit", "")
-	var st ClusterStatus
+	var st admin.ClusterStatus
 	if c != 200 || json.Unmarshal([]byte(b), &st) != nil || len(st.Buckets) != cluster.Buckets || st.Members[0].Buckets != cluster.Buckets {
 		t.Fatalf("cluster: %d %s", c, b)
 	}
@@ -117,7 +111,7 @@ func TestTokenAndViews(t *testing.T) {
 func TestRequireToken(t *testing.T) {
 	for addr, want := range map[string]bool{"127.0.0.1:8025": false, "localhost:1": false, "[::1]:8025": false,
 		"0.0.0.0:8025": true, ":8025": true, "10.1.2.3:80": true} {
-		if RequireToken(addr) != want {
+		if admin.RequireToken(addr) != want {
 			t.Errorf("RequireToken(%q) != %v", addr, want)
 		}
 	}

@@ -45,7 +45,7 @@ func nodeColor(id cluster.NodeID) template.CSS {
 
 func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := dashboardTmpl.Execute(w, s.status()); err != nil {
+	if err := dashboardTmpl.Execute(w, s.status(r.Context())); err != nil {
 		s.Logger.Error("dashboard", "err", err)
 	}
 }

@@ -28,6 +28,9 @@ const (
 	metaUpdateInterval = 2 * time.Second
 	// leaveTimeout bounds the graceful leave broadcast at shutdown.
 	leaveTimeout = 2 * time.Second
+	// pushPullInterval is how often two nodes exchange their shared state
+	// (the domains they hold users for); memberlist's LAN default is 30 s.
+	pushPullInterval = 5 * time.Second
 )
 
 // NodeMeta is what a node gossips about itself (memberlist meta, at most 512
@@ -59,9 +62,17 @@ type MembershipConfig struct {
 	// Seeds are gossip addresses to join at start and retry forever.
 	Seeds []string
 	// Load reports this node's current load for gossip.
-	Load     func() (pending int, diskFull bool)
-	Logger   *slog.Logger
+	Load func() (pending int, diskFull bool)
+	// Domains returns the mail domains this node holds user profiles
+	// for; the union over live nodes is what the cluster accepts mail for.
+	Domains func() []string
+	Logger  *slog.Logger
+	// OnChange is called, from one goroutine, whenever the user map or
+	// the set of live (node, boot) pairs changed.
 	OnChange func(old, new *UserMap)
+	// Deferred makes StartMembership only set up gossip; the caller then
+	// calls Start once whatever OnChange uses is in place.
+	Deferred bool
 }
 
 // Membership is the membership manager of Porcupine §3.1: it keeps the node's
@@ -78,13 +89,15 @@ type Membership struct {
 	userMap UserMap
 	members map[NodeID]MemberInfo // every node ever seen, with its last state
 	meta    NodeMeta
+	live    string              // signature of the live (node, boot) set
+	domains map[NodeID][]string // domains gossiped by each node
 }
 
 // StartMembership starts gossip (when cfg.Bind is set) and computes the
 // first user map.
 func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	m := &Membership{cfg: cfg, kick: make(chan struct{}, 1), stop: make(chan struct{}),
-		members: map[NodeID]MemberInfo{}}
+		members: map[NodeID]MemberInfo{}, domains: map[NodeID][]string{}}
 	m.meta = NodeMeta{Boot: cfg.Boot, RPC: cfg.RPC}
 	m.members[cfg.Self] = MemberInfo{Member: Member{ID: cfg.Self, Boot: cfg.Boot}, NodeMeta: m.meta, Gossip: cfg.Bind, State: "alive"}
 	if cfg.Bind != "" {
@@ -107,6 +120,7 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		// Dead nodes are forgotten quickly so a node restarted on the same
 		// address is taken back at once.
 		mc.DeadNodeReclaimTime = 1 * time.Second
+		mc.PushPullInterval = pushPullInterval
 		mc.Logger = log.New(io.Discard, "", 0)
 		if cfg.Logger != nil {
 			mc.Logger = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)
@@ -116,16 +130,24 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 			return nil, fmt.Errorf("gossip on %s: %w", cfg.Bind, err)
 		}
 		m.ml = ml
-		if len(cfg.Seeds) > 0 {
-			if _, err := ml.Join(cfg.Seeds); err != nil && cfg.Logger != nil {
-				cfg.Logger.Warn("join failed, will retry", "seeds", cfg.Seeds, "err", err)
-			}
+	}
+	if !cfg.Deferred {
+		m.Start()
+	}
+	return m, nil
+}
+
+// Start joins the seeds, computes the first user map and starts watching
+// the membership.
+func (m *Membership) Start() {
+	if m.ml != nil && len(m.cfg.Seeds) > 0 {
+		if _, err := m.ml.Join(m.cfg.Seeds); err != nil && m.cfg.Logger != nil {
+			m.cfg.Logger.Warn("join failed, will retry", "seeds", m.cfg.Seeds, "err", err)
 		}
 	}
 	m.recompute()
 	m.wg.Add(1)
 	go m.loop()
-	return m, nil
 }
 
 // UserMap returns the current user map.
@@ -282,12 +304,17 @@ func (m *Membership) recompute() {
 		}
 	}
 	sort.Slice(live, func(i, j int) bool { return live[i].ID < live[j].ID })
+	sig := fmt.Sprint(live)
 	old := m.userMap
 	next := Compute(live, old.Epoch+1, &old)
-	if old.Epoch != 0 && len(next.ChangedSince(&old)) == 0 {
+	if old.Epoch != 0 && len(next.ChangedSince(&old)) == 0 && sig == m.live {
 		m.mu.Unlock()
 		return
 	}
+	if len(next.ChangedSince(&old)) == 0 {
+		next = old // same map: keep its epoch
+	}
+	m.live = sig
 	m.userMap = next
 	m.mu.Unlock()
 	if m.cfg.Logger != nil {
@@ -330,8 +357,66 @@ func (d *delegate) NodeMeta(limit int) []byte {
 }
 func (d *delegate) NotifyMsg([]byte)                           {}
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (d *delegate) LocalState(join bool) []byte                { return nil }
-func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// sharedState is what push/pull exchanges between two nodes.
+type sharedState struct {
+	ID      NodeID              `json:"id"`
+	Domains map[NodeID][]string `json:"domains"`
+}
+
+// LocalState sends our domains and every other node's we know, so a domain
+// reaches the whole cluster even through nodes that hold no user of it.
+func (d *delegate) LocalState(join bool) []byte {
+	m := (*Membership)(d)
+	st := sharedState{ID: m.cfg.Self, Domains: map[NodeID][]string{}}
+	m.mu.RLock()
+	for id, ds := range m.domains {
+		st.Domains[id] = ds
+	}
+	m.mu.RUnlock()
+	if m.cfg.Domains != nil {
+		st.Domains[m.cfg.Self] = m.cfg.Domains()
+	}
+	b, _ := json.Marshal(st)
+	return b
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	m := (*Membership)(d)
+	var st sharedState
+	if json.Unmarshal(buf, &st) != nil {
+		return
+	}
+	m.mu.Lock()
+	for id, ds := range st.Domains {
+		// A node's own word about itself wins over hearsay.
+		if id == m.cfg.Self || (id != st.ID && m.domains[id] != nil) {
+			continue
+		}
+		m.domains[id] = ds
+	}
+	m.mu.Unlock()
+}
+
+// Domains returns the union of the domains of live nodes and this node.
+func (m *Membership) Domains() map[string]bool {
+	out := map[string]bool{}
+	if m.cfg.Domains != nil {
+		for _, d := range m.cfg.Domains() {
+			out[d] = true
+		}
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for id, ds := range m.domains {
+		if mi, ok := m.members[id]; ok && (mi.State == "alive" || mi.State == "suspect") {
+			for _, d := range ds {
+				out[d] = true
+			}
+		}
+	}
+	return out
+}
 
 // events turns memberlist's callbacks into user-map recomputations; they
 // run on memberlist's goroutines, so they only signal.

@@ -21,7 +21,10 @@ import (
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/admin"
+	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/imap"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
@@ -77,19 +80,13 @@ func DefaultConfig() Config {
 
 // Node is a running node.
 type Node struct {
+	*Core
 	cfg     Config
-	ID      cluster.NodeID
-	DB      *store.DB
-	Boxes   *mailbox.Manager
-	Users   *usermgr.Manager
-	Proxy   *proxy.Proxy
-	Members *cluster.Membership
-	RPC     *rpc.Server
-	Boot    uint64
 	started time.Time
 
 	smtp  *gosmtp.Server
 	pop3  *pop3.Server
+	imap  *imap.Server
 	http  *http.Server
 	addrs map[string]string
 	wg    sync.WaitGroup
@@ -133,39 +130,129 @@ func writeFileSync(path string, data []byte) error {
 	return f.Close()
 }
 
-// Start opens the node's storage, rebuilds soft state and starts the
-// listeners. It returns once every listener accepts connections.
-func Start(cfg Config) (*Node, error) {
-	log := cfg.Logger
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s: %w", cfg.DataDir, err)
+// Core is the part of a node below the protocol servers: store, managers,
+// membership, RPC and the proxies' shared half. Tests use it alone; Start
+// adds the listeners.
+type Core struct {
+	ID      cluster.NodeID
+	Boot    uint64
+	DB      *store.DB
+	Boxes   *mailbox.Manager
+	Users   *usermgr.Manager
+	Proxy   *proxy.Proxy
+	Members *cluster.Membership
+	Peers   *cluster.Peers
+	RPC     *rpc.Server
+	Loads   *balance.Tracker
+	log     *slog.Logger
+	rpcLn   net.Listener
+}
+
+// NewCore opens the data directory and starts the managers. clusterAddr
+// empty makes a cluster of one, with no gossip and no RPC listener.
+func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Core, error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", dataDir, err)
 	}
-	id, err := LoadNodeID(cfg.DataDir)
+	id, err := LoadNodeID(dataDir)
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(cfg.DataDir)
+	boot, err := nextBoot(dataDir)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, ID: id, DB: db, started: time.Now(), addrs: map[string]string{}}
-	n.Boxes = mailbox.New(db)
-	n.Users = usermgr.New(id, userdb.New(db), n.Boxes)
-	if n.Boot, err = nextBoot(cfg.DataDir); err != nil {
-		db.Close()
+	db, err := store.Open(dataDir)
+	if err != nil {
 		return nil, err
+	}
+	c := &Core{ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker()}
+	c.Boxes = mailbox.New(db)
+	c.Users = usermgr.New(id, userdb.New(db), c.Boxes, hlc.New(), log)
+	client := rpc.NewClient()
+	c.Peers = &cluster.Peers{RPC: client}
+	c.Users.SetPeers(c.Peers)
+	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
+		Spread: balance.DefaultSpread}
+	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending()} })
+	c.Users.Register(c.RPC)
+	c.Proxy.Register(c.RPC)
+
+	rpcAddr := ""
+	if clusterAddr != "" {
+		host, _, err := net.SplitHostPort(clusterAddr)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("cluster address %q: %w", clusterAddr, err)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("rpc listener on %s: %w", host, err)
+		}
+		c.rpcLn = l
+		rpcAddr = l.Addr().String()
+		go c.RPC.Serve(l)
+	}
+	// The RPC client learns every callee's load from its replies; the
+	// balancer reads it (Porcupine §5).
+	client.OnLoad = func(addr string, l rpc.Load) {
+		if m := c.Members; m != nil {
+			for _, mi := range m.Alive() {
+				if mi.RPC == addr {
+					c.Loads.Observe(mi.ID, balance.Load{Pending: l.Pending, DiskFull: l.DiskFull})
+				}
+			}
+		}
 	}
 	t0 := time.Now()
-	if err := n.Users.Rebuild(nil); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("rebuild soft state: %w", err)
-	}
-	log.Info("soft state rebuilt", "node", id, "users", len(n.Users.Users()), "took", time.Since(t0).Round(time.Millisecond))
-	n.Proxy = &proxy.Proxy{Self: id, Users: n.Users, Boxes: n.Boxes}
-
-	if err := n.startCluster(); err != nil {
-		n.Shutdown(context.Background())
+	m, err := cluster.StartMembership(cluster.MembershipConfig{
+		Self: id, Boot: boot, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
+		Load:    func() (int, bool) { return c.Boxes.Pending(), false },
+		Domains: c.Users.LocalDomains,
+		Logger:  log,
+		OnChange: func(old, new *cluster.UserMap) {
+			c.Peers.SetMembership(c.Members)
+			for _, mi := range c.Members.Alive() {
+				c.Loads.Observe(mi.ID, balance.Load{Pending: mi.Load, DiskFull: mi.DiskFull})
+			}
+			c.Users.Reconcile(*new, c.Members.Alive())
+		},
+		Deferred: true,
+	})
+	if err != nil {
+		c.Close()
 		return nil, err
+	}
+	c.Members = m
+	c.Peers.SetMembership(m)
+	m.Start()
+	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
+	return c, nil
+}
+
+// Close stops membership, RPC and the managers, then closes the store.
+func (c *Core) Close() error {
+	if c.Members != nil {
+		c.Members.Shutdown()
+	}
+	c.RPC.Stop()
+	c.Users.Close()
+	c.Peers.RPC.Close()
+	return c.DB.Close()
+}
+
+// Start opens the node's storage, starts the managers and the listeners.
+// It returns once every listener accepts connections.
+func Start(cfg Config) (*Node, error) {
+	core, err := NewCore(cfg.DataDir, cfg.ClusterAddr, cfg.Join, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{Core: core, cfg: cfg, started: time.Now(), addrs: map[string]string{}}
+	if cfg.ClusterAddr != "" {
+		n.addrs["cluster"] = cfg.ClusterAddr
+		n.addrs["rpc"] = core.rpcLn.Addr().String()
 	}
 	if err := n.startListeners(); err != nil {
 		n.Shutdown(context.Background())
@@ -209,8 +296,14 @@ func (n *Node) startListeners() error {
 	pc.Hostname = cfg.Hostname
 	pc.AuthFailDelay = cfg.AuthFailDelay
 	pc.Logger = cfg.Logger
-	n.pop3 = pop3.New(proxy.POP3{P: n.Proxy}, pc)
+	n.pop3 = pop3.New(proxy.POP3{P: n.Proxy, Log: cfg.Logger}, pc)
 	if err := n.listen("pop3", cfg.POP3Addr, n.pop3.Serve); err != nil {
+		return err
+	}
+
+	n.imap = imap.New(n.Boxes, n.Proxy, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
+		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger})
+	if err := n.listen("imap", cfg.IMAPAddr, n.imap.Serve); err != nil {
 		return err
 	}
 
@@ -228,37 +321,6 @@ func (n *Node) startListeners() error {
 	}}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
-}
-
-// startCluster starts the RPC manager and the membership manager. Without
-// --cluster the node is a cluster of one: the same user map, computed from a
-// member set of one, with no gossip.
-func (n *Node) startCluster() error {
-	n.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: n.Boxes.Pending()} })
-	rpcAddr := ""
-	if n.cfg.ClusterAddr != "" {
-		host, _, err := net.SplitHostPort(n.cfg.ClusterAddr)
-		if err != nil {
-			return fmt.Errorf("cluster address %q: %w", n.cfg.ClusterAddr, err)
-		}
-		if err := n.listen("rpc", net.JoinHostPort(host, "0"), n.RPC.Serve); err != nil {
-			return err
-		}
-		rpcAddr = n.addrs["rpc"]
-	}
-	m, err := cluster.StartMembership(cluster.MembershipConfig{
-		Self: n.ID, Boot: n.Boot, Bind: n.cfg.ClusterAddr, RPC: rpcAddr, Seeds: n.cfg.Join,
-		Load:   func() (int, bool) { return n.Boxes.Pending(), false },
-		Logger: n.cfg.Logger,
-	})
-	if err != nil {
-		return err
-	}
-	n.Members = m
-	if n.cfg.ClusterAddr != "" {
-		n.addrs["cluster"] = n.cfg.ClusterAddr
-	}
-	return nil
 }
 
 // nextBoot increments and returns the node's boot incarnation, kept in the
@@ -308,16 +370,13 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if n.pop3 != nil {
 		stop(n.pop3.Shutdown)
 	}
+	if n.imap != nil {
+		stop(n.imap.Shutdown)
+	}
 	if n.http != nil {
 		stop(n.http.Shutdown)
 	}
 	wg.Wait()
-	if n.Members != nil {
-		n.Members.Shutdown()
-	}
-	if n.RPC != nil {
-		n.RPC.Stop()
-	}
 	n.wg.Wait()
-	return n.DB.Close()
+	return n.Core.Close()
 }

@@ -34,7 +34,9 @@ type Config struct {
 	ReadTimeout, WriteTimeout time.Duration
 	// DeliverTimeout bounds the storage of one message after DATA.
 	DeliverTimeout time.Duration
-	Logger         *slog.Logger
+	// RcptTimeout bounds the lookup of a recipient at its user manager.
+	RcptTimeout time.Duration
+	Logger      *slog.Logger
 }
 
 // DefaultConfig returns the defaults an operator would expect.
@@ -46,6 +48,7 @@ func DefaultConfig() Config {
 		ReadTimeout:     5 * time.Minute,
 		WriteTimeout:    5 * time.Minute,
 		DeliverTimeout:  2 * time.Minute,
+		RcptTimeout:     30 * time.Second,
 		Logger:          slog.Default(),
 	}
 }
@@ -92,7 +95,9 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 }
 
 func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
-	err := s.b.p.CheckRecipient(to)
+	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.RcptTimeout)
+	defer cancel()
+	err := s.b.p.CheckRecipient(ctx, to)
 	switch {
 	case err == nil:
 		s.rcpts = append(s.rcpts, to)

@@ -1,7 +1,8 @@
-package smtp
+package smtp_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
@@ -10,38 +11,34 @@ import (
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/node"
 	"github.com/quillmail/quill/internal/proxy"
-	"github.com/quillmail/quill/internal/store"
-	"github.com/quillmail/quill/internal/userdb"
-	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/smtp"
 )
 
 func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
 	t.Helper()
-	db, err := store.Open(t.TempDir())
+	core, err := node.NewCore(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	boxes := mailbox.New(db)
-	users := usermgr.New("n1", userdb.New(db), boxes)
-	if _, err := users.AddUser("alice@example.org", "pw"); err != nil {
-		t.Fatal(err)
+	for _, u := range []string{"alice@example.org", "bob@example.org"} {
+		if _, err := core.Users.AddUser(context.Background(), u, "pw"); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := users.AddUser("bob@example.org", "pw"); err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy.Proxy{Self: "n1", Users: users, Boxes: boxes}
-	cfg := DefaultConfig()
+	p := core.Proxy
+	cfg := smtp.DefaultConfig()
 	cfg.Hostname = "mx.test"
 	cfg.MaxMessageBytes = maxSize
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	s := New(p, cfg)
+	s := smtp.New(p, cfg)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go s.Serve(l)
-	t.Cleanup(func() { s.Close(); db.Close() })
+	t.Cleanup(func() { s.Close(); core.Close() })
 	return l.Addr().String(), p
 }
 

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble"
+	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/store"
 )
 
@@ -25,9 +27,16 @@ var ErrExists = errors.New("user already exists")
 // Profile is one user's hard state in the profile database.
 type Profile struct {
 	Address      string    `json:"address"`
-	PasswordHash string    `json:"password_hash"`
+	PasswordHash string    `json:"password_hash,omitempty"`
 	Created      time.Time `json:"created"`
 	Updated      time.Time `json:"updated"`
+	// Version orders updates of the profile across nodes: a hybrid
+	// logical clock timestamp, so skewed wall clocks never let an older
+	// update win (BLUEPRINT invariant 6).
+	Version hlc.Timestamp `json:"version"`
+	// Deleted marks a tombstone: a deleted user's profile stays, without
+	// its hash, so a replica that missed the delete cannot bring it back.
+	Deleted bool `json:"deleted,omitempty"`
 }
 
 // Domain returns the domain part of the address.
@@ -36,6 +45,7 @@ func (p *Profile) Domain() string { return Domain(p.Address) }
 // DB is the node's replica of the user profile database.
 type DB struct {
 	db *store.DB
+	mu sync.Mutex // orders PutIfNewer's read and write
 }
 
 // New returns the profile database on top of the node's store.
@@ -74,6 +84,22 @@ func (d *DB) Put(p *Profile) error {
 		return fmt.Errorf("user %s: write profile: %w", p.Address, err)
 	}
 	return nil
+}
+
+// PutIfNewer writes p only if it is newer than the stored profile, and
+// reports whether it did. Replicas apply updates with it, so updates may
+// arrive in any order and more than once.
+func (d *DB) PutIfNewer(p *Profile) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur, err := d.Get(p.Address)
+	if err == nil && cur.Version >= p.Version {
+		return false, nil
+	}
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return false, err
+	}
+	return true, d.Put(p)
 }
 
 // Delete removes a profile durably.

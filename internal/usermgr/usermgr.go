@@ -1,25 +1,34 @@
 // Package usermgr is the user manager of Porcupine §2.2 and §3.3: the soft
 // state of the users whose bucket this node manages in the user map — a
 // cached copy of each profile and the mail map, the set of nodes holding
-// mailbox fragments of ⟨user, mailbox⟩ — plus the set of domains the users
-// live in. None of it is written to disk: Rebuild recomputes it from the
-// node's hard state (profiles and fragments) by a bucket-scoped scan, which
-// is what the node does at start and, in a cluster, for every bucket whose
-// manager changed.
+// mailbox fragments of each user. None of it is written to disk. When the
+// user map or the set of live nodes changes, the manager of each bucket
+// collects, from every live node, what that node's hard state implies for
+// the bucket (a bucket-scoped scan of its profiles and fragments) and
+// rebuilds the bucket's soft state from the replies.
+//
+// Any node can ask any question about any user: the question goes to the
+// bucket's manager, by RPC when that is another node. User profiles are hard
+// state kept on the two nodes ranked highest for the user's bucket, so one
+// crash never stops a user from logging in.
 package usermgr
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -29,159 +38,601 @@ var ErrUnknownUser = userdb.ErrNotFound
 // ErrBadPassword is returned when a password does not match.
 var ErrBadPassword = userdb.ErrPasswordMismatch
 
+// Tunables of soft-state reconstruction.
+const (
+	// ProfileReplicas is how many nodes keep each user profile.
+	ProfileReplicas = 2
+	// reconstructWait bounds how long a lookup waits for a bucket whose
+	// soft state is being rebuilt before answering from what has arrived.
+	reconstructWait = 5 * time.Second
+	// pullRetry is the pause before asking a node again for its scan.
+	pullRetry = time.Second
+	// notManagerRetries is how often a call is retried when two nodes
+	// briefly disagree on the user map.
+	notManagerRetries = 5
+	notManagerBackoff = 200 * time.Millisecond
+)
+
+// Peers is what the user manager needs of the cluster: its view of the
+// members and a way to call them.
+type Peers interface {
+	UserMap() cluster.UserMap
+	Alive() []cluster.MemberInfo
+	Domains() map[string]bool
+	// Call invokes an RPC method on another node.
+	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
+}
+
 // Manager is the node's user manager.
 type Manager struct {
 	self  cluster.NodeID
 	users *userdb.DB
 	boxes *mailbox.Manager
+	clock *hlc.Clock
+	peers Peers
+	log   *slog.Logger
 
-	mu       sync.RWMutex
-	profiles map[string]*userdb.Profile
-	mailMap  map[string]map[cluster.NodeID]bool
-	domains  map[string]int // domain -> number of users in it
+	mu      sync.RWMutex
+	buckets [cluster.Buckets]*bucket
+	gen     uint64 // bumped at every reconcile; stale pulls are dropped
+	closed  bool
+	pulls   sync.WaitGroup
 
 	// verified caches, per user, a keyed MAC of the last password that
-	// passed the argon2id check, so a POP3 client polling every minute does
-	// not pay 20 MiB and tens of milliseconds of hashing per login. The key
-	// is random per process and the cache is soft state: dropped with the
-	// profile on any change.
-	verified map[string][32]byte
-	macKey   [32]byte
-	// dummyHash is checked for unknown users so a login attempt takes as
-	// long for a missing user as for a wrong password.
+	// passed the argon2id check for a profile version, so a client polling
+	// every minute does not pay 20 MiB and tens of milliseconds of hashing
+	// per login. The key is random per process: soft state.
+	authMu    sync.Mutex
+	verified  map[string]verifiedPW
+	macKey    [32]byte
 	dummyHash string
+
+	domMu       sync.Mutex
+	domains     []string
+	domainsGood bool
 }
 
-// New returns an empty user manager; call Rebuild to fill it.
-func New(self cluster.NodeID, users *userdb.DB, boxes *mailbox.Manager) *Manager {
-	m := &Manager{self: self, users: users, boxes: boxes,
-		profiles: map[string]*userdb.Profile{}, mailMap: map[string]map[cluster.NodeID]bool{},
-		domains: map[string]int{}, verified: map[string][32]byte{}}
+type verifiedPW struct {
+	version hlc.Timestamp
+	mac     [32]byte
+}
+
+// bucket is the soft state of one bucket this node manages.
+type bucket struct {
+	contrib  map[cluster.NodeID]uint64 // node -> boot whose scan is merged
+	profiles map[string]*userdb.Profile
+	holders  map[string]map[cluster.NodeID]bool // user -> nodes whose disk has the newest profile
+	mailMap  map[string]map[cluster.NodeID]bool
+	ready    chan struct{}
+	isReady  bool
+}
+
+func newBucket() *bucket {
+	return &bucket{contrib: map[cluster.NodeID]uint64{}, profiles: map[string]*userdb.Profile{},
+		holders: map[string]map[cluster.NodeID]bool{},
+		mailMap: map[string]map[cluster.NodeID]bool{}, ready: make(chan struct{})}
+}
+
+// New returns a user manager with no soft state; it fills as the membership
+// manager reports the user map (Reconcile).
+func New(self cluster.NodeID, users *userdb.DB, boxes *mailbox.Manager, clock *hlc.Clock, log *slog.Logger) *Manager {
+	m := &Manager{self: self, users: users, boxes: boxes, clock: clock, log: log,
+		verified: map[string]verifiedPW{}}
 	rand.Read(m.macKey[:])
 	m.dummyHash, _ = userdb.HashPassword("no such user")
 	return m
 }
 
-// Rebuild recomputes the soft state of the given buckets (all when buckets
-// is nil) from this node's profile database and mailbox fragments.
-func (m *Manager) Rebuild(buckets []uint8) error {
-	if buckets == nil {
-		buckets = make([]uint8, cluster.Buckets)
-		for i := range buckets {
-			buckets[i] = uint8(i)
+// Close stops reconstruction and waits for scans in flight, so the store
+// can be closed after it.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.gen++
+	m.mu.Unlock()
+	m.pulls.Wait()
+}
+
+// SetPeers connects the manager to the cluster; call before Reconcile.
+func (m *Manager) SetPeers(p Peers) { m.peers = p }
+
+// --- soft-state reconstruction (Porcupine §3.3)
+
+// Reconcile adapts the soft state to a new user map: buckets no longer ours
+// are dropped; for buckets that are ours, the contributions of nodes that
+// are gone are removed, and every live node whose scan is missing is asked
+// for it.
+func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
+	boot := map[cluster.NodeID]uint64{}
+	for _, a := range alive {
+		boot[a.ID] = a.Member.Boot
+	}
+	need := map[cluster.NodeID][]uint8{}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.gen++
+	gen := m.gen
+	for b := 0; b < cluster.Buckets; b++ {
+		if um.Node[b] != m.self {
+			m.buckets[b] = nil
+			continue
+		}
+		bk := m.buckets[b]
+		if bk == nil {
+			bk = newBucket()
+			m.buckets[b] = bk
+		}
+		for n, nb := range bk.contrib {
+			if boot[n] != nb {
+				delete(bk.contrib, n)
+				for _, h := range bk.holders {
+					delete(h, n)
+				}
+				for u, nodes := range bk.mailMap {
+					delete(nodes, n)
+					if len(nodes) == 0 {
+						delete(bk.mailMap, u)
+					}
+				}
+			}
+		}
+		for n := range boot {
+			if _, ok := bk.contrib[n]; !ok {
+				need[n] = append(need[n], uint8(b))
+			}
+		}
+		m.checkReadyLocked(bk, boot)
+	}
+	m.mu.Unlock()
+	for n, buckets := range need {
+		m.pulls.Add(1)
+		go func() {
+			defer m.pulls.Done()
+			m.pull(gen, n, boot[n], buckets, boot)
+		}()
+	}
+	// A bucket whose contributions cannot all be had (a node that does not
+	// answer) becomes usable anyway after reconstructWait.
+	time.AfterFunc(reconstructWait, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.gen != gen {
+			return
+		}
+		for _, bk := range m.buckets {
+			if bk != nil && !bk.isReady {
+				bk.isReady = true
+				close(bk.ready)
+			}
+		}
+	})
+}
+
+func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
+	for n := range boot {
+		if _, ok := bk.contrib[n]; !ok {
+			return
+		}
+	}
+	if !bk.isReady {
+		bk.isReady = true
+		close(bk.ready)
+	}
+	// Every live node's scan is in: profiles with fewer than
+	// ProfileReplicas live copies get copied again (a node that died, or
+	// came back with an empty disk, took a copy with it).
+	var repair []userdb.Profile
+	for u, p := range bk.profiles {
+		if len(bk.holders[u]) < min(ProfileReplicas, len(boot)) {
+			repair = append(repair, *p)
+		}
+	}
+	if len(repair) > 0 {
+		m.pulls.Add(1)
+		go func() {
+			defer m.pulls.Done()
+			for i := range repair {
+				ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
+				if err := m.writeProfile(ctx, &repair[i]); err != nil {
+					m.log.Warn("profile re-replication failed", "user", repair[i].Address, "err", err)
+				}
+				cancel()
+			}
+		}()
+	}
+}
+
+// ScanRequest asks a node for what its hard state implies for buckets.
+type ScanRequest struct {
+	Buckets []uint8 `json:"buckets"`
+}
+
+// ScanReply is one node's contribution: the profiles it stores and the
+// users it holds mail for, in the requested buckets.
+type ScanReply struct {
+	Node      cluster.NodeID   `json:"node"`
+	Boot      uint64           `json:"boot"`
+	Profiles  []userdb.Profile `json:"profiles"`
+	Fragments []string         `json:"fragments"`
+}
+
+// Scan is the bucket-scoped disk scan every node runs for a manager.
+func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error) {
+	out := &ScanReply{Node: m.self}
+	for _, b := range req.Buckets {
+		if err := m.users.Scan(int(b), func(p *userdb.Profile) error {
+			out.Profiles = append(out.Profiles, *p)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if err := m.boxes.FragmentUsers(int(b), func(user string, n int) error {
+			if n > 0 {
+				out.Fragments = append(out.Fragments, user)
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (m *Manager) pull(gen uint64, n cluster.NodeID, boot uint64, buckets []uint8, alive map[cluster.NodeID]uint64) {
+	for {
+		if m.closedOrStale(gen) {
+			return
+		}
+		var rep ScanReply
+		var err error
+		if n == m.self {
+			var r *ScanReply
+			r, err = m.Scan(context.Background(), &ScanRequest{Buckets: buckets})
+			if r != nil {
+				rep = *r
+			}
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
+			err = m.peers.Call(ctx, n, "usermgr.Scan", &ScanRequest{Buckets: buckets}, &rep)
+			cancel()
+		}
+		if err != nil {
+			m.log.Warn("soft-state scan failed, retrying", "node", n, "buckets", len(buckets), "err", err)
+			time.Sleep(pullRetry)
+			continue
+		}
+		if m.closedOrStale(gen) {
+			return
+		}
+		m.merge(gen, n, boot, buckets, &rep, alive)
+		return
+	}
+}
+
+func (m *Manager) closedOrStale(gen uint64) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.closed || m.gen != gen
+}
+
+func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uint8, rep *ScanReply, alive map[cluster.NodeID]uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen {
+		return
+	}
+	for i := range rep.Profiles {
+		p := rep.Profiles[i]
+		m.clock.Observe(p.Version)
+		if bk := m.buckets[cluster.Bucket(p.Address)]; bk != nil {
+			cur, ok := bk.profiles[p.Address]
+			switch {
+			case !ok || cur.Version < p.Version:
+				bk.profiles[p.Address] = &p
+				bk.holders[p.Address] = map[cluster.NodeID]bool{n: true}
+			case cur.Version == p.Version:
+				bk.holders[p.Address][n] = true
+			}
+		}
+	}
+	for _, u := range rep.Fragments {
+		if bk := m.buckets[cluster.Bucket(u)]; bk != nil {
+			noteLocked(bk, u, n)
 		}
 	}
 	for _, b := range buckets {
-		profiles := map[string]*userdb.Profile{}
-		if err := m.users.Scan(int(b), func(p *userdb.Profile) error {
-			profiles[p.Address] = p
-			return nil
-		}); err != nil {
-			return fmt.Errorf("rebuild bucket %d: profiles: %w", b, err)
+		if bk := m.buckets[b]; bk != nil {
+			bk.contrib[n] = boot
+			m.checkReadyLocked(bk, alive)
 		}
-		frag := map[string]bool{}
-		if err := m.boxes.FragmentUsers(int(b), func(user string, n int) error {
-			if n > 0 {
-				frag[user] = true
-			}
-			return nil
-		}); err != nil {
-			return fmt.Errorf("rebuild bucket %d: fragments: %w", b, err)
-		}
-		m.mu.Lock()
-		for u, p := range m.profiles {
-			if cluster.Bucket(u) == b {
-				m.dropLocked(u, p)
-			}
-		}
-		for u := range m.mailMap {
-			if cluster.Bucket(u) == b {
-				delete(m.mailMap, u)
-			}
-		}
-		for u, p := range profiles {
-			m.putLocked(p)
-			_ = u
-		}
-		for u := range frag {
-			m.noteLocked(u, m.self)
-		}
-		m.mu.Unlock()
-	}
-	return nil
-}
-
-func (m *Manager) putLocked(p *userdb.Profile) {
-	if old, ok := m.profiles[p.Address]; ok {
-		m.dropLocked(p.Address, old)
-	}
-	m.profiles[p.Address] = p
-	m.domains[p.Domain()]++
-}
-
-func (m *Manager) dropLocked(user string, p *userdb.Profile) {
-	delete(m.profiles, user)
-	delete(m.verified, user)
-	d := p.Domain()
-	if m.domains[d]--; m.domains[d] <= 0 {
-		delete(m.domains, d)
 	}
 }
 
-func (m *Manager) noteLocked(user string, n cluster.NodeID) {
-	s := m.mailMap[user]
+func noteLocked(bk *bucket, user string, n cluster.NodeID) {
+	s := bk.mailMap[user]
 	if s == nil {
 		s = map[cluster.NodeID]bool{}
-		m.mailMap[user] = s
+		bk.mailMap[user] = s
 	}
 	s[n] = true
 }
 
-// Lookup returns the cached profile of a user.
-func (m *Manager) Lookup(addr string) (*userdb.Profile, error) {
-	addr = userdb.Normalize(addr)
-	m.mu.RLock()
-	p, ok := m.profiles[addr]
-	m.mu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("user %s: %w", addr, ErrUnknownUser)
-	}
-	return p, nil
+// --- the manager's side: questions about users of our buckets
+
+// LookupRequest asks a bucket's manager about a user.
+type LookupRequest struct {
+	User string `json:"user"`
 }
 
-// ServesDomain reports whether any user lives in the domain: the domains of
-// the users are the domains the node accepts mail for.
-func (m *Manager) ServesDomain(domain string) bool {
+// LookupReply is the manager's soft state for a user.
+type LookupReply struct {
+	Profile *userdb.Profile  `json:"profile,omitempty"`
+	MailMap []cluster.NodeID `json:"mail_map"`
+}
+
+// managed returns our soft state of the user's bucket, waiting for its
+// reconstruction if it is under way.
+func (m *Manager) managed(ctx context.Context, user string) (*bucket, error) {
+	b := cluster.Bucket(user)
+	m.mu.RLock()
+	bk := m.buckets[b]
+	m.mu.RUnlock()
+	if bk == nil {
+		return nil, fmt.Errorf("bucket %d of %s on %s: %w", b, user, m.self, rpc.ErrNotManager)
+	}
+	select {
+	case <-bk.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("bucket %d: soft state not rebuilt yet: %w", b, ctx.Err())
+	}
+	return bk, nil
+}
+
+// LocalLookup answers a lookup for a user of a bucket this node manages.
+func (m *Manager) LocalLookup(ctx context.Context, req *LookupRequest) (*LookupReply, error) {
+	user := userdb.Normalize(req.User)
+	bk, err := m.managed(ctx, user)
+	if err != nil {
+		return nil, err
+	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.domains[userdb.Normalize(domain)] > 0
+	out := &LookupReply{}
+	if p, ok := bk.profiles[user]; ok && !p.Deleted {
+		cp := *p
+		out.Profile = &cp
+	}
+	for n := range bk.mailMap[user] {
+		out.MailMap = append(out.MailMap, n)
+	}
+	sort.Slice(out.MailMap, func(i, j int) bool { return out.MailMap[i] < out.MailMap[j] })
+	return out, nil
+}
+
+// NoteRequest tells a manager that a node stores mail of a user.
+type NoteRequest struct {
+	User string         `json:"user"`
+	Node cluster.NodeID `json:"node"`
+}
+
+// LocalNote records a fragment in the mail map of a user we manage.
+func (m *Manager) LocalNote(ctx context.Context, req *NoteRequest) (*struct{}, error) {
+	user := userdb.Normalize(req.User)
+	bk, err := m.managed(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	noteLocked(bk, user, req.Node)
+	m.mu.Unlock()
+	return &struct{}{}, nil
+}
+
+// UpdateRequest carries a new version of a profile.
+type UpdateRequest struct {
+	Profile userdb.Profile `json:"profile"`
+}
+
+// LocalUpdate merges a profile version into the soft state if we manage its
+// bucket (ignored otherwise: the next reconstruction will find it on disk).
+func (m *Manager) LocalUpdate(ctx context.Context, req *UpdateRequest) (*struct{}, error) {
+	p := req.Profile
+	m.clock.Observe(p.Version)
+	m.mu.Lock()
+	if bk := m.buckets[cluster.Bucket(p.Address)]; bk != nil {
+		if cur, ok := bk.profiles[p.Address]; !ok || cur.Version < p.Version {
+			bk.profiles[p.Address] = &p
+			bk.holders[p.Address] = map[cluster.NodeID]bool{}
+		}
+	}
+	m.mu.Unlock()
+	m.authMu.Lock()
+	delete(m.verified, p.Address)
+	m.authMu.Unlock()
+	return &struct{}{}, nil
+}
+
+// LocalPut stores a profile replica (hard state) if it is newer than ours.
+func (m *Manager) LocalPut(ctx context.Context, req *UpdateRequest) (*struct{}, error) {
+	m.clock.Observe(req.Profile.Version)
+	wrote, err := m.users.PutIfNewer(&req.Profile)
+	if err != nil {
+		return nil, err
+	}
+	if wrote {
+		m.domMu.Lock()
+		m.domainsGood = false
+		m.domMu.Unlock()
+	}
+	return m.LocalUpdate(ctx, req)
+}
+
+// ListReply is the profiles of the buckets a node manages.
+type ListReply struct {
+	Profiles []userdb.Profile `json:"profiles"`
+}
+
+// LocalList returns the live profiles of the buckets we manage.
+func (m *Manager) LocalList(ctx context.Context, _ *struct{}) (*ListReply, error) {
+	out := &ListReply{}
+	m.mu.RLock()
+	var waits []chan struct{}
+	for _, bk := range m.buckets {
+		if bk != nil {
+			waits = append(waits, bk.ready)
+		}
+	}
+	m.mu.RUnlock()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list users: soft state not rebuilt yet: %w", ctx.Err())
+		}
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, bk := range m.buckets {
+		if bk == nil {
+			continue
+		}
+		for _, p := range bk.profiles {
+			if !p.Deleted {
+				cp := *p
+				cp.PasswordHash = ""
+				out.Profiles = append(out.Profiles, cp)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Register exposes the manager's methods to other nodes.
+func (m *Manager) Register(s *rpc.Server) {
+	s.Handle("usermgr.Scan", rpc.Method(m.Scan))
+	s.Handle("usermgr.Lookup", rpc.Method(m.LocalLookup))
+	s.Handle("usermgr.Note", rpc.Method(m.LocalNote))
+	s.Handle("usermgr.Update", rpc.Method(m.LocalUpdate))
+	s.Handle("usermgr.Put", rpc.Method(m.LocalPut))
+	s.Handle("usermgr.List", rpc.Method(m.LocalList))
+}
+
+// --- any node's side: asking the manager
+
+// callManager runs a call on the manager of user's bucket: directly when
+// that is this node, by RPC otherwise, retrying while the nodes' user maps
+// briefly disagree.
+func callManager[Req, Resp any](ctx context.Context, m *Manager, user, method string, req *Req,
+	local func(context.Context, *Req) (*Resp, error)) (*Resp, error) {
+	var err error
+	for i := 0; i < notManagerRetries; i++ {
+		um := m.peers.UserMap()
+		mgr := um.Manager(user)
+		if mgr == m.self {
+			var r *Resp
+			r, err = local(ctx, req)
+			if err == nil {
+				return r, nil
+			}
+		} else {
+			var r Resp
+			err = m.peers.Call(ctx, mgr, method, req, &r)
+			if err == nil {
+				return &r, nil
+			}
+		}
+		if !errors.Is(err, rpc.ErrNotManager) {
+			return nil, err
+		}
+		select {
+		case <-time.After(notManagerBackoff):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return nil, err
+}
+
+// Lookup returns a user's profile and mail map from the user's manager.
+func (m *Manager) Lookup(ctx context.Context, addr string) (*userdb.Profile, []cluster.NodeID, error) {
+	addr = userdb.Normalize(addr)
+	rep, err := callManager(ctx, m, addr, "usermgr.Lookup", &LookupRequest{User: addr}, m.LocalLookup)
+	if err != nil {
+		return nil, nil, fmt.Errorf("user %s: %w", addr, err)
+	}
+	if rep.Profile == nil {
+		return nil, rep.MailMap, fmt.Errorf("user %s: %w", addr, ErrUnknownUser)
+	}
+	return rep.Profile, rep.MailMap, nil
+}
+
+// NoteFragment records that node n now stores mail of the user (Porcupine
+// §2.3.1 step 8: the storing node makes its participation known).
+func (m *Manager) NoteFragment(ctx context.Context, addr string, n cluster.NodeID) error {
+	addr = userdb.Normalize(addr)
+	_, err := callManager(ctx, m, addr, "usermgr.Note", &NoteRequest{User: addr, Node: n}, m.LocalNote)
+	return err
+}
+
+// ServesDomain reports whether any user lives in the domain, anywhere in the
+// cluster: the domains of the users are the domains we accept mail for.
+func (m *Manager) ServesDomain(domain string) bool {
+	return m.peers.Domains()[userdb.Normalize(domain)]
+}
+
+// LocalDomains returns the domains of the live profiles stored on this node,
+// for gossip.
+func (m *Manager) LocalDomains() []string {
+	m.domMu.Lock()
+	defer m.domMu.Unlock()
+	if m.domainsGood {
+		return m.domains
+	}
+	set := map[string]bool{}
+	m.users.Scan(-1, func(p *userdb.Profile) error {
+		if !p.Deleted {
+			set[p.Domain()] = true
+		}
+		return nil
+	})
+	m.domains = m.domains[:0]
+	for d := range set {
+		m.domains = append(m.domains, d)
+	}
+	sort.Strings(m.domains)
+	m.domainsGood = true
+	return m.domains
 }
 
 // Authenticate checks a user's password. The error names the user and says
 // whether the user is unknown or the password wrong; protocol servers must
 // not pass that difference on to the client.
-func (m *Manager) Authenticate(addr, password string) (*userdb.Profile, error) {
+func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*userdb.Profile, error) {
 	addr = userdb.Normalize(addr)
-	mac := m.mac(addr, password)
-	m.mu.RLock()
-	p, ok := m.profiles[addr]
-	cached, hit := m.verified[addr]
-	m.mu.RUnlock()
-	if !ok {
+	p, _, err := m.Lookup(ctx, addr)
+	if errors.Is(err, ErrUnknownUser) {
 		userdb.CheckPassword(m.dummyHash, password)
-		return nil, fmt.Errorf("user %s: %w", addr, ErrUnknownUser)
+		return nil, err
 	}
-	if hit && hmac.Equal(cached[:], mac[:]) {
+	if err != nil {
+		return nil, err
+	}
+	mac := m.mac(addr, password)
+	m.authMu.Lock()
+	v, hit := m.verified[addr]
+	m.authMu.Unlock()
+	if hit && v.version == p.Version && hmac.Equal(v.mac[:], mac[:]) {
 		return p, nil
 	}
 	if err := userdb.CheckPassword(p.PasswordHash, password); err != nil {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
-	m.mu.Lock()
-	if m.profiles[addr] == p { // not changed meanwhile
-		m.verified[addr] = mac
-	}
-	m.mu.Unlock()
+	m.authMu.Lock()
+	m.verified[addr] = verifiedPW{version: p.Version, mac: mac}
+	m.authMu.Unlock()
 	return p, nil
 }
 
@@ -195,16 +646,56 @@ func (m *Manager) mac(user, password string) [32]byte {
 	return out
 }
 
-// AddUser creates a user: the profile (hard state) and the default
-// mailboxes, then the soft state.
-func (m *Manager) AddUser(addr, password string) (*userdb.Profile, error) {
+// writeProfile stores a profile version on the ProfileReplicas nodes ranked
+// highest for its bucket and tells the bucket's manager. It fails unless
+// every chosen replica has it durably, so a profile that was acknowledged
+// survives one crash.
+func (m *Manager) writeProfile(ctx context.Context, p *userdb.Profile) error {
+	alive := m.peers.Alive()
+	members := make([]cluster.Member, len(alive))
+	for i, a := range alive {
+		members[i] = a.Member
+	}
+	ranked := cluster.Ranked(cluster.Bucket(p.Address), members)
+	if len(ranked) > ProfileReplicas {
+		ranked = ranked[:ProfileReplicas]
+	}
+	req := &UpdateRequest{Profile: *p}
+	for _, r := range ranked {
+		var err error
+		if r.ID == m.self {
+			_, err = m.LocalPut(ctx, req)
+		} else {
+			err = m.peers.Call(ctx, r.ID, "usermgr.Put", req, &struct{}{})
+		}
+		if err != nil {
+			return fmt.Errorf("user %s: store profile on %s: %w", p.Address, r.ID, err)
+		}
+		m.mu.Lock()
+		if bk := m.buckets[cluster.Bucket(p.Address)]; bk != nil {
+			if cur, ok := bk.profiles[p.Address]; ok && cur.Version == p.Version {
+				if bk.holders[p.Address] == nil {
+					bk.holders[p.Address] = map[cluster.NodeID]bool{}
+				}
+				bk.holders[p.Address][r.ID] = true
+			}
+		}
+		m.mu.Unlock()
+	}
+	_, err := callManager(ctx, m, p.Address, "usermgr.Update", req, m.LocalUpdate)
+	return err
+}
+
+// AddUser creates a user: the profile on its replicas (hard state), the
+// default mailboxes on this node, then the manager's soft state.
+func (m *Manager) AddUser(ctx context.Context, addr, password string) (*userdb.Profile, error) {
 	addr = userdb.Normalize(addr)
 	if err := userdb.ValidateAddress(addr); err != nil {
 		return nil, err
 	}
-	if _, err := m.users.Get(addr); err == nil {
+	if _, _, err := m.Lookup(ctx, addr); err == nil {
 		return nil, fmt.Errorf("user %s: %w", addr, userdb.ErrExists)
-	} else if !errors.Is(err, userdb.ErrNotFound) {
+	} else if !errors.Is(err, ErrUnknownUser) {
 		return nil, err
 	}
 	hash, err := userdb.HashPassword(password)
@@ -212,22 +703,19 @@ func (m *Manager) AddUser(addr, password string) (*userdb.Profile, error) {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
 	now := time.Now().UTC()
-	p := &userdb.Profile{Address: addr, PasswordHash: hash, Created: now, Updated: now}
-	if err := m.users.Put(p); err != nil {
+	p := &userdb.Profile{Address: addr, PasswordHash: hash, Created: now, Updated: now, Version: m.clock.Now()}
+	if err := m.writeProfile(ctx, p); err != nil {
 		return nil, err
 	}
 	if err := m.boxes.EnsureUser(addr); err != nil {
 		return nil, fmt.Errorf("user %s: mailboxes: %w", addr, err)
 	}
-	m.mu.Lock()
-	m.putLocked(p)
-	m.mu.Unlock()
 	return p, nil
 }
 
 // SetPassword changes a user's password.
-func (m *Manager) SetPassword(addr, password string) error {
-	p, err := m.users.Get(addr)
+func (m *Manager) SetPassword(ctx context.Context, addr, password string) error {
+	p, _, err := m.Lookup(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -238,72 +726,45 @@ func (m *Manager) SetPassword(addr, password string) error {
 	np := *p
 	np.PasswordHash = hash
 	np.Updated = time.Now().UTC()
-	if err := m.users.Put(&np); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	m.putLocked(&np)
-	m.mu.Unlock()
-	return nil
+	np.Version = m.clock.Now()
+	return m.writeProfile(ctx, &np)
 }
 
-// DeleteUser removes a user's profile and mail.
-func (m *Manager) DeleteUser(addr string) error {
-	addr = userdb.Normalize(addr)
-	if _, err := m.users.Get(addr); err != nil {
+// DeleteUser replaces a user's profile by a tombstone and removes the mail
+// this node holds for the user. (Fragments on other nodes are not reachable
+// through the user any more; removing them everywhere is the replication
+// manager's job.)
+func (m *Manager) DeleteUser(ctx context.Context, addr string) error {
+	p, _, err := m.Lookup(ctx, addr)
+	if err != nil {
 		return err
 	}
-	if err := m.users.Delete(addr); err != nil {
+	tomb := userdb.Profile{Address: p.Address, Created: p.Created, Updated: time.Now().UTC(),
+		Version: m.clock.Now(), Deleted: true}
+	if err := m.writeProfile(ctx, &tomb); err != nil {
 		return err
 	}
-	if err := m.boxes.DeleteUser(addr); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	if p, ok := m.profiles[addr]; ok {
-		m.dropLocked(addr, p)
-	}
-	delete(m.mailMap, addr)
-	m.mu.Unlock()
-	return nil
+	return m.boxes.DeleteUser(p.Address)
 }
 
-// Users returns the cached profiles, sorted by address.
-func (m *Manager) Users() []userdb.Profile {
-	m.mu.RLock()
-	out := make([]userdb.Profile, 0, len(m.profiles))
-	for _, p := range m.profiles {
-		out = append(out, *p)
+// Users returns every live profile in the cluster (without password
+// hashes), asking each node for the buckets it manages.
+func (m *Manager) Users(ctx context.Context) ([]userdb.Profile, error) {
+	var out []userdb.Profile
+	for _, a := range m.peers.Alive() {
+		var rep *ListReply
+		var err error
+		if a.ID == m.self {
+			rep, err = m.LocalList(ctx, nil)
+		} else {
+			rep = &ListReply{}
+			err = m.peers.Call(ctx, a.ID, "usermgr.List", &struct{}{}, rep)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list users on %s: %w", a.ID, err)
+		}
+		out = append(out, rep.Profiles...)
 	}
-	m.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
-	return out
-}
-
-// MailMap returns the nodes holding mailbox fragments of the user.
-func (m *Manager) MailMap(addr string) []cluster.NodeID {
-	addr = userdb.Normalize(addr)
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	out := make([]cluster.NodeID, 0, len(m.mailMap[addr]))
-	for n := range m.mailMap[addr] {
-		out = append(out, n)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
-
-// NoteFragment records that node n now stores mail of the user (Porcupine
-// §2.3.1 step 8: the storing node makes its participation known).
-func (m *Manager) NoteFragment(addr string, n cluster.NodeID) {
-	addr = userdb.Normalize(addr)
-	m.mu.RLock()
-	known := m.mailMap[addr][n]
-	m.mu.RUnlock()
-	if known {
-		return
-	}
-	m.mu.Lock()
-	m.noteLocked(addr, n)
-	m.mu.Unlock()
+	return out, nil
 }

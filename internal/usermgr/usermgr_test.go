@@ -1,82 +1,274 @@
 package usermgr
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
-func TestRebuildFromHardState(t *testing.T) {
-	dir := t.TempDir()
+// testCluster is N user managers on real stores, talking over real RPC on
+// loopback, with a membership the test sets by hand.
+type testCluster struct {
+	t      *testing.T
+	mu     sync.Mutex
+	alive  []cluster.MemberInfo
+	um     cluster.UserMap
+	epoch  uint64
+	nodes  map[cluster.NodeID]*testNode
+	client *rpc.Client
+}
+
+type testNode struct {
+	id    cluster.NodeID
+	dir   string
+	db    *store.DB
+	boxes *mailbox.Manager
+	mgr   *Manager
+	srv   *rpc.Server
+	addr  string
+	boot  uint64
+}
+
+type peers struct {
+	c    *testCluster
+	self cluster.NodeID
+}
+
+func (p peers) UserMap() cluster.UserMap {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	return p.c.um
+}
+func (p peers) Alive() []cluster.MemberInfo {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	return append([]cluster.MemberInfo(nil), p.c.alive...)
+}
+func (p peers) Domains() map[string]bool {
+	out := map[string]bool{}
+	for _, n := range p.c.nodes {
+		for _, d := range n.mgr.LocalDomains() {
+			out[d] = true
+		}
+	}
+	return out
+}
+func (p peers) Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error {
+	p.c.mu.Lock()
+	n := p.c.nodes[node]
+	p.c.mu.Unlock()
+	if n == nil {
+		return rpc.ErrUnavailable
+	}
+	return p.c.client.Call(ctx, n.addr, method, req, resp)
+}
+
+func newTestCluster(t *testing.T) *testCluster {
+	c := &testCluster{t: t, nodes: map[cluster.NodeID]*testNode{}, client: rpc.NewClient()}
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			n.mgr.Close()
+			n.srv.Stop()
+			n.db.Close()
+		}
+		c.client.Close()
+	})
+	return c
+}
+
+func (c *testCluster) start(id cluster.NodeID, dir string, boot uint64) *testNode {
+	if dir == "" {
+		dir = c.t.TempDir()
+	}
 	db, err := store.Open(dir)
 	if err != nil {
+		c.t.Fatal(err)
+	}
+	n := &testNode{id: id, dir: dir, db: db, boxes: mailbox.New(db), boot: boot}
+	n.mgr = New(id, userdb.New(db), n.boxes, hlc.New(), slog.New(slog.DiscardHandler))
+	n.mgr.SetPeers(peers{c, id})
+	n.srv = rpc.NewServer(func() rpc.Load { return rpc.Load{} })
+	n.mgr.Register(n.srv)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n.addr = l.Addr().String()
+	go n.srv.Serve(l)
+	c.mu.Lock()
+	c.nodes[id] = n
+	c.mu.Unlock()
+	return n
+}
+
+// setAlive installs a membership and tells every live manager.
+func (c *testCluster) setAlive(ids ...cluster.NodeID) {
+	c.mu.Lock()
+	c.alive = nil
+	var members []cluster.Member
+	for _, id := range ids {
+		n := c.nodes[id]
+		mi := cluster.MemberInfo{Member: cluster.Member{ID: id, Boot: n.boot}, State: "alive"}
+		c.alive = append(c.alive, mi)
+		members = append(members, mi.Member)
+	}
+	prev := c.um
+	c.epoch++
+	c.um = cluster.Compute(members, c.epoch, &prev)
+	um, alive := c.um, append([]cluster.MemberInfo(nil), c.alive...)
+	c.mu.Unlock()
+	for _, id := range ids {
+		c.nodes[id].mgr.Reconcile(um, alive)
+	}
+}
+
+func (c *testCluster) kill(id cluster.NodeID) {
+	n := c.nodes[id]
+	n.mgr.Close()
+	n.srv.Stop()
+	n.db.Close()
+	c.mu.Lock()
+	delete(c.nodes, id)
+	c.mu.Unlock()
+}
+
+func ctx(t *testing.T) context.Context {
+	cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return cx
+}
+
+func TestSingleNodeRebuildFromHardState(t *testing.T) {
+	c := newTestCluster(t)
+	n := c.start("n1", "", 1)
+	c.setAlive("n1")
+	if _, err := n.mgr.AddUser(ctx(t), "Alice@Example.org", "pw1"); err != nil {
 		t.Fatal(err)
 	}
-	boxes := mailbox.New(db)
-	m := New("n1", userdb.New(db), boxes)
-	if _, err := m.AddUser("Alice@Example.org", "pw1"); err != nil {
+	if _, err := n.mgr.AddUser(ctx(t), "bob@example.net", "pw2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.AddUser("bob@example.net", "pw2"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.AddUser("alice@example.org", "x"); !errors.Is(err, userdb.ErrExists) {
+	if _, err := n.mgr.AddUser(ctx(t), "alice@example.org", "x"); !errors.Is(err, userdb.ErrExists) {
 		t.Fatalf("duplicate add: %v", err)
 	}
-	boxes.Deliver([]string{"alice@example.org"}, []byte("hi\r\n"), time.Now())
-	db.Close()
+	n.boxes.Deliver([]string{"alice@example.org"}, []byte("hi\r\n"), time.Now())
+	dir := n.dir
+	c.kill("n1")
 
-	// A fresh process: soft state comes back only from the scan.
-	db, err = store.Open(dir)
-	if err != nil {
-		t.Fatal(err)
+	// A new process: soft state comes back only from the scan.
+	n = c.start("n1", dir, 2)
+	c.setAlive("n1")
+	users, err := n.mgr.Users(ctx(t))
+	if err != nil || len(users) != 2 {
+		t.Fatalf("users after rebuild: %v %v", users, err)
 	}
-	defer db.Close()
-	m = New("n1", userdb.New(db), mailbox.New(db))
-	if _, err := m.Lookup("alice@example.org"); err == nil {
-		t.Fatal("soft state present before rebuild")
-	}
-	if err := m.Rebuild(nil); err != nil {
-		t.Fatal(err)
-	}
-	if len(m.Users()) != 2 {
-		t.Fatalf("users after rebuild: %v", m.Users())
-	}
-	if !m.ServesDomain("EXAMPLE.org") || !m.ServesDomain("example.net") || m.ServesDomain("other.org") {
+	if !n.mgr.ServesDomain("EXAMPLE.org") || !n.mgr.ServesDomain("example.net") || n.mgr.ServesDomain("other.org") {
 		t.Fatal("domains wrong after rebuild")
 	}
-	if mm := m.MailMap("alice@example.org"); len(mm) != 1 || mm[0] != "n1" {
+	if _, mm, _ := n.mgr.Lookup(ctx(t), "alice@example.org"); len(mm) != 1 || mm[0] != "n1" {
 		t.Fatalf("mail map %v", mm)
 	}
-	if mm := m.MailMap("bob@example.net"); len(mm) != 0 {
+	if _, mm, _ := n.mgr.Lookup(ctx(t), "bob@example.net"); len(mm) != 0 {
 		t.Fatalf("bob has no mail but mail map %v", mm)
 	}
-	if _, err := m.Authenticate("alice@example.org", "pw1"); err != nil {
-		t.Fatal(err)
+	for i := 0; i < 2; i++ { // second time from the login cache
+		if _, err := n.mgr.Authenticate(ctx(t), "alice@example.org", "pw1"); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := m.Authenticate("alice@example.org", "pw1"); err != nil {
-		t.Fatal("cached login failed:", err)
-	}
-	if _, err := m.Authenticate("alice@example.org", "bad"); !errors.Is(err, ErrBadPassword) {
+	if _, err := n.mgr.Authenticate(ctx(t), "alice@example.org", "bad"); !errors.Is(err, ErrBadPassword) {
 		t.Fatalf("wrong password: %v", err)
 	}
-	if _, err := m.Authenticate("nobody@example.org", "pw1"); !errors.Is(err, ErrUnknownUser) {
+	if _, err := n.mgr.Authenticate(ctx(t), "nobody@example.org", "pw1"); !errors.Is(err, ErrUnknownUser) {
 		t.Fatalf("unknown user: %v", err)
 	}
-	if err := m.SetPassword("alice@example.org", "new"); err != nil {
+	if err := n.mgr.SetPassword(ctx(t), "alice@example.org", "new"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Authenticate("alice@example.org", "pw1"); err == nil {
+	if _, err := n.mgr.Authenticate(ctx(t), "alice@example.org", "pw1"); err == nil {
 		t.Fatal("old password still accepted after change (stale cache)")
 	}
-	if err := m.DeleteUser("bob@example.net"); err != nil {
+	if err := n.mgr.DeleteUser(ctx(t), "bob@example.net"); err != nil {
 		t.Fatal(err)
 	}
-	if m.ServesDomain("example.net") {
+	if n.mgr.ServesDomain("example.net") {
 		t.Fatal("domain still served after its last user left")
+	}
+	if _, _, err := n.mgr.Lookup(ctx(t), "bob@example.net"); !errors.Is(err, ErrUnknownUser) {
+		t.Fatalf("deleted user: %v", err)
+	}
+}
+
+// Three nodes: users added through one node log in through every other;
+// after any one node dies, every user still logs in (profiles live on two
+// nodes) and mail maps are rebuilt without the dead node.
+func TestClusterSurvivesOneCrash(t *testing.T) {
+	c := newTestCluster(t)
+	for _, id := range []cluster.NodeID{"a", "b", "c"} {
+		c.start(id, "", 1)
+	}
+	c.setAlive("a", "b", "c")
+	var users []string
+	for i := 0; i < 40; i++ {
+		u := fmt.Sprintf("user%d@example.org", i)
+		users = append(users, u)
+		if _, err := c.nodes["a"].mgr.AddUser(ctx(t), u, "pw"+u); err != nil {
+			t.Fatal(err)
+		}
+		// Mail for the user stored on b.
+		c.nodes["b"].boxes.Deliver([]string{u}, []byte("x\r\n"), time.Now())
+		if err := c.nodes["b"].mgr.NoteFragment(ctx(t), u, "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []cluster.NodeID{"b", "c"} {
+		for _, u := range users {
+			if _, err := c.nodes[id].mgr.Authenticate(ctx(t), u, "pw"+u); err != nil {
+				t.Fatalf("login of %s through %s: %v", u, id, err)
+			}
+		}
+	}
+	for _, victim := range []cluster.NodeID{"a", "c"} {
+		c.kill(victim)
+		var rest []cluster.NodeID
+		for _, id := range []cluster.NodeID{"a", "b", "c"} {
+			if c.nodes[id] != nil {
+				rest = append(rest, id)
+			}
+		}
+		c.setAlive(rest...)
+		for _, id := range rest {
+			for _, u := range users {
+				if _, err := c.nodes[id].mgr.Authenticate(ctx(t), u, "pw"+u); err != nil {
+					t.Fatalf("after %s died, login of %s through %s: %v", victim, u, id, err)
+				}
+				if _, mm, _ := c.nodes[id].mgr.Lookup(ctx(t), u); len(mm) != 1 || mm[0] != "b" {
+					t.Fatalf("after %s died, mail map of %s: %v", victim, u, mm)
+				}
+			}
+		}
+		if victim == "a" {
+			// a comes back with a new boot: it takes its buckets back and
+			// rebuilds their soft state from b and c.
+			c.start("a", "", 2)
+			c.setAlive("a", "b", "c")
+			for _, u := range users {
+				if _, err := c.nodes["a"].mgr.Authenticate(ctx(t), u, "pw"+u); err != nil {
+					t.Fatalf("after a returned empty, login of %s: %v", u, err)
+				}
+			}
+		}
 	}
 }

@@ -1,0 +1,57 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/quillmail/quill/internal/rpc"
+)
+
+// Peers joins the membership view and the RPC client: the way every manager
+// reaches the manager of the same kind on another node (Porcupine Fig. 2's
+// dotted arrows).
+type Peers struct {
+	members atomic.Pointer[Membership]
+	RPC     *rpc.Client
+}
+
+// SetMembership installs the membership manager once it has started.
+func (p *Peers) SetMembership(m *Membership) { p.members.Store(m) }
+
+// UserMap returns the current user map.
+func (p *Peers) UserMap() UserMap {
+	if m := p.members.Load(); m != nil {
+		return m.UserMap()
+	}
+	return UserMap{}
+}
+
+// Alive returns the live members.
+func (p *Peers) Alive() []MemberInfo {
+	if m := p.members.Load(); m != nil {
+		return m.Alive()
+	}
+	return nil
+}
+
+// Domains returns the mail domains of the cluster's users.
+func (p *Peers) Domains() map[string]bool {
+	if m := p.members.Load(); m != nil {
+		return m.Domains()
+	}
+	return nil
+}
+
+// Call invokes method on node by RPC.
+func (p *Peers) Call(ctx context.Context, node NodeID, method string, req, resp any) error {
+	m := p.members.Load()
+	if m == nil {
+		return fmt.Errorf("node %s: %w: membership not started", node, rpc.ErrUnavailable)
+	}
+	mi, ok := m.Lookup(node)
+	if !ok || mi.RPC == "" || (mi.State != "alive" && mi.State != "suspect") {
+		return fmt.Errorf("node %s: %w", node, rpc.ErrUnavailable)
+	}
+	return p.RPC.Call(ctx, mi.RPC, method, req, resp)
+}
