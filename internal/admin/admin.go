@@ -210,7 +210,11 @@ func (s *Server) deleteUser(w http.ResponseWriter, r *http.Request) {
 
 // ClusterStatus is the JSON of GET /cluster.
 type ClusterStatus struct {
-	Epoch   uint64         `json:"epoch"`
+	Epoch uint64 `json:"epoch"`
+	// Managed and Ready count the buckets this node manages and those
+	// whose soft state is rebuilt (Porcupine §3.3).
+	Managed int            `json:"managed"`
+	Ready   int            `json:"ready"`
 	Members []MemberStatus `json:"members"`
 	Buckets []BucketStatus `json:"buckets"`
 	Users   int            `json:"users"`
@@ -242,6 +246,7 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	um := s.Node.UserMap()
 	users, _ := s.Users.Users(ctx)
 	st := ClusterStatus{Epoch: um.Epoch, Users: len(users)}
+	st.Managed, st.Ready = s.Users.Reconstruction()
 	count := map[cluster.NodeID]int{}
 	for b := 0; b < cluster.Buckets; b++ {
 		st.Buckets = append(st.Buckets, BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]})

@@ -26,7 +26,7 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #d
 .sw{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px}
 </style></head><body>
 <h1>Quill cluster</h1>
-<p>User-map epoch {{.Epoch}} · {{len .Members}} node(s) · {{.Users}} user(s)</p>
+<p>User-map epoch {{.Epoch}} · {{len .Members}} node(s) · {{.Users}} user(s) · this node manages {{.Managed}} bucket(s), {{.Ready}} with soft state rebuilt</p>
 <h2>Nodes</h2>
 <table><tr><th>node</th><th>state</th><th>buckets</th><th>load (pending disk ops)</th><th>listeners</th></tr>
 {{range .Members}}<tr><td><span class="sw" style="background:{{color .ID}}"></span>{{.ID}}</td><td>{{.State}}</td><td>{{.Buckets}}</td>

@@ -278,7 +278,7 @@ func (n *Node) listen(proto, addr string, serve func(net.Listener) error) error 
 }
 
 func isClosed(err error) bool {
-	return errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) || errors.Is(err, gosmtp.ErrServerClosed)
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) || errors.Is(err, gosmtp.ErrServerClosed) || errors.Is(err, pop3.ErrServerClosed)
 }
 
 func (n *Node) startListeners() error {

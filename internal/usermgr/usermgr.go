@@ -360,6 +360,22 @@ func noteLocked(bk *bucket, user string, n cluster.NodeID) {
 	s[n] = true
 }
 
+// Reconstruction reports how many buckets this node manages and how many of
+// them have their soft state rebuilt from every live node's scan.
+func (m *Manager) Reconstruction() (managed, ready int) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, bk := range m.buckets {
+		if bk != nil {
+			managed++
+			if bk.isReady {
+				ready++
+			}
+		}
+	}
+	return managed, ready
+}
+
 // --- the manager's side: questions about users of our buckets
 
 // LookupRequest asks a bucket's manager about a user.

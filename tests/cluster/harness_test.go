@@ -113,8 +113,8 @@ func (n *Node) start() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			line := sc.Text()
-			if f := strings.Fields(line); len(f) == 4 && f[2] == "listening" {
-				n.Addrs[strings.ToLower(f[1])] = f[3]
+			if f := strings.Fields(line); len(f) == 5 && f[2] == "listening" {
+				n.Addrs[strings.ToLower(f[1])] = f[4]
 			}
 			if strings.Contains(line, " ready, data in ") {
 				n.ID = strings.Fields(line)[2]

@@ -81,7 +81,8 @@ func TestNewNodeTakesBuckets(t *testing.T) {
 }
 
 // TestCrashTiming measures, on 3 and on 8 nodes, how long a SIGKILL takes to
-// reach a new user map on every survivor (docs/cluster.md). It is a
+// reach a new user map, and then rebuilt soft state, on every survivor
+// (docs/cluster.md; Porcupine §6.4 reports 10 s + 4 s on 30 nodes). It is a
 // measurement, not a check: run with QUILL_CLUSTER_TIMING=1.
 func TestCrashTiming(t *testing.T) {
 	if os.Getenv("QUILL_CLUSTER_TIMING") == "" {
@@ -94,10 +95,13 @@ func TestCrashTiming(t *testing.T) {
 				victim := nodes[len(nodes)-1]
 				victim.Kill9()
 				survivors := without(nodes, victim)
-				took := waitFor(t, "survivors to drop the killed node", 60*time.Second, func() bool { return agree(survivors, survivors) })
-				t.Logf("%d nodes, round %d: crash to new user map on every survivor: %v", n, round, took)
+				start := time.Now()
+				tookMap := waitFor(t, "survivors to drop the killed node", 60*time.Second, func() bool { return agree(survivors, survivors) })
+				waitFor(t, "survivors to rebuild soft state", 60*time.Second, func() bool { return ready(survivors) })
+				t.Logf("%d nodes, round %d: crash to new user map on every survivor %v, to rebuilt soft state %v",
+					n, round, tookMap.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 				victim.Restart()
-				waitFor(t, "the node to come back", 60*time.Second, func() bool { return agree(nodes, nodes) })
+				waitFor(t, "the node to come back", 60*time.Second, func() bool { return ready(nodes) })
 			}
 		})
 	}

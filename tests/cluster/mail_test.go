@@ -1,0 +1,183 @@
+package cluster_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+)
+
+// ioTimeout bounds every client operation in these tests.
+const ioTimeout = 10 * time.Second
+
+func (n *Node) addUser(t *testing.T, addr, pw string) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"address": addr, "password": pw})
+	c := http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Post("http://"+n.HTTP+"/api/users", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("add %s through %s: %s", addr, n.ID, resp.Status)
+	}
+}
+
+// send delivers one message through the node's SMTP listener.
+func (n *Node) send(rcpt, subject string) error {
+	conn, err := net.DialTimeout("tcp", n.Addrs["smtp"], ioTimeout)
+	if err != nil {
+		return err
+	}
+	conn.SetDeadline(time.Now().Add(ioTimeout))
+	c := gosmtp.NewClient(conn)
+	defer c.Close()
+	msg := fmt.Sprintf("From: t@test.example\r\nTo: %s\r\nSubject: %s\r\n\r\n%s\r\n", rcpt, subject, subject)
+	return c.SendMail("t@test.example", []string{rcpt}, strings.NewReader(msg))
+}
+
+// uidl logs in over POP3 through the node and returns the maildrop's unique
+// ids.
+func (n *Node) uidl(user, pw string) (map[string]bool, error) {
+	conn, err := net.DialTimeout("tcp", n.Addrs["pop3"], ioTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(ioTimeout))
+	r := bufio.NewReader(conn)
+	line := func() (string, error) {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		l = strings.TrimRight(l, "\r\n")
+		if strings.HasPrefix(l, "-ERR") {
+			return l, fmt.Errorf("pop3 on %s: %s", n.ID, l)
+		}
+		return l, nil
+	}
+	if _, err := line(); err != nil {
+		return nil, err
+	}
+	for _, cmd := range []string{"USER " + user, "PASS " + pw, "UIDL"} {
+		fmt.Fprintf(conn, "%s\r\n", cmd)
+		if _, err := line(); err != nil {
+			return nil, err
+		}
+	}
+	ids := map[string]bool{}
+	for {
+		l, err := line()
+		if err != nil {
+			return nil, err
+		}
+		if l == "." {
+			break
+		}
+		if f := strings.Fields(l); len(f) == 2 {
+			ids[f[1]] = true
+		}
+	}
+	fmt.Fprintf(conn, "QUIT\r\n")
+	return ids, nil
+}
+
+// ready reports whether every node sees the given members and has rebuilt
+// the soft state of every bucket it manages.
+func ready(nodes []*Node) bool {
+	if !agree(nodes, nodes) {
+		return false
+	}
+	for _, n := range nodes {
+		st, err := n.Status()
+		if err != nil || st.Managed == 0 || st.Ready != st.Managed {
+			return false
+		}
+	}
+	return true
+}
+
+// Mail sent through any node is read through every node; after a SIGKILL
+// every user still logs in and receives mail through the survivors, and the
+// dead node's messages come back with it.
+func TestMailAcrossNodesAndCrash(t *testing.T) {
+	nodes := startCluster(t, 3)
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var users []string
+	for i := 0; i < 12; i++ {
+		u := fmt.Sprintf("user%02d@cluster.example", i)
+		users = append(users, u)
+		nodes[i%3].addUser(t, u, "pw-"+u)
+	}
+	sent := map[string]int{}
+	for i := 0; i < 60; i++ {
+		u := users[rnd.IntN(len(users))]
+		if err := nodes[rnd.IntN(3)].send(u, fmt.Sprintf("msg %d", i)); err != nil {
+			t.Fatalf("send %d to %s: %v", i, u, err)
+		}
+		sent[u]++
+	}
+	before := map[string]map[string]bool{}
+	for _, u := range users {
+		for _, n := range nodes {
+			ids, err := n.uidl(u, "pw-"+u)
+			if err != nil {
+				t.Fatalf("%s through %s: %v", u, n.ID, err)
+			}
+			if len(ids) != sent[u] {
+				t.Fatalf("%s through %s sees %d messages, %d were sent", u, n.ID, len(ids), sent[u])
+			}
+			before[u] = ids
+		}
+	}
+
+	victim := nodes[1]
+	victim.Kill9()
+	survivors := without(nodes, victim)
+	took := waitFor(t, "survivors to rebuild soft state without the dead node", 60*time.Second, func() bool { return ready(survivors) })
+	t.Logf("crash to new user map with rebuilt soft state on 3 nodes: %v", took)
+	after := map[string]map[string]bool{}
+	for i, u := range users {
+		subj := fmt.Sprintf("after crash %d", i)
+		if err := survivors[i%2].send(u, subj); err != nil {
+			t.Fatalf("delivery to %s after the crash: %v", u, err)
+		}
+		for _, n := range survivors {
+			ids, err := n.uidl(u, "pw-"+u)
+			if err != nil {
+				t.Fatalf("login of %s through %s after the crash: %v", u, n.ID, err)
+			}
+			after[u] = ids
+		}
+		if len(after[u]) == 0 {
+			t.Fatalf("%s: the message delivered after the crash is not visible", u)
+		}
+	}
+	victim.Restart()
+	waitFor(t, "the node to come back with its fragments", 60*time.Second, func() bool { return ready(nodes) })
+	for _, u := range users {
+		ids, err := nodes[0].uidl(u, "pw-"+u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id := range before[u] {
+			if !ids[id] {
+				t.Fatalf("%s: message %s stored before the crash is missing after the node returned", u, id)
+			}
+		}
+		if len(ids) != sent[u]+1 {
+			t.Fatalf("%s: %d messages after return, want %d", u, len(ids), sent[u]+1)
+		}
+	}
+}
