@@ -57,7 +57,12 @@ func DefaultConfig() Config {
 func New(p *proxy.Proxy, cfg Config) *gosmtp.Server {
 	s := gosmtp.NewServer(&backend{p: p, cfg: cfg})
 	s.Domain = cfg.Hostname
-	s.MaxMessageBytes = cfg.MaxMessageBytes
+	// The size limit is enforced here, not by go-smtp: its DATA reader
+	// (v0.25.1) refuses a message of exactly MaxMessageBytes octets because
+	// it runs out of budget before reading the final dot line. Left at 0,
+	// go-smtp advertises a bare SIZE (RFC 1870 §4: no fixed maximum
+	// declared), and Mail and Data below apply the limit exactly.
+	s.MaxMessageBytes = 0
 	s.MaxRecipients = cfg.MaxRecipients
 	s.ReadTimeout = cfg.ReadTimeout
 	s.WriteTimeout = cfg.WriteTimeout
@@ -89,6 +94,10 @@ func (s *session) Reset() { s.from, s.rcpts = "", nil }
 func (s *session) Logout() error { return nil }
 
 func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
+	if opts != nil && opts.Size > s.b.cfg.MaxMessageBytes {
+		// RFC 1870 §6.1: a declared size over the limit is refused at MAIL.
+		return errTooLarge(s.b.cfg.MaxMessageBytes)
+	}
 	s.from = from
 	s.rcpts = nil
 	return nil
@@ -121,11 +130,19 @@ func (s *session) Data(r io.Reader) error {
 	}
 	var buf bytes.Buffer
 	s.writeTrace(&buf)
-	if _, err := buf.ReadFrom(r); err != nil {
-		// go-smtp's ErrDataTooLarge is already a 552 SMTPError.
+	trace := buf.Len()
+	limit := s.b.cfg.MaxMessageBytes
+	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
 		return err
 	}
-	raw := buf.Bytes()
+	if int64(buf.Len()-trace) > limit {
+		// go-smtp reads and discards the rest of the DATA after we return.
+		return errTooLarge(limit)
+	}
+	// RFC 5321 §2.3.8: lines end in CRLF. A bare LF from a sloppy client is
+	// stored as CRLF so the size POP3 and IMAP announce is the size they
+	// send.
+	raw := normalizeLF(buf.Bytes())
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.DeliverTimeout)
 	defer cancel()
 	if err := s.b.p.Deliver(ctx, s.rcpts, raw); err != nil {
@@ -135,6 +152,33 @@ func (s *session) Data(r io.Reader) error {
 			Message: fmt.Sprintf("message not stored, try again later: %v", err)}
 	}
 	return nil
+}
+
+func errTooLarge(limit int64) error {
+	return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 3, 4},
+		Message: fmt.Sprintf("message exceeds the size limit of %d octets", limit)}
+}
+
+// normalizeLF turns every LF not preceded by CR into CRLF, copying only when
+// there is one.
+func normalizeLF(b []byte) []byte {
+	bare := 0
+	for i, c := range b {
+		if c == '\n' && (i == 0 || b[i-1] != '\r') {
+			bare++
+		}
+	}
+	if bare == 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b)+bare)
+	for i, c := range b {
+		if c == '\n' && (i == 0 || b[i-1] != '\r') {
+			out = append(out, '\r')
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // writeTrace prepends the trace headers of RFC 5321 §4.4: Return-Path with

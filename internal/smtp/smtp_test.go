@@ -135,7 +135,40 @@ func TestSizeAdvertised(t *testing.T) {
 			t.Errorf("%s not advertised", ext)
 		}
 	}
-	if ok, p := c.Extension("SIZE"); !ok || p != "12345" {
-		t.Errorf("SIZE %v %q", ok, p)
+	if ok, _ := c.Extension("SIZE"); !ok {
+		t.Error("SIZE not advertised")
+	}
+	// A declared size over the limit is refused at MAIL (RFC 1870 §6.1).
+	if err := c.Mail("a@far.net", &gosmtp.MailOptions{Size: 12346}); smtpCode(err) != 5523 {
+		t.Fatalf("MAIL SIZE over the limit: %v", err)
+	}
+}
+
+// A message of exactly the limit is accepted, one octet more is refused, and
+// bare LFs are stored as CRLF.
+func TestSizeBoundaryAndBareLF(t *testing.T) {
+	addr, p := startServer(t, 1000)
+	send := func(body string) error {
+		c, err := gosmtp.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.SendMail("a@far.net", []string{"alice@example.org"}, strings.NewReader(body))
+	}
+	exact := strings.Repeat("x", 998) + "\r\n"
+	if err := send(exact); err != nil {
+		t.Fatalf("message of exactly the limit: %v", err)
+	}
+	if err := send("y" + exact); smtpCode(err) != 5523 {
+		t.Fatalf("limit+1: %v", err)
+	}
+	if err := send("Subject: lf\n\nbare\nlines\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	bodies := inboxBodies(t, p, "alice@example.org")
+	last := bodies[len(bodies)-1]
+	if !bytes.HasSuffix(last, []byte("Subject: lf\r\n\r\nbare\r\nlines\r\n")) {
+		t.Fatalf("bare LF not normalised: %q", last)
 	}
 }

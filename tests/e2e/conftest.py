@@ -1,0 +1,285 @@
+"""End-to-end fixtures: build the quill binary once, run real nodes.
+
+A QuillNode is one `quill serve` process on free loopback ports (every
+listener is bound to 127.0.0.1:0 and the ports are read back from the
+"listening on" lines the server prints on stdout). Its stderr goes to a log
+file that is attached to the report of a failing test.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mailutil import AUTH_FAIL_DELAY  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Every wait in this suite is bounded: a hung server fails a test.
+START_TIMEOUT = 30.0  # from exec to the "ready" line
+STOP_TIMEOUT = 40.0  # SIGTERM drain is 30 s in the server
+CLI_TIMEOUT = 30.0
+
+
+_LISTEN_RE = re.compile(r"^quill: (SMTP|POP3|IMAP|HTTP) listening on (\S+)\s*$")
+_READY_RE = re.compile(r"^quill: node (\S+) ready, data in (.*)$")
+
+
+@pytest.fixture(scope="session")
+def quill_bin(tmp_path_factory) -> str:
+    """Path of the quill binary: $QUILL_BIN, or built once from the repo."""
+    env_bin = os.environ.get("QUILL_BIN")
+    if env_bin:
+        if not os.access(env_bin, os.X_OK):
+            pytest.fail(f"QUILL_BIN={env_bin} is not an executable file")
+        return env_bin
+    out = tmp_path_factory.mktemp("bin") / "quill"
+    try:
+        r = subprocess.run(
+            ["go", "build", "-o", str(out), "./cmd/quill"],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+        )
+    except FileNotFoundError:
+        pytest.fail("go is not installed; set QUILL_BIN to a built quill binary")
+    if r.returncode != 0:
+        pytest.fail(f"go build ./cmd/quill failed:\n{r.stdout}\n{r.stderr}")
+    return str(out)
+
+
+class QuillNode:
+    """One `quill serve` process. Ports may change across restarts."""
+
+    def __init__(self, binary: str, workdir: Path, extra_args=(), name="node"):
+        self.binary = binary
+        self.name = name
+        self.workdir = Path(workdir)
+        self.data_dir = self.workdir / "data"
+        self.log_path = self.workdir / "stderr.log"
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self.addrs: dict[str, tuple[str, int]] = {}
+        self.node_id: str | None = None
+        self.starts = 0
+        self._stdout_lines: list[str] = []
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def start(self) -> "QuillNode":
+        assert self.proc is None, "node already running"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            self.binary, "serve", "--data", str(self.data_dir),
+            "--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
+            "--imap", "127.0.0.1:0", "--http", "127.0.0.1:0",
+            "--hostname", "quill.test",
+            *self.extra_args,
+        ]
+        self.starts += 1
+        log = open(self.log_path, "ab")
+        log.write(f"===== start #{self.starts}: {' '.join(cmd)}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+        )
+        log.close()
+        lines: queue.Queue = queue.Queue()
+        proc = self.proc
+
+        def pump():
+            # Keeps draining stdout for the life of the process, so the
+            # server never blocks on a full pipe.
+            for raw in proc.stdout:
+                lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True, name=f"{self.name}-stdout").start()
+
+        self.addrs = {}
+        self.node_id = None
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill9()
+                raise RuntimeError(f"{self.name}: not ready after {START_TIMEOUT}s; "
+                                   f"stdout so far: {self._stdout_lines}\n{self.stderr_tail()}")
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                rc = self.proc.wait(timeout=5)
+                self.proc = None
+                raise RuntimeError(f"{self.name}: exited with {rc} before ready\n{self.stderr_tail()}")
+            self._stdout_lines.append(line)
+            m = _LISTEN_RE.match(line)
+            if m:
+                host, _, port = m.group(2).rpartition(":")
+                self.addrs[m.group(1).lower()] = (host, int(port))
+                continue
+            m = _READY_RE.match(line)
+            if m:
+                self.node_id = m.group(1)
+                break
+        for proto in ("smtp", "pop3", "http"):  # IMAP is optional for now
+            if proto not in self.addrs:
+                self.kill9()
+                raise RuntimeError(f"{self.name}: no {proto.upper()} listening line in {self._stdout_lines}")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """SIGTERM by PID and wait; SIGKILL if it does not exit in time.
+
+        Returns the exit status (negative for a signal), None if not running.
+        """
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                raise RuntimeError(f"{self.name}: did not exit {timeout}s after SIGTERM; killed")
+        return proc.returncode
+
+    def kill9(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=10)
+
+    def restart(self) -> int | None:
+        """Graceful stop, then start on the same data dir. Returns the exit status."""
+        rc = self.stop()
+        self.start()
+        return rc
+
+    # ---- addresses -------------------------------------------------------
+
+    @property
+    def smtp_addr(self) -> tuple[str, int]:
+        return self.addrs["smtp"]
+
+    @property
+    def pop3_addr(self) -> tuple[str, int]:
+        return self.addrs["pop3"]
+
+    @property
+    def http_url(self) -> str:
+        h, p = self.addrs["http"]
+        return f"http://{h}:{p}"
+
+    # ---- admin -----------------------------------------------------------
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Runs `quill user ...`-style admin commands against this node."""
+        cmd = [self.binary, *args, "--server", self.http_url, "--data", str(self.data_dir)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT,
+                           stdin=subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def add_user(self, addr: str, pw: str) -> None:
+        self.cli("user", "add", addr, "--password", pw)
+
+    def api(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.http_url + path, data=body, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=CLI_TIMEOUT) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    # ---- debugging -------------------------------------------------------
+
+    def stderr_tail(self, max_lines: int = 200) -> str:
+        try:
+            text = self.log_path.read_text("utf-8", "replace")
+        except OSError:
+            return "(no stderr log)"
+        lines = text.splitlines()
+        cut = lines[-max_lines:]
+        head = f"----- {self.name} stderr ({self.log_path}), last {len(cut)} of {len(lines)} lines -----\n"
+        return head + "\n".join(cut)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for node in getattr(item, "_quill_nodes", []):
+            rep.sections.append((f"quill {node.name} stderr", node.stderr_tail()))
+
+
+@pytest.fixture
+def quill_factory(quill_bin, tmp_path, request):
+    """Starts nodes with extra `serve` flags; stops all of them at teardown."""
+    nodes: list[QuillNode] = []
+    request.node._quill_nodes = nodes
+
+    def make(*extra_args: str, auth_fail_delay: float = AUTH_FAIL_DELAY) -> QuillNode:
+        name = f"node{len(nodes)}"
+        args = ["--auth-fail-delay", f"{int(auth_fail_delay * 1000)}ms", *extra_args]
+        node = QuillNode(quill_bin, tmp_path / name, args, name=name)
+        nodes.append(node)
+        return node.start()
+
+    yield make
+    for node in nodes:
+        try:
+            # A test that leaked a session would make the drain wait 30 s;
+            # the SIGTERM behaviour itself is tested explicitly.
+            node.stop(timeout=15)
+        except Exception as e:  # noqa: BLE001 - teardown must reach every node
+            print(f"teardown of {node.name}: {e}", file=sys.stderr)
+            node.kill9()
+
+
+@pytest.fixture
+def node(quill_factory) -> QuillNode:
+    """A running node with the default limits and a 200 ms auth-fail delay."""
+    return quill_factory()
+
+
+@pytest.fixture(scope="session")
+def curl() -> str:
+    path = shutil.which("curl")
+    if not path:
+        pytest.fail("curl is required by the e2e tests (apt-get install curl)")
+    return path
