@@ -146,6 +146,7 @@ type Core struct {
 	Loads   *balance.Tracker
 	log     *slog.Logger
 	rpcLn   net.Listener
+	stop    chan struct{}
 }
 
 // NewCore opens the data directory and starts the managers. clusterAddr
@@ -227,12 +228,28 @@ func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Cor
 	c.Members = m
 	c.Peers.SetMembership(m)
 	m.Start()
+	c.stop = make(chan struct{})
+	go func() {
+		t := time.NewTicker(usermgr.RefreshInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-c.stop:
+				return
+			case <-t.C:
+				c.Users.Refresh(c.Members.Alive())
+			}
+		}
+	}()
 	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
 	return c, nil
 }
 
 // Close stops membership, RPC and the managers, then closes the store.
 func (c *Core) Close() error {
+	if c.stop != nil {
+		close(c.stop)
+	}
 	if c.Members != nil {
 		c.Members.Shutdown()
 	}

@@ -360,6 +360,42 @@ func noteLocked(bk *bucket, user string, n cluster.NodeID) {
 	s[n] = true
 }
 
+// RefreshInterval is how often a manager asks every live node again for
+// the scan of its buckets, merging what it learns into the soft state
+// without making the buckets wait. It closes the window in which a node
+// stored mail while its user map and the manager's briefly disagreed, and
+// its mail-map note went to the old manager.
+const RefreshInterval = time.Minute
+
+// Refresh asks every live node for a scan of the buckets this node manages
+// and merges the replies into the current soft state.
+func (m *Manager) Refresh(alive []cluster.MemberInfo) {
+	boot := map[cluster.NodeID]uint64{}
+	for _, a := range alive {
+		boot[a.ID] = a.Member.Boot
+	}
+	m.mu.RLock()
+	gen := m.gen
+	var mine []uint8
+	for b, bk := range m.buckets {
+		if bk != nil && bk.isReady {
+			mine = append(mine, uint8(b))
+		}
+	}
+	closed := m.closed
+	m.mu.RUnlock()
+	if closed || len(mine) == 0 {
+		return
+	}
+	for n, nb := range boot {
+		m.pulls.Add(1)
+		go func() {
+			defer m.pulls.Done()
+			m.pull(gen, n, nb, mine, boot)
+		}()
+	}
+}
+
 // Reconstruction reports how many buckets this node manages and how many of
 // them have their soft state rebuilt from every live node's scan.
 func (m *Manager) Reconstruction() (managed, ready int) {

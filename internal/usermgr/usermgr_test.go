@@ -272,3 +272,33 @@ func TestClusterSurvivesOneCrash(t *testing.T) {
 		}
 	}
 }
+
+// A fragment whose mail-map note never reached the manager is found by the
+// periodic refresh.
+func TestRefreshFindsUnnotedFragments(t *testing.T) {
+	c := newTestCluster(t)
+	c.start("a", "", 1)
+	c.start("b", "", 1)
+	c.setAlive("a", "b")
+	u := "late@example.org"
+	if _, err := c.nodes["a"].mgr.AddUser(ctx(t), u, "pw"); err != nil {
+		t.Fatal(err)
+	}
+	// Stored on b with no note to the manager.
+	c.nodes["b"].boxes.Deliver([]string{u}, []byte("x\r\n"), time.Now())
+	if _, mm, _ := c.nodes["a"].mgr.Lookup(ctx(t), u); len(mm) != 0 {
+		t.Fatalf("mail map before refresh: %v", mm)
+	}
+	mgr := c.nodes[c.um.Manager(u)].mgr
+	mgr.Refresh(c.alive)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, mm, _ := c.nodes["a"].mgr.Lookup(ctx(t), u); len(mm) == 1 && mm[0] == "b" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("refresh did not find the fragment on b")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

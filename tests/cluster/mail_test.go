@@ -181,3 +181,61 @@ func TestMailAcrossNodesAndCrash(t *testing.T) {
 		}
 	}
 }
+
+// A node started while mail flows takes buckets with no command, and every
+// message acknowledged meanwhile can be read afterwards.
+func TestNodeJoinsUnderLoad(t *testing.T) {
+	nodes := startCluster(t, 2)
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	var users []string
+	for i := 0; i < 8; i++ {
+		u := fmt.Sprintf("load%d@cluster.example", i)
+		users = append(users, u)
+		nodes[0].addUser(t, u, "pw")
+	}
+	stop := make(chan struct{})
+	done := make(chan map[string]int)
+	go func() {
+		acked := map[string]int{}
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- acked
+				return
+			default:
+			}
+			u := users[i%len(users)]
+			// Transient 4xx while buckets move are allowed (the sender
+			// retries); only acknowledged messages are counted.
+			if err := nodes[i%2].send(u, fmt.Sprintf("load %d", i)); err == nil {
+				acked[u]++
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	time.Sleep(time.Second)
+	late := StartNode(t, nodes[0].Gossip)
+	all := append(nodes, late)
+	waitFor(t, "the new node to take buckets and rebuild them", 30*time.Second, func() bool { return ready(all) })
+	time.Sleep(time.Second)
+	close(stop)
+	acked := <-done
+	total := 0
+	for _, u := range users {
+		ids, err := late.uidl(u, "pw")
+		if err != nil {
+			t.Fatalf("%s through the new node: %v", u, err)
+		}
+		if len(ids) != acked[u] {
+			t.Fatalf("%s: %d messages acknowledged, %d visible through the new node", u, acked[u], len(ids))
+		}
+		total += acked[u]
+	}
+	if total < 50 {
+		t.Fatalf("only %d messages acknowledged under load", total)
+	}
+	st, _ := late.Status()
+	if st.Managed == 0 {
+		t.Fatal("the new node manages no bucket")
+	}
+}
