@@ -821,6 +821,11 @@ func (m *Manager) Copy(user string, src uint64, uids []uint32, dstName string, m
 	if err != nil {
 		return fail(err)
 	}
+	if srcBox.ID == dst.ID {
+		// A copy or move within one mailbox: one record, or the later
+		// write of srcBox would put UIDNEXT back and reuse UIDs.
+		srcBox = dst
+	}
 	res := &CopyResult{Dest: dst}
 	for _, uid := range uids {
 		msg, ok, err := t.message(user, src, uid)

@@ -1,0 +1,118 @@
+package imap
+
+import (
+	"bytes"
+	"errors"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/internal/mailbox"
+)
+
+// Fetch answers FETCH and UID FETCH (RFC 9051 §6.4.5, RFC 7162 §3.1.4).
+func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *imap.FetchOptions) error {
+	sel := s.sel
+	idx, err := s.resolve(numSet, false)
+	if err != nil {
+		return err
+	}
+	needBody := options.Envelope || options.BodyStructure != nil || len(options.BodySection) > 0 ||
+		len(options.BinarySection) > 0 || len(options.BinarySectionSize) > 0
+	setSeen := false
+	for _, bs := range options.BodySection {
+		setSeen = setSeen || !bs.Peek
+	}
+	for _, bs := range options.BinarySection {
+		setSeen = setSeen || !bs.Peek
+	}
+	setSeen = setSeen && !sel.readOnly
+	condStore := s.condStore()
+	expungeIssued := false
+
+	for _, i := range idx {
+		m := sel.msgs[i]
+		if options.ChangedSince > 0 && m.modSeq <= options.ChangedSince {
+			continue
+		}
+		var raw []byte
+		if needBody {
+			if m.gone {
+				expungeIssued = true
+				continue
+			}
+			raw, err = s.srv.store.Body(s.user, m.id)
+			if errors.Is(err, mailbox.ErrNoMessage) {
+				expungeIssued = true
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		flagsChanged := false
+		if setSeen && !m.gone && !m.has(`\Seen`) {
+			// RFC 9051 §6.4.5: BODY[...] (not .PEEK) sets \Seen.
+			upd, _, err := s.srv.store.StoreFlags(s.user, sel.id, []uint32{m.uid}, mailbox.FlagsAdd, []string{`\Seen`}, 0)
+			if err != nil {
+				return storeErr("FETCH (setting \\Seen)", err)
+			}
+			if len(upd) == 1 {
+				m.flags, m.modSeq = upd[0].Flags, upd[0].ModSeq
+				flagsChanged = true
+			}
+		}
+		rw := w.CreateMessage(uint32(i + 1))
+		if options.UID {
+			rw.WriteUID(imap.UID(m.uid))
+		}
+		if options.Flags || flagsChanged {
+			rw.WriteFlags(m.imapFlags(s.rev2()))
+		}
+		if options.ModSeq || (condStore && (options.Flags || flagsChanged)) {
+			rw.WriteModSeq(m.modSeq)
+		}
+		if options.InternalDate {
+			rw.WriteInternalDate(m.date)
+		}
+		if options.RFC822Size {
+			rw.WriteRFC822Size(m.size)
+		}
+		if options.Envelope {
+			rw.WriteEnvelope(envelope(raw))
+		}
+		if options.BodyStructure != nil {
+			rw.WriteBodyStructure(bodyStructure(raw))
+		}
+		for _, bs := range options.BodySection {
+			b := bodySection(raw, bs)
+			wc := rw.WriteBodySection(bs, int64(len(b)))
+			if _, err := wc.Write(b); err != nil {
+				return err
+			}
+			if err := wc.Close(); err != nil {
+				return err
+			}
+		}
+		for _, bs := range options.BinarySection {
+			b := imapserver.ExtractBinarySection(bytes.NewReader(raw), bs)
+			wc := rw.WriteBinarySection(bs, int64(len(b)))
+			if _, err := wc.Write(b); err != nil {
+				return err
+			}
+			if err := wc.Close(); err != nil {
+				return err
+			}
+		}
+		for _, bs := range options.BinarySectionSize {
+			rw.WriteBinarySectionSize(bs, imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs))
+		}
+		if err := rw.Close(); err != nil {
+			return err
+		}
+	}
+	if expungeIssued {
+		// RFC 5530 EXPUNGEISSUED: the rest was answered.
+		return no(codeExpungeIssued, "FETCH: some of the messages were expunged by another session")
+	}
+	return nil
+}

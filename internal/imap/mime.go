@@ -1,0 +1,217 @@
+package imap
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"strings"
+
+	"github.com/emersion/go-imap/v2"
+	gomessage "github.com/emersion/go-message"
+	"github.com/emersion/go-message/textproto"
+	"github.com/quillmail/quill/internal/imap/imapserver"
+)
+
+// maxMIMEDepth bounds how deep BODYSTRUCTURE and SEARCH descend into nested
+// multiparts and message/rfc822 parts; deeper parts are treated as opaque
+// leaves. Real mail nests a few levels.
+const maxMIMEDepth = 32
+
+// headerLen returns the length of the message header including the empty
+// line that ends it (RFC 5322 §2.1); a message without that line is all
+// header.
+func headerLen(raw []byte) int {
+	if bytes.HasPrefix(raw, []byte("\r\n")) {
+		return 2
+	}
+	if bytes.HasPrefix(raw, []byte("\n")) {
+		return 1
+	}
+	end := len(raw)
+	if i := bytes.Index(raw, []byte("\r\n\r\n")); i >= 0 {
+		end = i + 4
+	}
+	if i := bytes.Index(raw, []byte("\n\n")); i >= 0 && i+2 < end {
+		end = i + 2
+	}
+	return end
+}
+
+// bodySection returns the bytes of a FETCH BODY[section]<partial> (RFC 9051
+// §6.4.5). The whole message, its header and its text are cut from the
+// stored bytes directly, so they are exact; parts and header-field subsets
+// go through the library's MIME walker.
+func bodySection(raw []byte, sec *imap.FetchItemBodySection) []byte {
+	var b []byte
+	if len(sec.Part) == 0 && len(sec.HeaderFields) == 0 && len(sec.HeaderFieldsNot) == 0 {
+		h := headerLen(raw)
+		switch sec.Specifier {
+		case imap.PartSpecifierNone:
+			b = raw
+		case imap.PartSpecifierHeader:
+			b = raw[:h]
+		case imap.PartSpecifierText:
+			b = raw[h:]
+		default:
+			b = nil
+		}
+		return partial(b, sec.Partial)
+	}
+	return imapserver.ExtractBodySection(bytes.NewReader(raw), sec)
+}
+
+func partial(b []byte, p *imap.SectionPartial) []byte {
+	if p == nil {
+		return b
+	}
+	if p.Offset < 0 || p.Offset >= int64(len(b)) || p.Size <= 0 {
+		return []byte{}
+	}
+	end := int64(len(b))
+	if p.Size < end-p.Offset {
+		end = p.Offset + p.Size
+	}
+	return b[p.Offset:end]
+}
+
+func readHeader(raw []byte) textproto.Header {
+	h, _ := textproto.ReadHeader(bufio.NewReader(bytes.NewReader(raw[:headerLen(raw)])))
+	return h
+}
+
+// envelope builds the ENVELOPE of a message (RFC 9051 §7.5.2) from its
+// header. The library's ExtractEnvelope decodes the subject and its writer
+// re-encodes it, and it loses groups and unusual addresses (see addr.go);
+// envelopeOf keeps what the message says.
+func envelope(raw []byte) *imap.Envelope {
+	return envelopeOf(readHeader(raw))
+}
+
+func unfold(s string) string {
+	s = strings.ReplaceAll(s, "\r\n", "")
+	return strings.ReplaceAll(s, "\n", "")
+}
+
+// bodyStructure builds BODY/BODYSTRUCTURE (RFC 9051 §7.5.2). It replaces
+// the library's ExtractBodyStructure, which omits the default charset of a
+// part without Content-Type (RFC 2045 §5.2: text/plain; charset=us-ascii),
+// ignores that parts of multipart/digest default to message/rfc822 (RFC 2046
+// §5.1.5), recurses without a depth limit, and returns a multipart with no
+// children for a body without parts, which its own writer then panics on.
+func bodyStructure(raw []byte) imap.BodyStructure {
+	br := bufio.NewReader(bytes.NewReader(raw))
+	h, _ := textproto.ReadHeader(br)
+	return partStructure(h, br, "", 0)
+}
+
+func partStructure(rh textproto.Header, body io.Reader, parent string, depth int) imap.BodyStructure {
+	h := gomessage.Header{Header: rh}
+	mediaType, params, err := h.ContentType()
+	if !rh.Has("Content-Type") || err != nil || !strings.Contains(mediaType, "/") {
+		params = nil
+		mediaType = "text/plain"
+		if parent == "multipart/digest" && !rh.Has("Content-Type") {
+			mediaType = "message/rfc822"
+		}
+	}
+	mediaType = strings.ToLower(mediaType)
+	typ, sub, _ := strings.Cut(mediaType, "/")
+	if typ == "text" && params["charset"] == "" {
+		// RFC 2045 §5.2: the default charset is us-ascii.
+		if params == nil {
+			params = map[string]string{}
+		}
+		params["charset"] = "us-ascii"
+	}
+	disp := disposition(h)
+	lang := language(h)
+	loc := h.Get("Content-Location")
+
+	if typ == "multipart" && params["boundary"] != "" && depth < maxMIMEDepth {
+		bs := &imap.BodyStructureMultiPart{Subtype: sub, Extended: &imap.BodyStructureMultiPartExt{
+			Params: params, Disposition: disp, Language: lang, Location: loc}}
+		mr := textproto.NewMultipartReader(body, params["boundary"])
+		for len(bs.Children) < maxParts {
+			p, err := mr.NextPart()
+			if err != nil {
+				break
+			}
+			bs.Children = append(bs.Children, partStructure(p.Header, p, mediaType, depth+1))
+		}
+		if len(bs.Children) == 0 {
+			// RFC 9051 body-type-mpart needs one part: say it is empty text.
+			bs.Children = append(bs.Children, &imap.BodyStructureSinglePart{Type: "text", Subtype: "plain",
+				Params: map[string]string{"charset": "us-ascii"}, Text: &imap.BodyStructureText{},
+				Extended: &imap.BodyStructureSinglePartExt{}})
+		}
+		return bs
+	}
+	if typ == "multipart" {
+		// No boundary (or too deep): the parts cannot be told apart.
+		typ, sub = "text", "plain"
+	}
+	data, _ := io.ReadAll(io.LimitReader(body, 1<<31-1))
+	bs := &imap.BodyStructureSinglePart{
+		Type: typ, Subtype: sub, Params: params,
+		ID:          h.Get("Content-Id"),
+		Description: h.Get("Content-Description"),
+		Encoding:    strings.ToLower(strings.TrimSpace(h.Get("Content-Transfer-Encoding"))),
+		Size:        uint32(len(data)),
+		Extended:    &imap.BodyStructureSinglePartExt{Disposition: disp, Language: lang, Location: loc},
+	}
+	if bs.Encoding == "" {
+		bs.Encoding = "7bit"
+	}
+	lines := textLines(data)
+	if (mediaType == "message/rfc822" || mediaType == "message/global") && depth < maxMIMEDepth {
+		br := bufio.NewReader(bytes.NewReader(data))
+		ch, _ := textproto.ReadHeader(br)
+		bs.MessageRFC822 = &imap.BodyStructureMessageRFC822{
+			Envelope:      envelopeOf(ch),
+			BodyStructure: partStructure(ch, br, "", depth+1),
+			NumLines:      lines,
+		}
+	} else if mediaType == "message/rfc822" || mediaType == "message/global" {
+		bs.Type, bs.Subtype = "application", "octet-stream"
+	}
+	if typ == "text" {
+		bs.Text = &imap.BodyStructureText{NumLines: lines}
+	}
+	return bs
+}
+
+// maxParts bounds the parts of one multipart that BODYSTRUCTURE lists.
+const maxParts = 10000
+
+func disposition(h gomessage.Header) *imap.BodyStructureDisposition {
+	d, params, err := h.ContentDisposition()
+	if err != nil || d == "" {
+		return nil
+	}
+	return &imap.BodyStructureDisposition{Value: d, Params: params}
+}
+
+func language(h gomessage.Header) []string {
+	v := h.Get("Content-Language")
+	if v == "" {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(v, ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// textLines counts the lines of a body: its line ends, plus a last line
+// without one (the CRLF before a boundary belongs to the boundary, RFC 2046
+// §5.1.1, so a part's last line usually has none).
+func textLines(b []byte) int64 {
+	n := int64(bytes.Count(b, []byte("\n")))
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		n++
+	}
+	return n
+}

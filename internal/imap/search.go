@@ -1,0 +1,368 @@
+package imap
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"mime"
+	"strings"
+	"time"
+
+	"github.com/emersion/go-imap/v2"
+	gomessage "github.com/emersion/go-message"
+	_ "github.com/emersion/go-message/charset" // decode bodies in any charset for SEARCH
+	"github.com/emersion/go-message/mail"
+	"github.com/emersion/go-message/textproto"
+	"github.com/quillmail/quill/internal/imap/imapserver"
+)
+
+// Search answers SEARCH and UID SEARCH (RFC 9051 §6.4.4, RFC 4731 ESEARCH,
+// RFC 5182 SEARCHRES, RFC 7162 §3.1.5 MODSEQ). Matching is ours: strings
+// match as case-insensitive substrings of the decoded (RFC 2047 headers,
+// transfer-encoded and charset-converted bodies) and of the raw text.
+func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria, options *imap.SearchOptions) (*imap.SearchData, error) {
+	sel := s.sel
+	view := sel.view()
+	ev := &evaluator{s: s, n: uint32(len(sel.msgs))}
+	if len(view) > 0 {
+		ev.maxUID = view[len(view)-1]
+	}
+	ev.saved = map[uint32]bool{}
+	for _, u := range sel.searchRes {
+		ev.saved[u] = true
+	}
+	data := &imap.SearchData{}
+	var seqs imap.SeqSet
+	var uids imap.UIDSet
+	var matched []uint32
+	for i, m := range sel.msgs {
+		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
+		if !ev.match(criteria, sm) {
+			continue
+		}
+		matched = append(matched, m.uid)
+		num := uint32(i + 1)
+		if kind == imapserver.NumKindUID {
+			num = m.uid
+			uids.AddNum(imap.UID(m.uid))
+		} else {
+			seqs.AddNum(num)
+		}
+		if data.Min == 0 || num < data.Min {
+			data.Min = num
+		}
+		if num > data.Max {
+			data.Max = num
+		}
+		data.Count++
+		if hasModSeq(criteria) && m.modSeq > data.ModSeq {
+			data.ModSeq = m.modSeq
+		}
+	}
+	if kind == imapserver.NumKindUID {
+		data.All = uids
+	} else {
+		data.All = seqs
+	}
+	if options.ReturnSave {
+		// RFC 5182 §2.1: with MIN or MAX alone only those are saved.
+		switch {
+		case options.ReturnAll || options.ReturnCount || (options.ReturnMin && options.ReturnMax) || len(matched) == 0:
+			sel.searchRes = matched
+		case options.ReturnMin:
+			sel.searchRes = matched[:1]
+		case options.ReturnMax:
+			sel.searchRes = matched[len(matched)-1:]
+		default:
+			sel.searchRes = matched
+		}
+	}
+	return data, nil
+}
+
+func hasModSeq(c *imap.SearchCriteria) bool {
+	if c.ModSeq != nil {
+		return true
+	}
+	for i := range c.Not {
+		if hasModSeq(&c.Not[i]) {
+			return true
+		}
+	}
+	for i := range c.Or {
+		if hasModSeq(&c.Or[i][0]) || hasModSeq(&c.Or[i][1]) {
+			return true
+		}
+	}
+	return false
+}
+
+type evaluator struct {
+	s      *session
+	n      uint32 // messages in the view, for "*" in sequence sets
+	maxUID uint32 // for "*" in UID sets
+	saved  map[uint32]bool
+}
+
+// searchMsg loads a message's bytes, header and text at most once, and only
+// when a criterion needs them.
+type searchMsg struct {
+	s   *session
+	m   *msgState
+	seq uint32
+
+	loaded bool
+	raw    []byte
+	hdr    *textproto.Header
+	body   string // lower-cased: raw body and decoded text of the parts
+	bodyOK bool
+}
+
+func (sm *searchMsg) load() []byte {
+	if !sm.loaded {
+		sm.loaded = true
+		if !sm.m.gone {
+			sm.raw, _ = sm.s.srv.store.Body(sm.s.user, sm.m.id)
+		}
+	}
+	return sm.raw
+}
+
+func (sm *searchMsg) header() *textproto.Header {
+	if sm.hdr == nil {
+		h := readHeader(sm.load())
+		sm.hdr = &h
+	}
+	return sm.hdr
+}
+
+func (sm *searchMsg) bodyText() string {
+	if !sm.bodyOK {
+		sm.bodyOK = true
+		raw := sm.load()
+		var b strings.Builder
+		b.Write(raw[headerLen(raw):])
+		br := bufio.NewReader(bytes.NewReader(raw))
+		if h, err := textproto.ReadHeader(br); err == nil {
+			decodedText(&b, h, br, 0)
+		}
+		sm.body = strings.ToLower(b.String())
+	}
+	return sm.body
+}
+
+// maxSearchText bounds how much decoded text one message contributes to a
+// BODY/TEXT search.
+const maxSearchText = 32 << 20
+
+// decodedText appends the decoded content of the text parts of an entity.
+func decodedText(b *strings.Builder, rh textproto.Header, body io.Reader, depth int) {
+	if depth > maxMIMEDepth || b.Len() > maxSearchText {
+		return
+	}
+	h := gomessage.Header{Header: rh}
+	mt, params, _ := h.ContentType()
+	switch {
+	case strings.HasPrefix(mt, "multipart/"):
+		mr := textproto.NewMultipartReader(body, params["boundary"])
+		for {
+			p, err := mr.NextPart()
+			if err != nil {
+				return
+			}
+			decodedText(b, p.Header, p, depth+1)
+		}
+	case mt == "message/rfc822" || mt == "message/global":
+		br := bufio.NewReader(body)
+		ch, err := textproto.ReadHeader(br)
+		if err != nil {
+			return
+		}
+		decodedText(b, ch, br, depth+1)
+	case mt == "" || strings.HasPrefix(mt, "text/"):
+		e, err := gomessage.New(h, body)
+		if e == nil || (err != nil && !gomessage.IsUnknownCharset(err) && !gomessage.IsUnknownEncoding(err)) {
+			return
+		}
+		b.WriteByte('\n')
+		io.Copy(b, io.LimitReader(e.Body, int64(maxSearchText-b.Len())))
+	}
+}
+
+func contains(hay, needle string) bool {
+	return strings.Contains(hay, strings.ToLower(needle))
+}
+
+var wordDecoder = &mime.WordDecoder{CharsetReader: gomessage.CharsetReader}
+
+func (sm *searchMsg) headerMatch(key, value string) bool {
+	h := sm.header()
+	vals := h.Values(key)
+	if len(vals) == 0 {
+		return false
+	}
+	if value == "" {
+		return true // RFC 9051 §6.4.4: HEADER with "" matches every message with the field
+	}
+	for _, v := range vals {
+		v = unfold(v)
+		if contains(strings.ToLower(v), value) {
+			return true
+		}
+		if d, err := wordDecoder.DecodeHeader(v); err == nil && contains(strings.ToLower(d), value) {
+			return true
+		}
+	}
+	return false
+}
+
+func day(t time.Time) time.Time {
+	y, m, d := t.Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+func (sm *searchMsg) sentDate() time.Time {
+	h := mail.Header{Header: gomessage.Header{Header: *sm.header()}}
+	if t, err := h.Date(); err == nil && !t.IsZero() {
+		return t
+	}
+	return sm.m.date // no usable Date: use the internal date, as Dovecot does
+}
+
+func (ev *evaluator) match(c *imap.SearchCriteria, sm *searchMsg) bool {
+	m := sm.m
+	for _, set := range c.SeqNum {
+		if !seqContains(set, sm.seq, ev.n) {
+			return false
+		}
+	}
+	for _, set := range c.UID {
+		if imap.IsSearchRes(set) {
+			if !ev.saved[m.uid] {
+				return false
+			}
+			continue
+		}
+		if !uidContains(set, m.uid, ev.maxUID) {
+			return false
+		}
+	}
+	for _, f := range c.Flag {
+		if !m.has(string(f)) {
+			return false
+		}
+	}
+	for _, f := range c.NotFlag {
+		if m.has(string(f)) {
+			return false
+		}
+	}
+	if c.Larger > 0 && m.size <= c.Larger {
+		return false
+	}
+	if c.Smaller > 0 && m.size >= c.Smaller {
+		return false
+	}
+	if c.ModSeq != nil && m.modSeq < c.ModSeq.ModSeq {
+		return false
+	}
+	if !c.Since.IsZero() && day(m.date).Before(day(c.Since)) {
+		return false
+	}
+	if !c.Before.IsZero() && !day(m.date).Before(day(c.Before)) {
+		return false
+	}
+	if !c.SentSince.IsZero() || !c.SentBefore.IsZero() {
+		if sm.load() == nil {
+			return false
+		}
+		d := day(sm.sentDate())
+		if !c.SentSince.IsZero() && d.Before(day(c.SentSince)) {
+			return false
+		}
+		if !c.SentBefore.IsZero() && !d.Before(day(c.SentBefore)) {
+			return false
+		}
+	}
+	for _, hf := range c.Header {
+		if sm.load() == nil || !sm.headerMatch(hf.Key, hf.Value) {
+			return false
+		}
+	}
+	for _, b := range c.Body {
+		if sm.load() == nil || !contains(sm.bodyText(), b) {
+			return false
+		}
+	}
+	for _, t := range c.Text {
+		raw := sm.load()
+		if raw == nil {
+			return false
+		}
+		if !contains(strings.ToLower(string(raw[:headerLen(raw)])), t) && !ev.anyHeaderDecoded(sm, t) && !contains(sm.bodyText(), t) {
+			return false
+		}
+	}
+	for i := range c.Not {
+		if ev.match(&c.Not[i], sm) {
+			return false
+		}
+	}
+	for i := range c.Or {
+		if !ev.match(&c.Or[i][0], sm) && !ev.match(&c.Or[i][1], sm) {
+			return false
+		}
+	}
+	return true
+}
+
+func (ev *evaluator) anyHeaderDecoded(sm *searchMsg, t string) bool {
+	for f := sm.header().Fields(); f.Next(); {
+		if d, err := wordDecoder.DecodeHeader(unfold(f.Value())); err == nil && contains(strings.ToLower(d), t) {
+			return true
+		}
+	}
+	return false
+}
+
+// seqContains reports whether sequence number seq is in set, "*" being n.
+// Numbers past n simply match nothing (SEARCH is lenient).
+func seqContains(set imap.SeqSet, seq, n uint32) bool {
+	for _, r := range set {
+		a, b := r.Start, r.Stop
+		if a == 0 {
+			a = n
+		}
+		if b == 0 {
+			b = n
+		}
+		if a > b {
+			a, b = b, a
+		}
+		if seq >= a && seq <= b {
+			return true
+		}
+	}
+	return false
+}
+
+// uidContains reports whether uid is in set, "*" being the highest UID in
+// the mailbox (so "n:*" always includes it, RFC 9051 §6.4.9).
+func uidContains(set imap.UIDSet, uid, maxUID uint32) bool {
+	for _, r := range set {
+		a, b := uint32(r.Start), uint32(r.Stop)
+		if a == 0 {
+			a = maxUID
+		}
+		if b == 0 {
+			b = maxUID
+		}
+		if a > b {
+			a, b = b, a
+		}
+		if uid >= a && uid <= b {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,543 @@
+package imap
+
+import (
+	"errors"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/internal/mailbox"
+)
+
+// selected is a session's view of its selected mailbox: msgs[i] is message
+// sequence number i+1 as the client knows it.
+type selected struct {
+	id          uint64
+	name        string
+	uidValidity uint32
+	readOnly    bool
+
+	msgs    []*msgState
+	uidHigh uint32 // highest UID ever announced
+	modSeq  uint64 // the mailbox's HIGHESTMODSEQ when last synced
+	// ghosts counts messages expunged elsewhere but still numbered here,
+	// because the EXPUNGE could not yet be sent.
+	ghosts int
+	// flagsSent is how many flags the last FLAGS response listed; a new
+	// keyword makes a new FLAGS response (RFC 9051 §7.3.5).
+	flagsSent int
+	// searchRes is the saved SEARCH result, as UIDs (RFC 5182).
+	searchRes []uint32
+}
+
+// msgState is what the session knows of one message.
+type msgState struct {
+	uid    uint32
+	id     string
+	size   int64
+	date   time.Time
+	flags  []string
+	modSeq uint64
+	recent bool
+	gone   bool // expunged elsewhere, EXPUNGE not yet sent
+}
+
+func newMsgState(m *mailbox.Message) *msgState {
+	return &msgState{uid: m.UID, id: m.ID, size: m.Size, date: m.Date, flags: m.Flags, modSeq: m.ModSeq}
+}
+
+func (m *msgState) has(flag string) bool {
+	if strings.EqualFold(flag, `\Recent`) {
+		return m.recent
+	}
+	for _, f := range m.flags {
+		if strings.EqualFold(f, flag) {
+			return true
+		}
+	}
+	return false
+}
+
+// imapFlags returns the message's flags for a FETCH response, with \Recent
+// when this session holds it, unless the client enabled IMAP4rev2, which has
+// no \Recent (RFC 9051 Appendix E).
+func (m *msgState) imapFlags(rev2 bool) []imap.Flag {
+	out := make([]imap.Flag, 0, len(m.flags)+1)
+	for _, f := range m.flags {
+		out = append(out, imap.Flag(f))
+	}
+	if m.recent && !rev2 {
+		out = append(out, flagRecent)
+	}
+	return out
+}
+
+// flagRecent is the session flag of RFC 3501 §2.3.2 (the library keeps its
+// constant internal).
+const flagRecent imap.Flag = `\Recent`
+
+var systemFlags = []imap.Flag{imap.FlagAnswered, imap.FlagFlagged, imap.FlagDeleted, imap.FlagSeen, imap.FlagDraft}
+
+// mailboxFlags is the FLAGS response: the system flags and every keyword in
+// use in the mailbox.
+func (sel *selected) mailboxFlags() []imap.Flag {
+	out := append([]imap.Flag{}, systemFlags...)
+	seen := map[string]bool{}
+	for _, f := range systemFlags {
+		seen[strings.ToLower(string(f))] = true
+	}
+	for _, m := range sel.msgs {
+		for _, f := range m.flags {
+			if k := strings.ToLower(f); !seen[k] {
+				seen[k] = true
+				out = append(out, imap.Flag(f))
+			}
+		}
+	}
+	return out
+}
+
+func (sel *selected) view() []uint32 {
+	v := make([]uint32, len(sel.msgs))
+	for i, m := range sel.msgs {
+		v[i] = m.uid
+	}
+	return v
+}
+
+// resolve turns a message set of the client into view indexes.
+func (s *session) resolve(set imap.NumSet, lenient bool) ([]int, error) {
+	sel := s.sel
+	if imap.IsSearchRes(set) {
+		return resolveUIDs(sel.searchRes, sel.view()), nil
+	}
+	switch set := set.(type) {
+	case imap.SeqSet:
+		idx, err := resolveSeqSet(set, uint32(len(sel.msgs)), lenient)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		return idx, nil
+	case imap.UIDSet:
+		return resolveUIDSet(set, sel.view()), nil
+	}
+	return nil, bad("unknown message set type %T", set)
+}
+
+// Poll reports what changed in the selected mailbox since the session last
+// looked (RFC 9051 §7.5.1). EXPUNGE only when allowExpunge; otherwise the
+// expunged messages stay numbered until a later poll.
+func (s *session) Poll(w *imapserver.UpdateWriter, allowExpunge bool) error {
+	if s.sel == nil {
+		return nil
+	}
+	return s.sync(w, allowExpunge)
+}
+
+func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
+	sel := s.sel
+	var fresh []mailbox.Message
+	mb, err := s.srv.store.MailboxByID(s.user, sel.id)
+	switch {
+	case errors.Is(err, mailbox.ErrNoMailbox):
+		// Deleted by another session: every message is gone.
+	case err != nil:
+		return err
+	case mb.HighestModSeq == sel.modSeq && !(allowExpunge && sel.ghosts > 0):
+		return nil
+	default:
+		if fresh, err = s.srv.store.Messages(s.user, sel.id); err != nil {
+			return err
+		}
+		sel.modSeq = mb.HighestModSeq
+	}
+	condStore := s.condStore()
+
+	// Merge the view with the fresh list; both are in UID order.
+	var kept []*msgState
+	var flagChanged []*msgState
+	j := 0
+	for _, m := range sel.msgs {
+		for j < len(fresh) && fresh[j].UID < m.uid {
+			j++ // a UID below the view's that we never saw: cannot happen
+		}
+		if j < len(fresh) && fresh[j].UID == m.uid {
+			f := &fresh[j]
+			if f.ModSeq != m.modSeq || !sameFlags(f.Flags, m.flags) {
+				m.flags, m.modSeq = f.Flags, f.ModSeq
+				flagChanged = append(flagChanged, m)
+			}
+			j++
+		} else if !m.gone {
+			m.gone = true
+			sel.ghosts++
+		}
+		kept = append(kept, m)
+	}
+	var added []*msgState
+	for ; j < len(fresh); j++ {
+		if fresh[j].UID > sel.uidHigh {
+			added = append(added, newMsgState(&fresh[j]))
+		}
+	}
+
+	// EXPUNGE, highest sequence number first, so each number is the
+	// message's current one.
+	if allowExpunge && sel.ghosts > 0 {
+		for i := len(sel.msgs) - 1; i >= 0; i-- {
+			if sel.msgs[i].gone {
+				if err := w.WriteExpunge(uint32(i + 1)); err != nil {
+					return err
+				}
+			}
+		}
+		kept = kept[:0]
+		for _, m := range sel.msgs {
+			if !m.gone {
+				kept = append(kept, m)
+			}
+		}
+		sel.ghosts = 0
+	}
+	sel.msgs = kept
+
+	// FETCH FLAGS for messages changed elsewhere.
+	if len(flagChanged) > 0 {
+		pos := make(map[*msgState]int, len(sel.msgs))
+		for i, m := range sel.msgs {
+			pos[m] = i + 1
+		}
+		for _, m := range flagChanged {
+			if m.gone {
+				continue
+			}
+			var ms uint64
+			if condStore {
+				ms = m.modSeq
+			}
+			if err := w.WriteMessageFlagsModSeq(uint32(pos[m]), imap.UID(m.uid), m.imapFlags(s.rev2()), ms); err != nil {
+				return err
+			}
+		}
+	}
+
+	// EXISTS and RECENT for new messages.
+	if len(added) > 0 {
+		last := added[len(added)-1].uid
+		first := s.srv.recent.claim(s.user, sel.id, last, sel.readOnly)
+		nRecent := uint32(0)
+		for _, m := range added {
+			m.recent = m.uid >= first
+			sel.msgs = append(sel.msgs, m)
+		}
+		for _, m := range sel.msgs {
+			if m.recent {
+				nRecent++
+			}
+		}
+		sel.uidHigh = last
+		if err := w.WriteNumMessages(uint32(len(sel.msgs))); err != nil {
+			return err
+		}
+		if err := w.WriteNumRecent(nRecent); err != nil {
+			return err
+		}
+	}
+	if flags := sel.mailboxFlags(); len(flags) != sel.flagsSent {
+		sel.flagsSent = len(flags)
+		if err := w.WriteMailboxFlags(flags); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sameFlags(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, f := range a {
+		found := false
+		for _, g := range b {
+			if strings.EqualFold(f, g) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// Idle waits for changes to the user's mail and reports those of the
+// selected mailbox as they happen (RFC 2177). A delivery is seen within the
+// time of one store commit plus one poll: the mailbox manager publishes a
+// change as soon as its batch is durable.
+func (s *session) Idle(w *imapserver.UpdateWriter, stop <-chan struct{}) error {
+	if s.sel != nil {
+		if err := s.sync(w, true); err != nil {
+			return err
+		}
+	}
+	tick := time.NewTicker(s.srv.cfg.IdlePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case c, ok := <-s.changes:
+			if !ok {
+				<-stop
+				return nil
+			}
+			if s.sel != nil && (c.Mailbox == s.sel.id || c.Mailbox == 0) {
+				if err := s.sync(w, true); err != nil {
+					return err
+				}
+			}
+		case <-tick.C:
+			if s.sel != nil {
+				if err := s.sync(w, true); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// --- selected-state commands that change things
+
+func (s *session) checkWritable(cmd string) error {
+	if s.sel.readOnly {
+		return no(codeReadOnly, "%s: mailbox %q is selected read-only (EXAMINE)", cmd, s.sel.name)
+	}
+	return nil
+}
+
+func (s *session) Expunge(w *imapserver.ExpungeWriter, uids *imap.UIDSet) error {
+	sel := s.sel
+	if sel.readOnly {
+		if w.Silent() { // CLOSE of an EXAMINEd mailbox expunges nothing
+			return nil
+		}
+		return s.checkWritable("EXPUNGE")
+	}
+	// The store removes those of the session's messages that carry
+	// \Deleted when it commits, whoever set the flag.
+	var target []uint32
+	for _, m := range sel.msgs {
+		if m.gone {
+			continue
+		}
+		if uids != nil && !uids.Contains(imap.UID(m.uid)) {
+			continue
+		}
+		target = append(target, m.uid)
+	}
+	if len(target) == 0 {
+		return nil
+	}
+	gone, err := s.srv.store.ExpungeDeleted(s.user, sel.id, target)
+	if err != nil {
+		return storeErr("EXPUNGE", err)
+	}
+	goneSet := map[uint32]bool{}
+	for _, u := range gone {
+		goneSet[u] = true
+	}
+	for i := len(sel.msgs) - 1; i >= 0; i-- {
+		if goneSet[sel.msgs[i].uid] {
+			if err := w.WriteExpunge(uint32(i + 1)); err != nil {
+				return err
+			}
+			sel.msgs = append(sel.msgs[:i], sel.msgs[i+1:]...)
+		}
+	}
+	return nil
+}
+
+func (s *session) Store(w *imapserver.FetchWriter, numSet imap.NumSet, flags *imap.StoreFlags, options *imap.StoreOptions) error {
+	sel := s.sel
+	if err := s.checkWritable("STORE"); err != nil {
+		return err
+	}
+	idx, err := s.resolve(numSet, false)
+	if err != nil {
+		return err
+	}
+	if len(flags.Flags) > maxFlags {
+		return bad("STORE: more than %d flags", maxFlags)
+	}
+	names := make([]string, 0, len(flags.Flags))
+	for _, f := range flags.Flags {
+		names = append(names, string(f))
+	}
+	op := mailbox.FlagsSet
+	switch flags.Op {
+	case imap.StoreFlagsAdd:
+		op = mailbox.FlagsAdd
+	case imap.StoreFlagsDel:
+		op = mailbox.FlagsRemove
+	}
+	byUID := map[uint32]int{}
+	var uids []uint32
+	var failed []uint32
+	for _, i := range idx {
+		m := sel.msgs[i]
+		if options.UnchangedSince == imapserver.UnchangedSinceZero {
+			failed = append(failed, m.uid) // RFC 7162 §3.1.3: 0 fails for all
+			continue
+		}
+		byUID[m.uid] = i
+		uids = append(uids, m.uid)
+	}
+	var updated []mailbox.Message
+	if len(uids) > 0 {
+		var f2 []uint32
+		updated, f2, err = s.srv.store.StoreFlags(s.user, sel.id, uids, op, names, options.UnchangedSince)
+		if err != nil {
+			return storeErr("STORE", err)
+		}
+		failed = append(failed, f2...)
+	}
+	condStore := s.condStore() || options.UnchangedSince != 0
+	_, isUID := numSet.(imap.UIDSet)
+	for k := range updated {
+		u := &updated[k]
+		i := byUID[u.UID]
+		m := sel.msgs[i]
+		m.flags, m.modSeq = u.Flags, u.ModSeq
+		if flags.Silent && !condStore {
+			continue
+		}
+		// RFC 7162 §3.1.3: with CONDSTORE even .SILENT reports MODSEQ.
+		rw := w.CreateMessage(uint32(i + 1))
+		if isUID {
+			rw.WriteUID(imap.UID(m.uid))
+		}
+		if !flags.Silent {
+			rw.WriteFlags(m.imapFlags(s.rev2()))
+		}
+		if condStore {
+			rw.WriteModSeq(m.modSeq)
+		}
+		if err := rw.Close(); err != nil {
+			return err
+		}
+	}
+	if len(failed) > 0 {
+		if isUID {
+			var set imap.UIDSet
+			for _, u := range failed {
+				set.AddNum(imap.UID(u))
+			}
+			w.SetModified(set)
+		} else {
+			var set imap.SeqSet
+			for _, u := range failed {
+				for i, m := range sel.msgs {
+					if m.uid == u {
+						set.AddNum(uint32(i + 1))
+					}
+				}
+			}
+			w.SetModified(set)
+		}
+	}
+	return nil
+}
+
+func (s *session) copyUIDs(numSet imap.NumSet) ([]uint32, error) {
+	idx, err := s.resolve(numSet, false)
+	if err != nil {
+		return nil, err
+	}
+	uids := make([]uint32, 0, len(idx))
+	for _, i := range idx {
+		uids = append(uids, s.sel.msgs[i].uid)
+	}
+	sort.Slice(uids, func(a, b int) bool { return uids[a] < uids[b] })
+	return uids, nil
+}
+
+func copyData(res *mailbox.CopyResult) *imap.CopyData {
+	if res == nil || len(res.SrcUIDs) == 0 {
+		return nil
+	}
+	var src, dst imap.UIDSet
+	for i := range res.SrcUIDs {
+		src.AddNum(imap.UID(res.SrcUIDs[i]))
+		dst.AddNum(imap.UID(res.DstUIDs[i]))
+	}
+	return &imap.CopyData{UIDValidity: res.Dest.UIDValidity, SourceUIDs: src, DestUIDs: dst}
+}
+
+func (s *session) Copy(numSet imap.NumSet, dest string) (*imap.CopyData, error) {
+	what := "COPY to " + quoteName(dest)
+	uids, err := s.copyUIDs(numSet)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.srv.store.Mailbox(s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
+		return nil, no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
+	}
+	if len(uids) == 0 {
+		return nil, nil
+	}
+	res, err := s.srv.store.Copy(s.user, s.sel.id, uids, dest, false)
+	if err != nil {
+		return nil, storeErr(what, err)
+	}
+	return copyData(res), nil
+}
+
+// Move implements RFC 6851: copy, then expunge, atomically in the store;
+// the COPYUID comes first, then the EXPUNGEs.
+func (s *session) Move(w *imapserver.MoveWriter, numSet imap.NumSet, dest string) error {
+	what := "MOVE to " + quoteName(dest)
+	if err := s.checkWritable("MOVE"); err != nil {
+		return err
+	}
+	uids, err := s.copyUIDs(numSet)
+	if err != nil {
+		return err
+	}
+	if _, err := s.srv.store.Mailbox(s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
+		return no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
+	}
+	if len(uids) == 0 {
+		return nil
+	}
+	res, err := s.srv.store.Copy(s.user, s.sel.id, uids, dest, true)
+	if err != nil {
+		return storeErr(what, err)
+	}
+	if data := copyData(res); data != nil {
+		if err := w.WriteCopyData(data); err != nil {
+			return err
+		}
+	}
+	moved := map[uint32]bool{}
+	for _, u := range res.SrcUIDs {
+		moved[u] = true
+	}
+	sel := s.sel
+	for i := len(sel.msgs) - 1; i >= 0; i-- {
+		if moved[sel.msgs[i].uid] {
+			if err := w.WriteExpunge(uint32(i + 1)); err != nil {
+				return err
+			}
+			if sel.msgs[i].gone {
+				sel.ghosts--
+			}
+			sel.msgs = append(sel.msgs[:i], sel.msgs[i+1:]...)
+		}
+	}
+	return nil
+}
+
+func quoteName(s string) string { return `"` + s + `"` }

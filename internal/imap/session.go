@@ -1,0 +1,479 @@
+package imap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/internal/mailbox"
+)
+
+func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+
+// session is one IMAP connection: the authenticated user and, when a
+// mailbox is selected, this session's view of it.
+type session struct {
+	srv  *Server
+	conn *imapserver.Conn
+
+	user     string
+	changes  <-chan mailbox.Change
+	unsub    func()
+	failures int
+
+	sel *selected
+}
+
+// Response codes not named by the library.
+const (
+	codeExpungeIssued imap.ResponseCode = "EXPUNGEISSUED" // RFC 5530
+	codeReadOnly      imap.ResponseCode = "READ-ONLY"     // RFC 9051 §7.1
+	codeUseAttr       imap.ResponseCode = "USEATTR"       // RFC 6154 §6
+)
+
+func no(code imap.ResponseCode, format string, args ...any) error {
+	return &imap.Error{Type: imap.StatusResponseTypeNo, Code: code, Text: fmt.Sprintf(format, args...)}
+}
+
+func bad(format string, args ...any) error {
+	return &imap.Error{Type: imap.StatusResponseTypeBad, Code: imap.ResponseCodeClientBug, Text: fmt.Sprintf(format, args...)}
+}
+
+// storeErr turns a mailbox manager error into the IMAP answer that names the
+// mailbox and the cause.
+func storeErr(what string, err error) error {
+	var ie *imap.Error
+	switch {
+	case errors.As(err, &ie):
+		return err
+	case errors.Is(err, mailbox.ErrNoMailbox):
+		return no(imap.ResponseCodeNonExistent, "%s: no such mailbox", what)
+	case errors.Is(err, mailbox.ErrMailboxExists):
+		return no(imap.ResponseCodeAlreadyExists, "%s: mailbox already exists", what)
+	case errors.Is(err, mailbox.ErrBadName):
+		return no(imap.ResponseCodeCannot, "%s: %v", what, err)
+	default:
+		return err // logged by the library, answered NO [SERVERBUG]
+	}
+}
+
+func (s *session) Close() error {
+	if s.unsub != nil {
+		s.unsub()
+		s.unsub = nil
+	}
+	s.sel = nil
+	s.srv.removeSession(s)
+	return nil
+}
+
+// Login checks the password through the user manager (Porcupine §2.3.2:
+// the proxy authenticates, then finds the user's mailbox fragments).
+func (s *session) Login(username, password string) error {
+	if s.failures >= maxFailedLogins {
+		s.conn.Bye("Too many failed logins")
+		return imapserver.ErrAuthFailed
+	}
+	prof, err := s.srv.auth.Login(context.Background(), username, password)
+	if err != nil {
+		s.failures++
+		if d := s.srv.cfg.AuthFailDelay; d > 0 {
+			time.Sleep(d)
+		}
+		return imapserver.ErrAuthFailed
+	}
+	if err := s.srv.store.EnsureUser(prof.Address); err != nil {
+		return no(imap.ResponseCodeUnavailable, "mailboxes of %s: %v", prof.Address, err)
+	}
+	s.user = prof.Address
+	s.changes, s.unsub = s.srv.store.Subscribe(s.user)
+	return nil
+}
+
+// AppendLimit implements imapserver.SessionAppendLimit (RFC 7889).
+func (s *session) AppendLimit() uint32 { return uint32(s.srv.cfg.MaxMessageBytes) }
+
+// ClientID implements imapserver.SessionID.
+func (s *session) ClientID(fields []string) {}
+
+func (s *session) Namespace() (*imap.NamespaceData, error) {
+	return &imap.NamespaceData{Personal: []imap.NamespaceDescriptor{{Prefix: "", Delim: rune(mailbox.Separator[0])}}}, nil
+}
+
+func (s *session) condStore() bool { return s.conn.EnabledCaps().Has(imap.CapCondStore) }
+func (s *session) rev2() bool      { return s.conn.EnabledCaps().Has(imap.CapIMAP4rev2) }
+
+// --- mailbox commands (RFC 9051 §6.3)
+
+// parentsOf returns the superior hierarchical names of name, outermost
+// first: "a/b/c" gives "a", "a/b".
+func parentsOf(name string) []string {
+	var out []string
+	for i := 0; i < len(name); i++ {
+		if name[i] == mailbox.Separator[0] {
+			out = append(out, name[:i])
+		}
+	}
+	return out
+}
+
+func (s *session) Create(name string, options *imap.CreateOptions) error {
+	// A trailing delimiter declares the intent to create children (RFC
+	// 9051 §6.3.4); the name itself is made without it.
+	name = strings.TrimSuffix(name, mailbox.Separator)
+	if strings.EqualFold(name, mailbox.Inbox) {
+		return no(imap.ResponseCodeAlreadyExists, "CREATE INBOX: INBOX always exists")
+	}
+	if err := mailbox.ValidateName(name); err != nil {
+		return no(imap.ResponseCodeCannot, "CREATE %q: %v", name, err)
+	}
+	use := ""
+	if options != nil && len(options.SpecialUse) > 0 {
+		if len(options.SpecialUse) > 1 {
+			return no(codeUseAttr, "CREATE %q: only one special-use attribute per mailbox", name)
+		}
+		switch a := options.SpecialUse[0]; a {
+		case imap.MailboxAttrAll, imap.MailboxAttrArchive, imap.MailboxAttrDrafts, imap.MailboxAttrFlagged,
+			imap.MailboxAttrJunk, imap.MailboxAttrSent, imap.MailboxAttrTrash:
+			use = string(a)
+		default:
+			return no(codeUseAttr, "CREATE %q: %s is not a special-use attribute", name, a)
+		}
+	}
+	// RFC 9051 §6.3.4: create the superior names the new one needs.
+	for _, p := range parentsOf(name) {
+		if _, err := s.srv.store.Mailbox(s.user, p); errors.Is(err, mailbox.ErrNoMailbox) {
+			if _, err := s.srv.store.CreateMailbox(s.user, p, ""); err != nil && !errors.Is(err, mailbox.ErrMailboxExists) {
+				return storeErr(fmt.Sprintf("CREATE %q (parent %q)", name, p), err)
+			}
+		}
+	}
+	if _, err := s.srv.store.CreateMailbox(s.user, name, use); err != nil {
+		return storeErr(fmt.Sprintf("CREATE %q", name), err)
+	}
+	return nil
+}
+
+func (s *session) Delete(name string) error {
+	if strings.EqualFold(name, mailbox.Inbox) {
+		return no(imap.ResponseCodeCannot, "DELETE INBOX: INBOX cannot be deleted")
+	}
+	mb, err := s.srv.store.Mailbox(s.user, name)
+	if err != nil {
+		return storeErr(fmt.Sprintf("DELETE %q", name), err)
+	}
+	if err := s.srv.store.DeleteMailbox(s.user, name); err != nil {
+		return storeErr(fmt.Sprintf("DELETE %q", name), err)
+	}
+	s.srv.recent.forget(s.user, mb.ID)
+	return nil
+}
+
+func (s *session) Rename(oldName, newName string, options *imap.RenameOptions) error {
+	newName = strings.TrimSuffix(newName, mailbox.Separator)
+	what := fmt.Sprintf("RENAME %q to %q", oldName, newName)
+	if err := mailbox.ValidateName(newName); err != nil {
+		return no(imap.ResponseCodeCannot, "%s: %v", what, err)
+	}
+	if canonInbox(newName, '/') == canonInbox(oldName, '/') {
+		return no(imap.ResponseCodeAlreadyExists, "%s: same name", what)
+	}
+	if strings.EqualFold(newName, mailbox.Inbox) {
+		return no(imap.ResponseCodeAlreadyExists, "%s: INBOX always exists", what)
+	}
+	if strings.HasPrefix(newName, oldName+mailbox.Separator) {
+		return no(imap.ResponseCodeCannot, "%s: a mailbox cannot move below itself", what)
+	}
+	if _, err := s.srv.store.Mailbox(s.user, oldName); err != nil {
+		return storeErr(what, err)
+	}
+	if err := s.srv.store.RenameMailbox(s.user, oldName, newName); err != nil {
+		return storeErr(what, err)
+	}
+	// RFC 9051 §6.3.6: superior names of the new name are created.
+	for _, p := range parentsOf(newName) {
+		if _, err := s.srv.store.Mailbox(s.user, p); errors.Is(err, mailbox.ErrNoMailbox) {
+			if _, err := s.srv.store.CreateMailbox(s.user, p, ""); err != nil && !errors.Is(err, mailbox.ErrMailboxExists) {
+				return storeErr(what, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *session) Subscribe(name string) error {
+	if err := s.srv.store.SetSubscribed(s.user, name, true); err != nil {
+		return storeErr(fmt.Sprintf("SUBSCRIBE %q", name), err)
+	}
+	return nil
+}
+
+func (s *session) Unsubscribe(name string) error {
+	if err := s.srv.store.SetSubscribed(s.user, name, false); err != nil {
+		return storeErr(fmt.Sprintf("UNSUBSCRIBE %q", name), err)
+	}
+	return nil
+}
+
+// listEntry is a mailbox or an implied parent (a name that only exists as
+// the superior of others, RFC 9051 §6.3.9: \NonExistent / \Noselect).
+type listEntry struct {
+	name     string
+	mb       *mailbox.Mailbox // nil for an implied parent
+	children bool
+	subChild bool // some descendant is subscribed
+}
+
+func (s *session) listEntries() ([]*listEntry, error) {
+	boxes, err := s.srv.store.Mailboxes(s.user)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*listEntry{}
+	for i := range boxes {
+		byName[boxes[i].Name] = &listEntry{name: boxes[i].Name, mb: &boxes[i]}
+	}
+	for i := range boxes {
+		for _, p := range parentsOf(boxes[i].Name) {
+			e := byName[p]
+			if e == nil {
+				e = &listEntry{name: p}
+				byName[p] = e
+			}
+			e.children = true
+			if boxes[i].Subscribed {
+				e.subChild = true
+			}
+		}
+	}
+	out := make([]*listEntry, 0, len(byName))
+	for _, e := range byName {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out, nil
+}
+
+func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, options *imap.ListOptions) error {
+	delim := mailbox.Separator[0]
+	if len(patterns) == 0 {
+		// RFC 9051 §6.3.9: an empty pattern asks for the delimiter and
+		// the root of the reference.
+		root := ""
+		if i := strings.IndexByte(ref, delim); i >= 0 {
+			root = ref[:i+1]
+		}
+		return w.WriteList(&imap.ListData{Attrs: []imap.MailboxAttr{imap.MailboxAttrNoSelect}, Delim: rune(delim), Mailbox: root})
+	}
+	entries, err := s.listEntries()
+	if err != nil {
+		return err
+	}
+	lsub := w.LSub()
+	for _, e := range entries {
+		matched := false
+		for _, p := range patterns {
+			full := p
+			if ref != "" && !strings.HasPrefix(p, string(delim)) {
+				full = ref + p
+			}
+			if matchMailbox(e.name, full, delim) {
+				matched = true
+				break
+			}
+		}
+		if !matched {
+			continue
+		}
+		subscribed := e.mb != nil && e.mb.Subscribed
+		var childInfo *imap.ListDataChildInfo
+		noSelect := e.mb == nil
+		if options.SelectSubscribed && !subscribed {
+			switch {
+			case lsub && e.subChild:
+				// RFC 3501 §6.3.9: LSUB "%" shows an unsubscribed
+				// parent of subscribed names as \Noselect.
+				noSelect = true
+			case options.SelectRecursiveMatch && e.subChild:
+				childInfo = &imap.ListDataChildInfo{Subscribed: true}
+			default:
+				continue
+			}
+		}
+		if options.SelectSpecialUse && (e.mb == nil || e.mb.SpecialUse == "") {
+			continue
+		}
+		data := &imap.ListData{Delim: rune(delim), Mailbox: e.name, ChildInfo: childInfo}
+		if noSelect {
+			if options.SelectSubscribed {
+				data.Attrs = append(data.Attrs, imap.MailboxAttrNoSelect)
+			} else {
+				data.Attrs = append(data.Attrs, imap.MailboxAttrNonExistent, imap.MailboxAttrNoSelect)
+			}
+		}
+		if e.children {
+			data.Attrs = append(data.Attrs, imap.MailboxAttrHasChildren)
+		} else {
+			data.Attrs = append(data.Attrs, imap.MailboxAttrHasNoChildren)
+		}
+		if subscribed && (options.SelectSubscribed || options.ReturnSubscribed) {
+			data.Attrs = append(data.Attrs, imap.MailboxAttrSubscribed)
+		}
+		if e.mb != nil && e.mb.SpecialUse != "" {
+			data.Attrs = append(data.Attrs, imap.MailboxAttr(e.mb.SpecialUse))
+		}
+		if options.ReturnStatus != nil && e.mb != nil {
+			st, err := s.status(e.mb, options.ReturnStatus)
+			if err != nil {
+				return err
+			}
+			data.Status = st
+		}
+		if err := w.WriteList(data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *session) Status(name string, options *imap.StatusOptions) (*imap.StatusData, error) {
+	mb, err := s.srv.store.Mailbox(s.user, name)
+	if err != nil {
+		return nil, storeErr(fmt.Sprintf("STATUS %q", name), err)
+	}
+	return s.status(mb, options)
+}
+
+func (s *session) status(mb *mailbox.Mailbox, options *imap.StatusOptions) (*imap.StatusData, error) {
+	data := &imap.StatusData{Mailbox: mb.Name, UIDNext: imap.UID(mb.UIDNext), UIDValidity: mb.UIDValidity, HighestModSeq: mb.HighestModSeq}
+	if options.NumMessages || options.NumUnseen || options.NumDeleted || options.Size || options.NumRecent || options.DeletedStorage {
+		msgs, err := s.srv.store.Messages(s.user, mb.ID)
+		if err != nil {
+			return nil, err
+		}
+		var num, unseen, deleted uint32
+		var size, delSize int64
+		uids := make([]uint32, len(msgs))
+		for i := range msgs {
+			m := &msgs[i]
+			uids[i] = m.UID
+			num++
+			size += m.Size
+			if !m.HasFlag(`\Seen`) {
+				unseen++
+			}
+			if m.HasFlag(`\Deleted`) {
+				deleted++
+				delSize += m.Size
+			}
+		}
+		recent := s.srv.recent.count(s.user, mb.ID, uids)
+		data.NumMessages, data.NumUnseen, data.NumDeleted, data.NumRecent = &num, &unseen, &deleted, &recent
+		data.Size, data.DeletedStorage = &size, &delSize
+	}
+	if options.AppendLimit {
+		l := s.AppendLimit()
+		data.AppendLimit = &l
+	}
+	return data, nil
+}
+
+// maxAppendFlags bounds the flags of one APPEND or STORE; real clients send
+// a handful.
+const maxFlags = 128
+
+func (s *session) Append(name string, r imap.LiteralReader, options *imap.AppendOptions) (*imap.AppendData, error) {
+	what := fmt.Sprintf("APPEND to %q", name)
+	if _, err := s.srv.store.Mailbox(s.user, name); err != nil {
+		if errors.Is(err, mailbox.ErrNoMailbox) {
+			// RFC 9051 §6.3.12: TRYCREATE when the mailbox does not exist.
+			return nil, no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
+		}
+		return nil, storeErr(what, err)
+	}
+	if r.Size() > s.srv.cfg.MaxMessageBytes {
+		return nil, no(imap.ResponseCodeTooBig, "%s: message of %d bytes is over the limit of %d", what, r.Size(), s.srv.cfg.MaxMessageBytes)
+	}
+	raw, err := io.ReadAll(io.LimitReader(r, s.srv.cfg.MaxMessageBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(options.Flags) > maxFlags {
+		return nil, bad("%s: more than %d flags", what, maxFlags)
+	}
+	flags := make([]string, 0, len(options.Flags))
+	for _, f := range options.Flags {
+		flags = append(flags, string(f))
+	}
+	date := options.Time
+	if date.IsZero() {
+		date = time.Now()
+	}
+	mb, msg, err := s.srv.store.Append(s.user, name, raw, flags, date)
+	if err != nil {
+		return nil, storeErr(what, err)
+	}
+	return &imap.AppendData{UID: imap.UID(msg.UID), UIDValidity: mb.UIDValidity}, nil
+}
+
+// --- selection
+
+func (s *session) Select(name string, options *imap.SelectOptions) (*imap.SelectData, error) {
+	s.sel = nil
+	what := fmt.Sprintf("SELECT %q", name)
+	if options.ReadOnly {
+		what = fmt.Sprintf("EXAMINE %q", name)
+	}
+	mb, err := s.srv.store.Mailbox(s.user, name)
+	if err != nil {
+		return nil, storeErr(what, err)
+	}
+	msgs, err := s.srv.store.Messages(s.user, mb.ID)
+	if err != nil {
+		return nil, err
+	}
+	sel := &selected{id: mb.ID, name: mb.Name, uidValidity: mb.UIDValidity, readOnly: options.ReadOnly,
+		modSeq: mb.HighestModSeq}
+	maxUID := uint32(0)
+	if len(msgs) > 0 {
+		maxUID = msgs[len(msgs)-1].UID
+	}
+	firstRecent := s.srv.recent.claim(s.user, mb.ID, maxUID, options.ReadOnly)
+	data := &imap.SelectData{UIDNext: imap.UID(mb.UIDNext), UIDValidity: mb.UIDValidity, HighestModSeq: mb.HighestModSeq}
+	for i := range msgs {
+		m := newMsgState(&msgs[i])
+		m.recent = m.uid >= firstRecent
+		if m.recent {
+			data.NumRecent++
+		}
+		if data.FirstUnseenSeqNum == 0 && !m.has(`\Seen`) {
+			data.FirstUnseenSeqNum = uint32(i + 1)
+		}
+		sel.msgs = append(sel.msgs, m)
+	}
+	sel.uidHigh = maxUID
+	data.NumMessages = uint32(len(sel.msgs))
+	data.Flags = sel.mailboxFlags()
+	sel.flagsSent = len(data.Flags)
+	if options.ReadOnly {
+		data.PermanentFlags = []imap.Flag{}
+	} else {
+		data.PermanentFlags = append(append([]imap.Flag{}, data.Flags...), imap.FlagWildcard)
+	}
+	if s.rev2() {
+		data.List = &imap.ListData{Delim: rune(mailbox.Separator[0]), Mailbox: mb.Name}
+	}
+	s.sel = sel
+	return data, nil
+}
+
+func (s *session) Unselect() error {
+	s.sel = nil
+	return nil
+}

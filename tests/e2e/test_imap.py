@@ -1,0 +1,290 @@
+"""IMAP against a real `quill serve` process: Python's imaplib, mbsync, fetchmail, curl."""
+
+from __future__ import annotations
+
+import imaplib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from mailutil import pop3, retr, send
+
+DOMAIN = "quill.test"
+ALICE = f"alice@{DOMAIN}"
+PW = "imap pass"
+TIMEOUT = 30.0
+
+
+def imap(node, login: bool = True) -> imaplib.IMAP4:
+    host, port = node.addrs["imap"]
+    m = imaplib.IMAP4(host, port, timeout=TIMEOUT)
+    if login:
+        m.login(ALICE, PW)
+    return m
+
+
+def msg(subject: str, body: bytes = b"body\r\n") -> bytes:
+    return (b"From: Sender <sender@remote.test>\r\nTo: " + ALICE.encode() + b"\r\n"
+            b"Subject: " + subject.encode() + b"\r\nMessage-ID: <" + os.urandom(6).hex().encode()
+            + b"@remote.test>\r\n\r\n" + body)
+
+
+@pytest.fixture
+def inode(node):
+    node.add_user(ALICE, PW)
+    return node
+
+
+def ok(res):
+    typ, data = res
+    assert typ == "OK", (typ, data)
+    return data
+
+
+def test_login_list_and_special_use(inode):
+    with pytest.raises(imaplib.IMAP4.error, match="AUTHENTICATIONFAILED"):
+        imap(inode, login=False).login(ALICE, "wrong")
+    m = imap(inode)
+    caps = ok(m.capability())[0].decode().upper().split()
+    for c in ("IMAP4REV1", "IMAP4REV2", "IDLE", "UIDPLUS", "MOVE", "SPECIAL-USE", "CONDSTORE", "NAMESPACE", "ID"):
+        assert c in caps, caps
+    names = {}
+    for line in ok(m.list()):
+        attrs, _, name = re.match(rb'\((.*?)\) "(.)" (.*)', line).groups()
+        names[name.strip(b'"').decode()] = attrs.decode()
+    for box, use in (("Sent", r"\Sent"), ("Drafts", r"\Drafts"), ("Trash", r"\Trash"),
+                     ("Junk", r"\Junk"), ("Archive", r"\Archive")):
+        assert use in names[box], names
+    assert "INBOX" in names
+    m.logout()
+
+
+def test_create_rename_delete(inode):
+    m = imap(inode)
+    ok(m.create("Projects/2026/Q1"))
+    ok(m.rename("Projects", "Work"))
+    listed = b"".join(ok(m.list('""', "*")))
+    assert b"Work/2026/Q1" in listed and b"Projects" not in listed
+    ok(m.delete("Work/2026/Q1"))
+    assert b"Work/2026/Q1" not in b"".join(ok(m.list('""', "*")))
+    typ, _ = m.delete("INBOX")
+    assert typ == "NO"
+    m.logout()
+
+
+def test_append_fetch_exact_bytes(inode):
+    raw = msg("exact", b".dot\r\n\xc3\xa9\xff\x80 8-bit\r\n" + b"x" * 5000 + b"\r\nno final newline")
+    m = imap(inode)
+    typ, data = m.append("INBOX", r"(\Flagged)", imaplib.Time2Internaldate(time.time()), raw)
+    assert typ == "OK" and b"APPENDUID" in data[0], data
+    ok(m.select("INBOX"))
+    data = ok(m.fetch("1", "(RFC822.SIZE BODY.PEEK[] FLAGS)"))
+    assert data[0][1] == raw
+    assert f"RFC822.SIZE {len(raw)}".encode() in data[0][0]
+    assert b"\\Flagged" in data[0][0]
+    data = ok(m.fetch("1", "(BODY.PEEK[TEXT]<2.5>)"))
+    body = raw[raw.index(b"\r\n\r\n") + 4:]
+    assert data[0][1] == body[2:7]
+    m.logout()
+
+
+def test_smtp_delivery_search_store_copy_move_expunge(inode):
+    for i in range(4):
+        send(inode, ALICE, msg(f"note {i}", f"word{i}\r\n".encode()))
+    m = imap(inode)
+    ok(m.select("INBOX"))
+    assert ok(m.search(None, "ALL")) == [b"1 2 3 4"]
+    assert ok(m.search(None, "SUBJECT", '"note 2"')) == [b"3"]
+    assert ok(m.search(None, "BODY", "word3")) == [b"4"]
+    ok(m.store("1", "+FLAGS", r"(\Seen $Done)"))
+    assert ok(m.search(None, "SEEN")) == [b"1"]
+    assert ok(m.search(None, "KEYWORD", "$Done")) == [b"1"]
+    typ, data = m.copy("1:2", "Archive")
+    assert typ == "OK" and b"COPYUID" in data[0], data
+    typ, data = m.uid("MOVE", "3", "Trash")
+    assert typ == "OK", data
+    ok(m.store("1", "+FLAGS", r"(\Deleted)"))
+    ok(m.expunge())
+    assert ok(m.uid("SEARCH", None, "ALL")) == [b"2 4"]
+    ok(m.select("Archive"))
+    assert ok(m.search(None, "ALL")) == [b"1 2"]
+    ok(m.select("Trash"))
+    assert ok(m.search(None, "BODY", "word2")) == [b"1"]
+    m.logout()
+
+
+def test_pop3_and_imap_deletes_are_the_same(inode):
+    for i in range(3):
+        send(inode, ALICE, msg(f"p{i}"))
+    with pop3(inode, ALICE, PW) as p:
+        p.dele(1)
+    m = imap(inode)
+    ok(m.select("INBOX"))
+    assert ok(m.uid("SEARCH", None, "ALL")) == [b"2 3"]
+    ok(m.uid("STORE", "2", "+FLAGS", r"(\Deleted)"))
+    ok(m.expunge())
+    m.logout()
+    with pop3(inode, ALICE, PW) as p:
+        assert p.stat()[0] == 1
+        assert b"Subject: p2" in retr(p, 1)
+
+
+def test_idle_sees_smtp_delivery_within_a_second(inode):
+    host, port = inode.addrs["imap"]
+    s = socket.create_connection((host, port), timeout=TIMEOUT)
+    f = s.makefile("rb")
+    f.readline()
+    s.sendall(f'a LOGIN "{ALICE}" "{PW}"\r\nb SELECT INBOX\r\n'.encode())
+    while not f.readline().startswith(b"b OK"):
+        pass
+    s.sendall(b"c IDLE\r\n")
+    assert f.readline().startswith(b"+")
+    start = time.monotonic()
+    threading.Thread(target=send, args=(inode, ALICE, msg("wake up"))).start()
+    line = f.readline()
+    took = time.monotonic() - start
+    assert line == b"* 1 EXISTS\r\n", line
+    assert took < 1.0 + 0.5, took  # delivery itself plus the notification
+    s.sendall(b"DONE\r\n")
+    while True:
+        line = f.readline()
+        if line.startswith(b"c "):
+            assert line.startswith(b"c OK"), line
+            break
+    s.close()
+
+
+def test_two_sessions_see_changes_at_allowed_points(inode):
+    for i in range(3):
+        send(inode, ALICE, msg(f"c{i}"))
+    a, b = imap(inode), imap(inode)
+    ok(a.select("INBOX"))
+    ok(b.select("INBOX"))
+    # imaplib keeps untagged responses across commands: clear before each.
+    ok(a.store("2", "+FLAGS", r"(\Flagged)"))
+    b.untagged_responses.clear()
+    ok(b.noop())
+    assert any(b"\\Flagged" in r for r in b.untagged_responses.get("FETCH", [])), b.untagged_responses
+    ok(a.store("1", "+FLAGS", r"(\Deleted)"))
+    ok(a.expunge())
+    # b's numbering does not move during FETCH: message 3 is still UID 3.
+    b.untagged_responses.clear()
+    data = ok(b.fetch("3", "(UID)"))
+    assert data == [b"3 (UID 3)"], data
+    assert "EXPUNGE" not in b.untagged_responses
+    b.untagged_responses.clear()
+    ok(b.noop())
+    assert b.untagged_responses.get("EXPUNGE") == [b"1"], b.untagged_responses
+    b.untagged_responses.clear()
+    data = ok(b.fetch("2", "(UID)"))
+    assert data == [b"2 (UID 3)"], data
+    a.logout()
+    b.logout()
+
+
+def test_restart_keeps_uidvalidity_uids_and_flags(inode):
+    for i in range(3):
+        send(inode, ALICE, msg(f"r{i}"))
+    m = imap(inode)
+    ok(m.select("INBOX"))
+    ok(m.store("2", "+FLAGS", r"(\Answered $Keep)"))
+    ok(m.store("1", "+FLAGS", r"(\Deleted)"))
+    ok(m.expunge())
+    before_status = ok(m.status("INBOX", "(UIDVALIDITY UIDNEXT)"))
+    before = ok(m.uid("FETCH", "1:*", "(FLAGS)"))
+    m.logout()
+    inode.restart()
+    m = imap(inode)
+    assert ok(m.status("INBOX", "(UIDVALIDITY UIDNEXT)")) == before_status
+    ok(m.select("INBOX"))
+    after = ok(m.uid("FETCH", "1:*", "(FLAGS)"))
+    strip = lambda rows: [r.replace(b" \\Recent", b"") for r in rows]  # noqa: E731 - \Recent is per session
+    assert strip(after) == strip(before)
+    send(inode, ALICE, msg("after restart"))
+    ok(m.noop())
+    assert ok(m.uid("SEARCH", None, "ALL")) == [b"2 3 4"]
+    m.logout()
+
+
+def test_curl_imap(inode, curl):
+    send(inode, ALICE, msg("for curl", b"curl body\r\n"))
+    host, port = inode.addrs["imap"]
+    r = subprocess.run([curl, "-s", "--user", f"{ALICE}:{PW}", f"imap://{host}:{port}/INBOX;UID=1"],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert b"Subject: for curl" in r.stdout and b"curl body" in r.stdout
+
+
+@pytest.mark.skipif(not shutil.which("mbsync"), reason="mbsync (isync) not installed")
+def test_mbsync_both_ways(inode, tmp_path):
+    send(inode, ALICE, msg("far side", b"from the server\r\n"))
+    host, port = inode.addrs["imap"]
+    maildir = tmp_path / "mail"
+    maildir.mkdir()
+    rc = tmp_path / "mbsyncrc"
+    rc.write_text(f"""IMAPAccount quill
+Host {host}
+Port {port}
+User {ALICE}
+Pass "{PW}"
+SSLType None
+AuthMechs LOGIN
+
+IMAPStore far
+Account quill
+
+MaildirStore near
+Path {maildir}/
+Inbox {maildir}/INBOX
+SubFolders Verbatim
+
+Channel sync
+Far :far:
+Near :near:
+Patterns *
+Create Both
+Expunge Both
+SyncState *
+""")
+    run = lambda: subprocess.run(["mbsync", "-c", str(rc), "-a"], capture_output=True, text=True, timeout=120)  # noqa: E731
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    pulled = [p for p in (maildir / "INBOX").rglob("*") if p.is_file() and "," in p.name]
+    assert any(b"Subject: far side" in p.read_bytes() for p in pulled), pulled
+    # A message made on the near side goes up, into a new folder too.
+    (maildir / "Notes" / "new").mkdir(parents=True)
+    (maildir / "Notes" / "cur").mkdir()
+    (maildir / "Notes" / "tmp").mkdir()
+    (maildir / "Notes" / "new" / "1.local").write_bytes(msg("near side", b"from the client\r\n"))
+    time.sleep(1.1)  # mbsync skips maildirs modified within the last second
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = imap(inode)
+    ok(m.select("Notes"))
+    data = ok(m.fetch("1", "(BODY.PEEK[TEXT])"))
+    assert data[0][1] == b"from the client\r\n"
+    m.logout()
+
+
+@pytest.mark.skipif(not shutil.which("fetchmail"), reason="fetchmail not installed")
+def test_fetchmail(inode, tmp_path):
+    for i in range(2):
+        send(inode, ALICE, msg(f"fm{i}", f"fetchmail body {i}\r\n".encode()))
+    host, port = inode.addrs["imap"]
+    out = tmp_path / "fetched"
+    rc = tmp_path / "fetchmailrc"
+    rc.write_text(f'poll {host} port {port} protocol IMAP\n'
+                  f'  user "{ALICE}" password "{PW}" is "nobody" here\n'
+                  f'  keep\n  mda "/bin/sh -c \'cat >> {out}\'"\n')
+    rc.chmod(0o600)
+    r = subprocess.run(["fetchmail", "-f", str(rc), "-a", "--nosslcertck", "--idfile", str(tmp_path / "ids")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = out.read_bytes()
+    assert b"fetchmail body 0" in got and b"fetchmail body 1" in got
