@@ -165,7 +165,7 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 		}
 		if j < len(fresh) && fresh[j].UID == m.uid {
 			f := &fresh[j]
-			if f.ModSeq != m.modSeq || !sameFlags(f.Flags, m.flags) {
+			if f.ModSeq != m.modSeq || !mailbox.SameFlags(f.Flags, m.flags) {
 				m.flags, m.modSeq = f.Flags, f.ModSeq
 				flagChanged = append(flagChanged, m)
 			}
@@ -252,25 +252,6 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 		}
 	}
 	return nil
-}
-
-func sameFlags(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for _, f := range a {
-		found := false
-		for _, g := range b {
-			if strings.EqualFold(f, g) {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
 }
 
 // Idle waits for changes to the user's mail and reports those of the

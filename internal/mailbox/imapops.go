@@ -8,41 +8,5 @@ package mailbox
 // same locked batch means a concurrent STORE -FLAGS (\Deleted) either lands
 // first and saves its message, or after, when the message is already gone.
 func (m *Manager) ExpungeDeleted(user string, mbox uint64, uids []uint32) ([]uint32, error) {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	mb, err := m.mailboxByID(t.b, user, mbox)
-	if err != nil {
-		t.abort()
-		return nil, err
-	}
-	var gone []uint32
-	for _, uid := range uids {
-		msg, ok, err := t.message(user, mbox, uid)
-		if err != nil {
-			t.abort()
-			return nil, err
-		}
-		if !ok || !msg.HasFlag(`\Deleted`) {
-			continue
-		}
-		if err := t.b.Delete(messageKey(user, mbox, uid), nil); err != nil {
-			t.abort()
-			return nil, err
-		}
-		if err := t.b.Delete(bodyKey(user, msg.ID), nil); err != nil {
-			t.abort()
-			return nil, err
-		}
-		gone = append(gone, uid)
-	}
-	if len(gone) == 0 {
-		t.abort()
-		return nil, nil
-	}
-	mb.HighestModSeq++
-	if err := t.putMailbox(user, mb); err != nil {
-		t.abort()
-		return nil, err
-	}
-	return gone, t.commit()
+	return m.expunge(user, mbox, uids, func(msg *Message) bool { return msg.HasFlag(`\Deleted`) })
 }

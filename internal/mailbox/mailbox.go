@@ -84,14 +84,7 @@ type Message struct {
 
 // HasFlag reports whether the message carries flag (case-insensitive, RFC
 // 3501 §2.3.2).
-func (m *Message) HasFlag(flag string) bool {
-	for _, f := range m.Flags {
-		if strings.EqualFold(f, flag) {
-			return true
-		}
-	}
-	return false
-}
+func (m *Message) HasFlag(flag string) bool { return hasFold(m.Flags, flag) }
 
 // userMeta holds per-user counters.
 type userMeta struct {
@@ -707,7 +700,7 @@ func (m *Manager) StoreFlags(user string, mbox uint64, uids []uint32, op FlagOp,
 			continue
 		}
 		nf := applyFlags(msg.Flags, op, flags)
-		if !sameFlags(nf, msg.Flags) {
+		if !SameFlags(nf, msg.Flags) {
 			mb.HighestModSeq++
 			msg.Flags = nf
 			msg.ModSeq = mb.HighestModSeq
@@ -757,33 +750,36 @@ func (t *tx) message(user string, mbox uint64, uid uint32) (Message, bool, error
 	return msg, true, decodeMessage(b, &msg)
 }
 
-// Expunge removes messages by UID (IMAP EXPUNGE, POP3 DELE at QUIT) and
-// returns the UIDs that were present.
+// Expunge removes messages by UID (POP3 DELE at QUIT) and returns the UIDs
+// that were present.
 func (m *Manager) Expunge(user string, mbox uint64, uids []uint32) ([]uint32, error) {
+	return m.expunge(user, mbox, uids, nil)
+}
+
+// expunge removes those of uids that exist and that keep accepts (all when
+// keep is nil), in one durable batch that also bumps HIGHESTMODSEQ.
+func (m *Manager) expunge(user string, mbox uint64, uids []uint32, keep func(*Message) bool) ([]uint32, error) {
 	defer m.lockUser(user)()
 	t := m.newTx()
+	fail := func(err error) ([]uint32, error) { t.abort(); return nil, err }
 	mb, err := m.mailboxByID(t.b, user, mbox)
 	if err != nil {
-		t.abort()
-		return nil, err
+		return fail(err)
 	}
 	var gone []uint32
 	for _, uid := range uids {
 		msg, ok, err := t.message(user, mbox, uid)
 		if err != nil {
-			t.abort()
-			return nil, err
+			return fail(err)
 		}
-		if !ok {
+		if !ok || (keep != nil && !keep(&msg)) {
 			continue
 		}
 		if err := t.b.Delete(messageKey(user, mbox, uid), nil); err != nil {
-			t.abort()
-			return nil, err
+			return fail(err)
 		}
 		if err := t.b.Delete(bodyKey(user, msg.ID), nil); err != nil {
-			t.abort()
-			return nil, err
+			return fail(err)
 		}
 		gone = append(gone, uid)
 	}
@@ -793,8 +789,7 @@ func (m *Manager) Expunge(user string, mbox uint64, uids []uint32) ([]uint32, er
 	}
 	mb.HighestModSeq++
 	if err := t.putMailbox(user, mb); err != nil {
-		t.abort()
-		return nil, err
+		return fail(err)
 	}
 	return gone, t.commit()
 }
@@ -938,22 +933,23 @@ func (m *Manager) countMessages(user string) (int, error) {
 
 // --- flags
 
+// hasFold reports whether list holds f, case-insensitively (RFC 3501
+// §2.3.2: flags are case-insensitive).
+func hasFold(list []string, f string) bool {
+	for _, g := range list {
+		if strings.EqualFold(f, g) {
+			return true
+		}
+	}
+	return false
+}
+
 // cleanFlags drops duplicates (case-insensitively) and \Recent, which is
 // session state and never stored (RFC 3501 §2.3.2).
 func cleanFlags(flags []string) []string {
 	out := make([]string, 0, len(flags))
 	for _, f := range flags {
-		if f == "" || strings.EqualFold(f, `\Recent`) {
-			continue
-		}
-		dup := false
-		for _, g := range out {
-			if strings.EqualFold(f, g) {
-				dup = true
-				break
-			}
-		}
-		if !dup {
+		if f != "" && !strings.EqualFold(f, `\Recent`) && !hasFold(out, f) {
 			out = append(out, f)
 		}
 	}
@@ -969,14 +965,7 @@ func applyFlags(cur []string, op FlagOp, flags []string) []string {
 	default:
 		out := []string{}
 		for _, f := range cur {
-			drop := false
-			for _, g := range flags {
-				if strings.EqualFold(f, g) {
-					drop = true
-					break
-				}
-			}
-			if !drop {
+			if !hasFold(flags, f) {
 				out = append(out, f)
 			}
 		}
@@ -984,19 +973,14 @@ func applyFlags(cur []string, op FlagOp, flags []string) []string {
 	}
 }
 
-func sameFlags(a, b []string) bool {
+// SameFlags reports whether two flag lists hold the same flags, in any
+// order and case.
+func SameFlags(a, b []string) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for _, f := range a {
-		found := false
-		for _, g := range b {
-			if strings.EqualFold(f, g) {
-				found = true
-				break
-			}
-		}
-		if !found {
+		if !hasFold(b, f) {
 			return false
 		}
 	}
