@@ -12,7 +12,8 @@
 //     so that the clipped mean is 4.7 KB);
 //   - 90% of requests are SMTP sessions that deliver one message to one user,
 //     10% are POP3 sessions that log in as one user, retrieve every message
-//     waiting and delete it;
+//     waiting and delete it; a user has at most one POP3 session at a time
+//     (a draw that hits a user whose session is still running is redrawn);
 //   - the generator either runs a fixed number of closed-loop workers or
 //     probes: it raises the number of outstanding requests step by step until
 //     at least 10% of the requests of a step miss a 2 s deadline (Probe), and

@@ -97,6 +97,17 @@ func classify(err error) ErrKind {
 	return ErrOther
 }
 
+// dialFailed classifies a failed dial: a connect error, or an abort if the
+// run was cutting requests off.
+func dialFailed(abort context.Context, res Result, err error) Result {
+	if abort.Err() != nil {
+		res.Aborted = true
+	} else {
+		res.Err, res.ErrMsg = ErrConnect, err.Error()
+	}
+	return res
+}
+
 // smtpTarget is what one SMTP session needs.
 type smtpTarget struct {
 	addr     string
@@ -113,18 +124,15 @@ func deliver(abort context.Context, t smtpTarget) (res Result, err error) {
 	defer func() {
 		res.Latency = time.Since(start)
 		if err != nil {
-			res.Err = classify(err)
+			res.Err, res.ErrMsg = classify(err), err.Error()
 			if abort.Err() != nil {
-				res.Aborted, res.Err = true, ErrNone
+				res.Aborted, res.Err, res.ErrMsg = true, ErrNone, ""
 			}
 		}
 	}()
 	conn, closeConn, err := dialSession(abort, t.addr, start)
 	if err != nil {
-		if abort.Err() == nil {
-			res.Err = ErrConnect
-		}
-		return res, nil // classified here, not by the deferred code
+		return dialFailed(abort, res, err), nil // classified here, not by the deferred code
 	}
 	defer closeConn()
 	c := smtp.NewClient(conn)
@@ -166,18 +174,15 @@ func retrieveAll(abort context.Context, t popTarget) (res Result, err error) {
 	defer func() {
 		res.Latency = time.Since(start)
 		if err != nil {
-			res.Err = classify(err)
+			res.Err, res.ErrMsg = classify(err), err.Error()
 			if abort.Err() != nil {
-				res.Aborted, res.Err = true, ErrNone
+				res.Aborted, res.Err, res.ErrMsg = true, ErrNone, ""
 			}
 		}
 	}()
 	conn, closeConn, err := dialSession(abort, t.addr, start)
 	if err != nil {
-		if abort.Err() == nil {
-			res.Err = ErrConnect
-		}
-		return res, nil
+		return dialFailed(abort, res, err), nil
 	}
 	defer closeConn()
 	c := newPOPClient(conn)

@@ -42,6 +42,7 @@ type Result struct {
 	Op      Op
 	Latency time.Duration // whole session, from dial to the reply to QUIT
 	Err     ErrKind
+	ErrMsg  string // the error, for the report's samples
 	// Aborted marks a request cut off because the run ended; it is counted
 	// neither as a success nor as an error.
 	Aborted bool
@@ -67,6 +68,8 @@ type Stats struct {
 	// Over counts successful requests slower than the deadline, by Op.
 	Over   [2]int64
 	Errors map[ErrKind]int64
+	// Samples holds the first error message of each kind.
+	Samples map[ErrKind]string
 
 	lat [2][]time.Duration // latencies of successful requests, by Op
 }
@@ -90,6 +93,12 @@ func (s *Stats) Add(r Result, deadline time.Duration) {
 			s.Errors = make(map[ErrKind]int64)
 		}
 		s.Errors[r.Err]++
+		if _, ok := s.Samples[r.Err]; !ok && r.ErrMsg != "" {
+			if s.Samples == nil {
+				s.Samples = make(map[ErrKind]string)
+			}
+			s.Samples[r.Err] = r.ErrMsg
+		}
 		return
 	}
 	if r.Op == OpPOP {
@@ -119,6 +128,14 @@ func (s *Stats) Merge(o *Stats) {
 			s.Errors = make(map[ErrKind]int64)
 		}
 		s.Errors[k] += v
+	}
+	for k, v := range o.Samples {
+		if _, ok := s.Samples[k]; !ok {
+			if s.Samples == nil {
+				s.Samples = make(map[ErrKind]string)
+			}
+			s.Samples[k] = v
+		}
 	}
 }
 

@@ -78,8 +78,8 @@ type Creator struct {
 	// parallel keep its cores busy without starving them.
 	Parallel int
 	Client   *http.Client
-	// Progress, if set, gets a progress line (ending in \r) now and then
-	// and a last one ending in \n.
+	// Progress, if set, gets a progress line once a second and a last one
+	// with the totals.
 	Progress io.Writer
 }
 
@@ -111,14 +111,14 @@ func (c *Creator) Create(ctx context.Context, users []User) (CreateResult, error
 	done := make(chan struct{})
 	if c.Progress != nil {
 		go func() {
-			t := time.NewTicker(250 * time.Millisecond)
+			t := time.NewTicker(progressInterval)
 			defer t.Stop()
 			for {
 				select {
 				case <-done:
 					return
 				case <-t.C:
-					fmt.Fprintf(c.Progress, "creating users: %d/%d\r", created.Load()+existed.Load(), len(users))
+					fmt.Fprintf(c.Progress, "creating users: %d/%d\n", created.Load()+existed.Load(), len(users))
 				}
 			}
 		}()

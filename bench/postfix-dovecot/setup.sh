@@ -1,0 +1,132 @@
+#!/bin/sh
+# setup.sh: run Postfix + Dovecot on loopback as the peer that `quill bench`
+# is compared with (docs/benchmarks.md).
+#
+#   sudo ./setup.sh start   install the Debian packages if missing, write the
+#                           configs from the *.in templates under $BENCH_DIR,
+#                           create the users, start Postfix and Dovecot
+#   sudo ./setup.sh stop    stop both (by the PIDs in their pid files)
+#   sudo ./setup.sh clean   stop, then remove $BENCH_DIR
+#
+# Postfix: a private instance (own config, queue and data directories) that
+# accepts SMTP on 127.0.0.1:$SMTP_PORT and delivers to virtual mailboxes in
+# Maildir format under $BENCH_DIR/vmail, owned by the system user vmail.
+# Dovecot: POP3 on 127.0.0.1:$POP3_PORT over the same Maildirs, static
+# passdb (every user has $PASSWORD).
+#
+# The users are user00001@$DOMAIN ... user$USERS@$DOMAIN, as `quill bench`
+# names them; $BENCH_DIR/users.txt lists them for `quill bench --users-file`.
+set -eu
+
+BENCH_DIR=${BENCH_DIR:-/tmp/quill-bench-pfdc}
+SMTP_PORT=${SMTP_PORT:-2526}
+POP3_PORT=${POP3_PORT:-1111}
+USERS=${USERS:-1000}
+DOMAIN=${DOMAIN:-bench.example}
+PASSWORD=${PASSWORD:-benchpass}
+# DOVECOT_PERFORMANCE=1 switches Dovecot's pop3-login to its documented
+# "high-performance mode" (one long-lived login process per core serving
+# many connections) instead of the default one process per connection.
+DOVECOT_PERFORMANCE=${DOVECOT_PERFORMANCE:-0}
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+install_packages() {
+	if command -v postfix >/dev/null && command -v dovecot >/dev/null &&
+		[ -x /usr/lib/dovecot/pop3 ]; then
+		return
+	fi
+	# "No configuration": the package does not write /etc/postfix/main.cf
+	# nor start a system instance; this script runs its own.
+	echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix dovecot-imapd dovecot-pop3d
+}
+
+render() { # template output
+	sed -e "s|@BENCH_DIR@|$BENCH_DIR|g" -e "s|@DOMAIN@|$DOMAIN|g" \
+		-e "s|@SMTP_PORT@|$SMTP_PORT|g" -e "s|@POP3_PORT@|$POP3_PORT|g" \
+		-e "s|@PASSWORD@|$PASSWORD|g" \
+		-e "s|@VMAIL_UID@|$(id -u vmail)|g" -e "s|@VMAIL_GID@|$(id -g vmail)|g" \
+		"$HERE/$1" >"$2"
+}
+
+start() {
+	install_packages
+	id vmail >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /usr/sbin/nologin vmail
+
+	mkdir -p "$BENCH_DIR/postfix" "$BENCH_DIR/vmail" "$BENCH_DIR/dovecot-run" "$BENCH_DIR/dovecot-state"
+	chown vmail:vmail "$BENCH_DIR/vmail"
+	render main.cf.in "$BENCH_DIR/postfix/main.cf"
+	render master.cf.in "$BENCH_DIR/postfix/master.cf"
+	render dovecot.conf.in "$BENCH_DIR/dovecot.conf"
+	if [ "$DOVECOT_PERFORMANCE" = 1 ]; then
+		cat >>"$BENCH_DIR/dovecot.conf" <<-EOT
+			service pop3-login {
+			  service_count = 0
+			  process_min_avail = $(nproc)
+			  vsz_limit = 1G
+			}
+		EOT
+	fi
+
+	# Users: the Postfix virtual mailbox map and the bench's users file.
+	: >"$BENCH_DIR/postfix/vmailbox"
+	: >"$BENCH_DIR/users.txt"
+	i=1
+	while [ "$i" -le "$USERS" ]; do
+		u=$(printf 'user%05d' "$i")
+		echo "$u@$DOMAIN $DOMAIN/$u/" >>"$BENCH_DIR/postfix/vmailbox"
+		echo "$u@$DOMAIN $PASSWORD" >>"$BENCH_DIR/users.txt"
+		i=$((i + 1))
+	done
+
+	# Create the queue and data directories with the right owners, check
+	# the configuration, start.
+	# (Errors of the postfix command go to the maillog_file of main.cf.in.)
+	mkdir -p "$BENCH_DIR/postfix-spool" "$BENCH_DIR/postfix-data"
+	chown root:root "$BENCH_DIR/postfix-spool"
+	chown postfix:postfix "$BENCH_DIR/postfix-data"
+	postfix -c "$BENCH_DIR/postfix" check
+	postfix -c "$BENCH_DIR/postfix" start
+	dovecot -c "$BENCH_DIR/dovecot.conf"
+
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		if [ -s "$BENCH_DIR/postfix-spool/pid/master.pid" ] && [ -s "$BENCH_DIR/dovecot-run/master.pid" ]; then
+			break
+		fi
+		sleep 0.5
+	done
+	echo "Postfix master pid $(tr -d ' ' <"$BENCH_DIR/postfix-spool/pid/master.pid"): SMTP 127.0.0.1:$SMTP_PORT"
+	echo "Dovecot master pid $(cat "$BENCH_DIR/dovecot-run/master.pid"): POP3 127.0.0.1:$POP3_PORT"
+	echo "users file: $BENCH_DIR/users.txt ($USERS users)"
+}
+
+stop() {
+	pidfile="$BENCH_DIR/postfix-spool/pid/master.pid"
+	if [ -s "$pidfile" ] && kill -0 "$(tr -d ' ' <"$pidfile")" 2>/dev/null; then
+		pid=$(tr -d ' ' <"$pidfile")
+		# postfix stop sends SIGTERM to the master named in the pid file.
+		postfix -c "$BENCH_DIR/postfix" stop || kill "$pid" 2>/dev/null || true
+		echo "stopped Postfix master $pid"
+	fi
+	pidfile="$BENCH_DIR/dovecot-run/master.pid"
+	if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+		pid=$(cat "$pidfile")
+		kill "$pid" 2>/dev/null || true
+		echo "stopped Dovecot master $pid"
+	fi
+}
+
+case "${1:-}" in
+start) start ;;
+stop) stop ;;
+clean)
+	stop
+	sleep 1
+	rm -rf "$BENCH_DIR"
+	;;
+*)
+	echo "usage: $0 start|stop|clean" >&2
+	exit 2
+	;;
+esac

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/quillmail/quill/internal/bench"
+)
+
+// defaultProbeDuration replaces the 30 s default of --duration when --probe
+// is given without --duration: a probe needs many steps.
+const defaultProbeDuration = 3 * time.Minute
+
+func init() { rootCmd.AddCommand(newBenchCmd()) }
+
+func newBenchCmd() *cobra.Command {
+	var (
+		smtpAddr, pop3Addr, domain, password      string
+		adminURL, adminToken, usersFile, jsonFile string
+		duration, deadline, step                  time.Duration
+		concurrency, nUsers, createPar            int
+		probeStart, probeMax                      int
+		mix                                       float64
+		seed                                      uint64
+		probe, noCreate, jsonOut, quiet           bool
+		serverPIDs                                []int
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Drive an SMTP+POP3 server with the Porcupine synthetic workload",
+		Long: `bench is a load generator for the synthetic workload of Porcupine §6.1:
+users chosen by Zipf (alpha 1.3), messages of mean 4.7 KB with a tail to 1 MiB
+(log-normal clipped to [200 B, 1 MiB]), 90% SMTP sessions delivering one message,
+10% POP3 sessions that retrieve and delete every waiting message (at most one
+POP3 session per user at a time).
+
+With --concurrency N it runs N closed-loop workers for --duration. With --probe it
+starts with a few workers and raises their number step by step (--step each)
+until at least 10% of the requests of a step miss --deadline, then bisects, and
+reports the step with the best delivery rate (as Porcupine's generator does).
+
+Users are user00001@DOMAIN ... (--users of them, all with --password); they are
+created through Quill's admin API (--admin) unless --no-create or --users-file is
+given. --users-file reads "address [password]" lines instead, most popular first,
+for running against another server.
+
+Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer cancel()
+			stderr := cmd.ErrOrStderr()
+
+			var users []bench.User
+			if usersFile != "" {
+				f, err := os.Open(usersFile)
+				if err != nil {
+					return err
+				}
+				users, err = bench.ParseUsers(f, password)
+				f.Close()
+				if err != nil {
+					return fmt.Errorf("%s: %w", usersFile, err)
+				}
+			} else {
+				if nUsers < 1 {
+					return fmt.Errorf("--users must be at least 1")
+				}
+				users = bench.GenerateUsers(nUsers, domain, password)
+				if !noCreate {
+					c := &bench.Creator{BaseURL: adminURL, Token: adminToken, Parallel: createPar}
+					if !quiet {
+						c.Progress = stderr
+					}
+					if _, err := c.Create(ctx, users); err != nil {
+						return fmt.Errorf("creating users through %s: %w (use --no-create if they exist)", adminURL, err)
+					}
+				}
+			}
+
+			cfg := bench.Config{
+				SMTPAddr:    smtpAddr,
+				POP3Addr:    pop3Addr,
+				Users:       users,
+				Domain:      domain,
+				Duration:    duration,
+				Deadline:    deadline,
+				Concurrency: concurrency,
+				Mix:         mix,
+				Seed:        seed,
+				Step:        step,
+				ServerPIDs:  serverPIDs,
+			}
+			if probe {
+				p := bench.NewProbe()
+				p.Start, p.Max = probeStart, probeMax
+				cfg.Probe = p
+				if !cmd.Flags().Changed("duration") {
+					cfg.Duration = defaultProbeDuration
+				}
+			}
+			if !quiet {
+				cfg.Progress = stderr
+				mode := fmt.Sprintf("concurrency %d", concurrency)
+				if probe {
+					mode = fmt.Sprintf("probe from %d workers, %v steps", probeStart, step)
+				}
+				fmt.Fprintf(stderr, "bench: %d users, %s, for at most %v\n", len(users), mode, cfg.Duration)
+			}
+			rep, err := bench.Run(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if jsonFile != "" {
+				f, err := os.Create(jsonFile)
+				if err != nil {
+					return err
+				}
+				if err := rep.WriteJSON(f); err != nil {
+					f.Close()
+					return err
+				}
+				if err := f.Close(); err != nil {
+					return err
+				}
+			}
+			if jsonOut {
+				return rep.WriteJSON(cmd.OutOrStdout())
+			}
+			return rep.WriteText(cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&smtpAddr, "smtp", "127.0.0.1:2525", "SMTP server address")
+	f.StringVar(&pop3Addr, "pop3", "127.0.0.1:1110", "POP3 server address")
+	f.DurationVar(&duration, "duration", bench.DefaultDuration,
+		"length of the run (3m when --probe is given without --duration)")
+	f.IntVar(&concurrency, "concurrency", bench.DefaultConcurrency, "number of concurrent workers (without --probe)")
+	f.BoolVar(&probe, "probe", false, "raise concurrency step by step until 10% of requests miss the deadline")
+	f.DurationVar(&step, "step", bench.DefaultStep, "length of one probe step")
+	f.IntVar(&probeStart, "probe-start", bench.DefaultProbeStart, "concurrency of the first probe step")
+	f.IntVar(&probeMax, "probe-max", bench.DefaultProbeMax, "highest concurrency the probe tries")
+	f.DurationVar(&deadline, "deadline", bench.DefaultDeadline, "latency above which a request counts as missed")
+	f.Float64Var(&mix, "mix", bench.SMTPShare, "fraction of requests that are SMTP deliveries (the rest are POP3 sessions)")
+	f.IntVar(&nUsers, "users", 1000, "number of bench users")
+	f.StringVar(&domain, "domain", "bench.example", "domain of the bench users")
+	f.StringVar(&password, "password", "benchpass", "password of every bench user")
+	f.Uint64Var(&seed, "seed", 1, "random seed")
+	f.StringVar(&adminURL, "admin", "http://127.0.0.1:8025", "Quill admin API base URL, for creating the users")
+	f.StringVar(&adminToken, "admin-token", "", "bearer token for the admin API")
+	f.IntVar(&createPar, "create-parallel", 4, "user creation requests in flight")
+	f.StringVar(&usersFile, "users-file", "", `read users from FILE ("address [password]" lines) and create none`)
+	f.BoolVar(&noCreate, "no-create", false, "do not create the users")
+	f.BoolVar(&jsonOut, "json", false, "print the report as JSON")
+	f.IntSliceVar(&serverPIDs, "server-pid", nil,
+		"process ids of the server (their process trees' CPU use goes in the report)")
+	f.StringVar(&jsonFile, "json-file", "", "also write the JSON report to FILE")
+	f.BoolVar(&quiet, "quiet", false, "no progress output")
+	return cmd
+}

@@ -1,0 +1,288 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+)
+
+// Report is the outcome of a run. Rates are per second of wall time.
+type Report struct {
+	Mode        string  `json:"mode"` // "fixed" or "probe"
+	SMTPAddr    string  `json:"smtp_addr"`
+	POP3Addr    string  `json:"pop3_addr"`
+	Users       int     `json:"users"`
+	Mix         float64 `json:"smtp_fraction"`
+	Seed        uint64  `json:"seed"`
+	DeadlineMS  float64 `json:"deadline_ms"`
+	ElapsedS    float64 `json:"elapsed_s"`
+	Interrupted bool    `json:"interrupted,omitempty"`
+	// Concurrency is the number of workers of a fixed run, or that of the
+	// best step of a probe.
+	Concurrency int `json:"concurrency"`
+
+	// Headline figures: of the whole run when fixed, of the best step when
+	// probing (the whole run's are in Total).
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	POPPerSec  float64 `json:"pop_sessions_per_sec"`
+
+	Total Totals `json:"total"`
+
+	Steps []StepReport `json:"steps,omitempty"`
+	// Best is the index in Steps of the step with the highest delivery
+	// rate among the complete steps that were not overloaded.
+	Best int `json:"best_step"`
+
+	SizeModel SizeModel `json:"size_model"`
+
+	// CPU is the CPU use during the run (Linux only).
+	CPU *CPUReport `json:"cpu,omitempty"`
+}
+
+// Totals are the counts of the whole run.
+type Totals struct {
+	Delivered       int64             `json:"delivered"`
+	MsgsPerSec      float64           `json:"msgs_per_sec"`
+	POPSessions     int64             `json:"pop_sessions"`
+	POPPerSec       float64           `json:"pop_sessions_per_sec"`
+	Retrieved       int64             `json:"messages_retrieved"`
+	Requests        int64             `json:"requests"`
+	SMTPLatency     LatencySummary    `json:"smtp_latency"`
+	POPLatency      LatencySummary    `json:"pop_latency"`
+	OverDeadline    map[string]int64  `json:"over_deadline"` // successful but late, by protocol
+	Errors          map[string]int64  `json:"errors"`        // by ErrKind
+	ErrorCount      int64             `json:"error_count"`
+	ErrorSamples    map[string]string `json:"error_samples,omitempty"` // first error of each kind
+	Aborted         int64             `json:"aborted"`                 // cut off at the end of the run
+	MeanMessageSize float64           `json:"mean_message_size"`
+	BytesSent       int64             `json:"bytes_sent"`
+}
+
+// StepReport is one step of a run (a fixed run has one).
+type StepReport struct {
+	Concurrency  int            `json:"concurrency"`
+	DurationS    float64        `json:"duration_s"`
+	Delivered    int64          `json:"delivered"`
+	MsgsPerSec   float64        `json:"msgs_per_sec"`
+	POPSessions  int64          `json:"pop_sessions"`
+	POPPerSec    float64        `json:"pop_sessions_per_sec"`
+	Requests     int64          `json:"requests"`
+	Misses       int64          `json:"misses"`
+	MissFraction float64        `json:"miss_fraction"`
+	Overloaded   bool           `json:"overloaded"`
+	Partial      bool           `json:"partial,omitempty"` // cut short by the end of the run
+	SMTPLatency  LatencySummary `json:"smtp_latency"`
+	POPLatency   LatencySummary `json:"pop_latency"`
+}
+
+// SizeModel documents the size distribution used.
+type SizeModel struct {
+	Distribution string  `json:"distribution"`
+	Mu           float64 `json:"mu"`
+	Sigma        float64 `json:"sigma"`
+	Min          int     `json:"min"`
+	Max          int     `json:"max"`
+	Mean         float64 `json:"mean"`
+	Median       int     `json:"median"`
+}
+
+func perSec(n int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return round2(float64(n) / d.Seconds())
+}
+
+func round2(x float64) float64 { return math.Round(x*100) / 100 }
+
+func stepReport(conc int, d time.Duration, st *Stats, p *Probe) StepReport {
+	sr := StepReport{
+		Concurrency:  conc,
+		DurationS:    round2(d.Seconds()),
+		Delivered:    st.Delivered,
+		MsgsPerSec:   perSec(st.Delivered, d),
+		POPSessions:  st.POP,
+		POPPerSec:    perSec(st.POP, d),
+		Requests:     st.Requests,
+		Misses:       st.Misses(),
+		MissFraction: math.Round(st.MissFraction()*1e4) / 1e4,
+		SMTPLatency:  st.Latency(OpSMTP),
+		POPLatency:   st.Latency(OpPOP),
+	}
+	if p == nil {
+		p = NewProbe()
+	}
+	sr.Overloaded = p.Overloaded(StepResult{Concurrency: conc, Requests: st.Requests, Misses: st.Misses()})
+	return sr
+}
+
+// BestStep returns the index of the step with the highest delivery rate,
+// preferring complete steps that were not overloaded; -1 if there is none.
+func BestStep(steps []StepReport) int {
+	best := -1
+	better := func(i int) bool {
+		if best < 0 {
+			return true
+		}
+		a, b := steps[i], steps[best]
+		ag, bg := !a.Partial && !a.Overloaded, !b.Partial && !b.Overloaded
+		if ag != bg {
+			return ag
+		}
+		return a.MsgsPerSec > b.MsgsPerSec
+	}
+	for i := range steps {
+		if better(i) {
+			best = i
+		}
+	}
+	return best
+}
+
+func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport) *Report {
+	r := &Report{
+		Mode:        "fixed",
+		SMTPAddr:    cfg.SMTPAddr,
+		POP3Addr:    cfg.POP3Addr,
+		Users:       len(cfg.Users),
+		Mix:         cfg.Mix,
+		Seed:        cfg.Seed,
+		DeadlineMS:  ms(cfg.Deadline),
+		ElapsedS:    round2(elapsed.Seconds()),
+		Concurrency: cfg.Concurrency,
+		Steps:       steps,
+		Best:        -1,
+		SizeModel: SizeModel{
+			Distribution: "log-normal, clipped",
+			Mu:           math.Round(cfg.Sizes.Mu*1e4) / 1e4,
+			Sigma:        cfg.Sizes.Sigma,
+			Min:          cfg.Sizes.Min,
+			Max:          cfg.Sizes.Max,
+			Mean:         math.Round(cfg.Sizes.Mean()),
+			Median:       cfg.Sizes.Median(),
+		},
+	}
+	t := Totals{
+		Delivered:       st.Delivered,
+		MsgsPerSec:      perSec(st.Delivered, elapsed),
+		POPSessions:     st.POP,
+		POPPerSec:       perSec(st.POP, elapsed),
+		Retrieved:       st.Retrieved,
+		Requests:        st.Requests,
+		SMTPLatency:     st.Latency(OpSMTP),
+		POPLatency:      st.Latency(OpPOP),
+		OverDeadline:    map[string]int64{"smtp": st.Over[OpSMTP], "pop": st.Over[OpPOP]},
+		Errors:          make(map[string]int64),
+		ErrorCount:      st.ErrorCount(),
+		Aborted:         st.Aborted,
+		MeanMessageSize: math.Round(st.MeanSize()),
+		BytesSent:       st.BytesSent,
+	}
+	for _, k := range ErrKinds {
+		t.Errors[string(k)] = st.Errors[k]
+		if m, ok := st.Samples[k]; ok {
+			if t.ErrorSamples == nil {
+				t.ErrorSamples = make(map[string]string)
+			}
+			t.ErrorSamples[string(k)] = m
+		}
+	}
+	r.Total = t
+	r.MsgsPerSec, r.POPPerSec = t.MsgsPerSec, t.POPPerSec
+	if cfg.Probe != nil {
+		r.Mode = "probe"
+		r.Concurrency = 0
+		if b := BestStep(steps); b >= 0 {
+			r.Best = b
+			r.Concurrency = steps[b].Concurrency
+			r.MsgsPerSec, r.POPPerSec = steps[b].MsgsPerSec, steps[b].POPPerSec
+		}
+	}
+	return r
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report for people.
+func (r *Report) WriteText(w io.Writer) error {
+	var b strings.Builder
+	t := &r.Total
+	fmt.Fprintf(&b, "quill bench: Porcupine workload, %s mode, %d users, %.0f%% SMTP, deadline %.0f ms, %.1f s\n",
+		r.Mode, r.Users, r.Mix*100, r.DeadlineMS, r.ElapsedS)
+	fmt.Fprintf(&b, "  SMTP %s   POP3 %s\n", r.SMTPAddr, r.POP3Addr)
+	if r.Interrupted {
+		fmt.Fprintf(&b, "  (interrupted)\n")
+	}
+	if r.Mode == "probe" {
+		fmt.Fprintf(&b, "\nprobe steps:\n")
+		fmt.Fprintf(&b, "  %4s %6s %7s %9s %8s %8s %7s %9s %9s\n",
+			"conc", "secs", "msgs", "msg/s", "pop/s", "reqs", "miss%", "smtp p50", "smtp p99")
+		for i, s := range r.Steps {
+			mark := ""
+			switch {
+			case i == r.Best:
+				mark = "  <- best"
+			case s.Partial:
+				mark = "  (partial)"
+			case s.Overloaded:
+				mark = "  (overloaded)"
+			}
+			fmt.Fprintf(&b, "  %4d %6.1f %7d %9.1f %8.1f %8d %6.1f%% %7.1fms %7.1fms%s\n",
+				s.Concurrency, s.DurationS, s.Delivered, s.MsgsPerSec, s.POPPerSec, s.Requests,
+				s.MissFraction*100, s.SMTPLatency.P50, s.SMTPLatency.P99, mark)
+		}
+		if r.Best >= 0 {
+			fmt.Fprintf(&b, "\nbest step: concurrency %d: %.1f messages/s delivered, %.1f POP sessions/s\n",
+				r.Concurrency, r.MsgsPerSec, r.POPPerSec)
+		}
+		fmt.Fprintf(&b, "\nwhole run:\n")
+	} else {
+		fmt.Fprintf(&b, "  concurrency %d\n\n", r.Concurrency)
+	}
+	fmt.Fprintf(&b, "  messages delivered   %d (%.1f/s)\n", t.Delivered, t.MsgsPerSec)
+	fmt.Fprintf(&b, "  POP sessions         %d (%.1f/s), %d messages retrieved and deleted\n",
+		t.POPSessions, t.POPPerSec, t.Retrieved)
+	fmt.Fprintf(&b, "  mean message size    %.0f B (model mean %.0f B, median %d B, clip [%d, %d])\n",
+		t.MeanMessageSize, r.SizeModel.Mean, r.SizeModel.Median, r.SizeModel.Min, r.SizeModel.Max)
+	fmt.Fprintf(&b, "\n  latency (ms)   %7s %9s %9s %9s %9s %9s\n", "count", "mean", "p50", "p90", "p99", "max")
+	for _, l := range []struct {
+		name string
+		s    LatencySummary
+	}{{"SMTP", t.SMTPLatency}, {"POP", t.POPLatency}} {
+		fmt.Fprintf(&b, "  %-14s %7d %9.1f %9.1f %9.1f %9.1f %9.1f\n",
+			l.name, l.s.Count, l.s.Mean, l.s.P50, l.s.P90, l.s.P99, l.s.Max)
+	}
+	fmt.Fprintf(&b, "\n  over the %.0f ms deadline: SMTP %d, POP %d\n", r.DeadlineMS, t.OverDeadline["smtp"], t.OverDeadline["pop"])
+	fmt.Fprintf(&b, "  errors: %d", t.ErrorCount)
+	for _, k := range ErrKinds {
+		fmt.Fprintf(&b, "  %s %d", k, t.Errors[string(k)])
+	}
+	fmt.Fprintf(&b, "\n")
+	for _, k := range ErrKinds {
+		if m, ok := t.ErrorSamples[string(k)]; ok {
+			fmt.Fprintf(&b, "    first %s: %s\n", k, m)
+		}
+	}
+	fmt.Fprintf(&b, "  aborted at the end of the run: %d\n", t.Aborted)
+	if c := r.CPU; c != nil {
+		fmt.Fprintf(&b, "  CPU (cores of %d): machine %.2f, bench client %.2f", c.Cores, c.Machine, c.Client)
+		if c.Server != nil {
+			fmt.Fprintf(&b, ", server %.2f, everything else %.2f", *c.Server, *c.Other)
+		}
+		fmt.Fprintf(&b, "\n")
+	}
+	if r.Mode == "fixed" {
+		fmt.Fprintf(&b, "\nresult: %.1f messages/s delivered, %.1f POP sessions/s at concurrency %d\n",
+			r.MsgsPerSec, r.POPPerSec, r.Concurrency)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,351 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of a run.
+const (
+	DefaultDuration    = 30 * time.Second
+	DefaultDeadline    = 2 * time.Second // Porcupine's "within two seconds"
+	DefaultConcurrency = 16
+	// DefaultStep is the length of one probe step.
+	DefaultStep = 5 * time.Second
+	// progressInterval is how often the progress line is printed.
+	progressInterval = time.Second
+)
+
+// Config describes one run.
+type Config struct {
+	SMTPAddr string // host:port of the SMTP server
+	POP3Addr string // host:port of the POP3 server
+	// Users are the mailboxes, most popular first (the Zipf rank order).
+	Users []User
+	// Domain names the sender (bench-sender@Domain) and the Message-IDs.
+	Domain string
+	// Duration bounds the run; requests in flight at its end get
+	// DrainTimeout more.
+	Duration time.Duration
+	// Deadline is the latency above which a request counts as missed.
+	Deadline time.Duration
+	// Concurrency is the fixed number of closed-loop workers, used when
+	// Probe is nil.
+	Concurrency int
+	// Probe, if set, varies the number of workers step by step; Step is
+	// the length of a step.
+	Probe *Probe
+	Step  time.Duration
+	// Mix is the fraction of requests that are SMTP deliveries.
+	Mix float64
+	// Seed makes the choice of users, sizes and bodies repeatable per
+	// worker (timing still varies from run to run).
+	Seed uint64
+	// Sizes is the message size distribution; zero means DefaultSizeDist.
+	Sizes SizeDist
+	// Progress, if set, gets one line per second.
+	Progress io.Writer
+	// ServerPIDs, if set, are the server's processes: the report then
+	// gives the CPU time of their process trees (Linux /proc).
+	ServerPIDs []int
+}
+
+func (cfg *Config) check() error {
+	switch {
+	case cfg.SMTPAddr == "" && cfg.Mix > 0:
+		return errors.New("bench: no SMTP address")
+	case cfg.POP3Addr == "" && cfg.Mix < 1:
+		return errors.New("bench: no POP3 address")
+	case len(cfg.Users) == 0:
+		return errors.New("bench: no users")
+	case cfg.Duration <= 0:
+		return errors.New("bench: duration must be positive")
+	case cfg.Deadline <= 0:
+		return errors.New("bench: deadline must be positive")
+	case cfg.Mix < 0 || cfg.Mix > 1:
+		return errors.New("bench: mix must be within [0, 1]")
+	case cfg.Probe == nil && cfg.Concurrency < 1:
+		return errors.New("bench: concurrency must be at least 1")
+	case cfg.Probe != nil && (cfg.Step <= 0 || cfg.Probe.Start < 1 || cfg.Probe.Max < cfg.Probe.Start):
+		return errors.New("bench: bad probe parameters")
+	}
+	if cfg.Sizes == (SizeDist{}) {
+		cfg.Sizes = DefaultSizeDist()
+	}
+	if cfg.Domain == "" {
+		cfg.Domain = "bench.example"
+	}
+	return nil
+}
+
+// recorder collects the results of all workers.
+type recorder struct {
+	deadline time.Duration
+
+	mu    sync.Mutex
+	step  *Stats
+	total Stats
+
+	// Counters for the progress line.
+	delivered, pop, errs atomic.Int64
+}
+
+func (r *recorder) add(res Result) {
+	if res.Delivered {
+		r.delivered.Add(1)
+	}
+	if !res.Aborted {
+		if res.Err != ErrNone {
+			r.errs.Add(1)
+		} else if res.Op == OpPOP {
+			r.pop.Add(1)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.total.Add(res, r.deadline)
+	if r.step != nil {
+		r.step.Add(res, r.deadline)
+	}
+}
+
+// swap returns the stats of the step that ends and starts a new one (or
+// none, if next is false).
+func (r *recorder) swap(next bool) *Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.step
+	r.step = nil
+	if next {
+		r.step = new(Stats)
+	}
+	return s
+}
+
+// runner holds the state shared by the workers of a run.
+type runner struct {
+	cfg   Config
+	rec   *recorder
+	runID string
+	seq   atomic.Uint64
+	stop  context.Context // done when no new request may start
+	abort context.Context // done when requests in flight are cut off
+
+	// popBusy marks the users with a POP session in flight: like one mail
+	// client, a user has at most one session at a time.
+	popBusy []atomic.Bool
+
+	wg      sync.WaitGroup
+	workers []chan struct{} // close to stop that worker
+	nextID  uint64
+	active  atomic.Int64
+}
+
+// setConcurrency starts or stops workers so that n run.
+func (rn *runner) setConcurrency(n int) {
+	for len(rn.workers) < n {
+		quit := make(chan struct{})
+		rn.workers = append(rn.workers, quit)
+		rn.wg.Add(1)
+		id := rn.nextID
+		rn.nextID++
+		go rn.work(id, quit)
+	}
+	for len(rn.workers) > n {
+		last := len(rn.workers) - 1
+		close(rn.workers[last])
+		rn.workers = rn.workers[:last]
+	}
+	rn.active.Store(int64(n))
+}
+
+// work is one closed-loop worker: it issues one request after the other.
+func (rn *runner) work(id uint64, quit <-chan struct{}) {
+	defer rn.wg.Done()
+	rng := rand.New(rand.NewPCG(rn.cfg.Seed, id))
+	users, err := NewZipfChooser(rng, len(rn.cfg.Users))
+	if err != nil {
+		panic(err) // checked by Run
+	}
+	from := "bench-sender@" + rn.cfg.Domain
+	var buf []byte
+	for {
+		select {
+		case <-quit:
+			return
+		case <-rn.stop.Done():
+			return
+		default:
+		}
+		var res Result
+		if rng.Float64() < rn.cfg.Mix {
+			u := rn.cfg.Users[users.Next()]
+			seq := rn.seq.Add(1)
+			buf = AppendMessage(buf[:0], rng, MessageSpec{
+				From:      from,
+				To:        u.Address,
+				Subject:   "bench message " + strconv.FormatUint(seq, 10),
+				MessageID: rn.runID + "." + strconv.FormatUint(seq, 10) + "@" + rn.cfg.Domain,
+				Date:      time.Now(),
+				Size:      rn.cfg.Sizes.Sample(rng),
+			})
+			res, err = deliver(rn.abort, smtpTarget{addr: rn.cfg.SMTPAddr, helo: "bench-client." + rn.cfg.Domain,
+				from: from, to: u.Address, msg: buf})
+		} else {
+			k := rn.lockPOPUser(users)
+			u := rn.cfg.Users[k]
+			res, err = retrieveAll(rn.abort, popTarget{addr: rn.cfg.POP3Addr, user: u.Address, pass: u.Password})
+			rn.popBusy[k].Store(false)
+		}
+		_ = err // classified into res
+		rn.rec.add(res)
+	}
+}
+
+// maxPOPRedraws bounds the draws for a user without a POP session in
+// flight; past it the worker waits for the last user drawn.
+const maxPOPRedraws = 32
+
+// lockPOPUser draws users until one has no POP session in flight and marks
+// it busy. RFC 1939 §8 lets a server hold an exclusive lock on a maildrop
+// for the length of a session, and one user's mail client does not run
+// sessions side by side; without this, the closed loop at high concurrency
+// piles dozens of overlapping sessions onto the most popular user, each
+// retrieving the same messages.
+func (rn *runner) lockPOPUser(users *ZipfChooser) int {
+	k := 0
+	for range maxPOPRedraws {
+		k = users.Next()
+		if rn.popBusy[k].CompareAndSwap(false, true) {
+			return k
+		}
+	}
+	for !rn.popBusy[k].CompareAndSwap(false, true) {
+		time.Sleep(time.Millisecond)
+	}
+	return k
+}
+
+// Run runs the workload against the servers and reports. It returns when
+// the duration is over (or the probe has found the saturation point, or
+// ctx is cancelled) and the requests in flight have finished or been cut
+// off.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if _, err := NewZipfChooser(rand.New(rand.NewPCG(0, 0)), len(cfg.Users)); err != nil {
+		return nil, err
+	}
+	stop, stopRun := context.WithTimeout(ctx, cfg.Duration)
+	defer stopRun()
+	abort, abortRun := context.WithCancel(context.Background())
+	defer abortRun()
+	// Requests in flight when the run stops get DrainTimeout to finish.
+	go func() {
+		<-stop.Done()
+		select {
+		case <-time.After(DrainTimeout):
+		case <-ctx.Done():
+		}
+		abortRun()
+	}()
+
+	rec := &recorder{deadline: cfg.Deadline, step: new(Stats)}
+	rn := &runner{cfg: cfg, rec: rec, stop: stop, abort: abort,
+		runID:   strconv.FormatInt(time.Now().UnixNano(), 36),
+		popBusy: make([]atomic.Bool, len(cfg.Users))}
+
+	cpu0 := takeCPUSample(cfg.ServerPIDs)
+	start := time.Now()
+	conc := cfg.Concurrency
+	if cfg.Probe != nil {
+		conc = cfg.Probe.Start
+	}
+	rn.setConcurrency(conc)
+
+	progressDone := make(chan struct{})
+	var progressWG sync.WaitGroup
+	if cfg.Progress != nil {
+		progressWG.Add(1)
+		go func() {
+			defer progressWG.Done()
+			rn.progress(start, progressDone)
+		}()
+	}
+
+	var steps []StepReport
+	stepStart := start
+	var stepTimer <-chan time.Time
+	if cfg.Probe != nil {
+		stepTimer = time.After(cfg.Step)
+	}
+	probeDone := false
+	for !probeDone && stop.Err() == nil {
+		select {
+		case <-stop.Done():
+		case <-stepTimer:
+			now := time.Now()
+			st := rec.swap(true)
+			sr := stepReport(conc, now.Sub(stepStart), st, cfg.Probe)
+			steps = append(steps, sr)
+			stepStart = now
+			next, done := cfg.Probe.Next(StepResult{Concurrency: conc, Requests: st.Requests, Misses: st.Misses()})
+			if done {
+				probeDone = true
+				rec.swap(false) // what finishes while draining counts in the total only
+				stopRun()
+				break
+			}
+			conc = next
+			rn.setConcurrency(conc)
+			stepTimer = time.After(cfg.Step)
+		}
+	}
+	rn.setConcurrency(0)
+	rn.wg.Wait()
+	end := time.Now()
+	cpu1 := takeCPUSample(cfg.ServerPIDs)
+	close(progressDone)
+	progressWG.Wait()
+
+	if st := rec.swap(false); st != nil {
+		sr := stepReport(conc, end.Sub(stepStart), st, cfg.Probe)
+		sr.Partial = cfg.Probe != nil
+		steps = append(steps, sr)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	rep := newReport(cfg, &rec.total, end.Sub(start), steps)
+	rep.CPU = cpuReport(cpu0, cpu1, len(cfg.ServerPIDs) > 0)
+	if ctx.Err() != nil {
+		rep.Interrupted = true
+	}
+	return rep, nil
+}
+
+// progress prints one line per interval until done.
+func (rn *runner) progress(start time.Time, done <-chan struct{}) {
+	t := time.NewTicker(progressInterval)
+	defer t.Stop()
+	last, lastT := int64(0), start
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			d := rn.rec.delivered.Load()
+			rate := float64(d-last) / now.Sub(lastT).Seconds()
+			last, lastT = d, now
+			fmt.Fprintf(rn.cfg.Progress, "%6.0fs  delivered %8d  %7.1f msg/s  pop %6d  errors %5d  concurrency %d\n",
+				now.Sub(start).Seconds(), d, rate, rn.rec.pop.Load(), rn.rec.errs.Load(), rn.active.Load())
+		}
+	}
+}
