@@ -27,6 +27,7 @@ const (
 type Config struct {
 	SMTPAddr string // host:port of the SMTP server
 	POP3Addr string // host:port of the POP3 server
+	IMAPAddr string // host:port of the IMAP server
 	// Users are the mailboxes, most popular first (the Zipf rank order).
 	Users []User
 	// Domain names the sender (bench-sender@Domain) and the Message-IDs.
@@ -43,8 +44,12 @@ type Config struct {
 	// the length of a step.
 	Probe *Probe
 	Step  time.Duration
-	// Mix is the fraction of requests that are SMTP deliveries.
+	// Mix is the fraction of the requests that are not IMAP sessions that
+	// are SMTP deliveries; the others are POP3 sessions.
 	Mix float64
+	// IMAPMix is the fraction of requests that are IMAP sessions (0, the
+	// default, is the Porcupine workload).
+	IMAPMix float64
 	// Seed makes the choice of users, sizes and bodies repeatable per
 	// worker (timing still varies from run to run).
 	Seed uint64
@@ -59,18 +64,22 @@ type Config struct {
 
 func (cfg *Config) check() error {
 	switch {
-	case cfg.SMTPAddr == "" && cfg.Mix > 0:
+	case cfg.Mix < 0 || cfg.Mix > 1:
+		return errors.New("bench: mix must be within [0, 1]")
+	case cfg.IMAPMix < 0 || cfg.IMAPMix > 1:
+		return errors.New("bench: IMAP mix must be within [0, 1]")
+	case cfg.SMTPAddr == "" && cfg.IMAPMix < 1 && cfg.Mix > 0:
 		return errors.New("bench: no SMTP address")
-	case cfg.POP3Addr == "" && cfg.Mix < 1:
+	case cfg.POP3Addr == "" && cfg.IMAPMix < 1 && cfg.Mix < 1:
 		return errors.New("bench: no POP3 address")
+	case cfg.IMAPAddr == "" && cfg.IMAPMix > 0:
+		return errors.New("bench: no IMAP address")
 	case len(cfg.Users) == 0:
 		return errors.New("bench: no users")
 	case cfg.Duration <= 0:
 		return errors.New("bench: duration must be positive")
 	case cfg.Deadline <= 0:
 		return errors.New("bench: deadline must be positive")
-	case cfg.Mix < 0 || cfg.Mix > 1:
-		return errors.New("bench: mix must be within [0, 1]")
 	case cfg.Probe == nil && cfg.Concurrency < 1:
 		return errors.New("bench: concurrency must be at least 1")
 	case cfg.Probe != nil && (cfg.Step <= 0 || cfg.Probe.Start < 1 || cfg.Probe.Max < cfg.Probe.Start):
@@ -94,7 +103,7 @@ type recorder struct {
 	total Stats
 
 	// Counters for the progress line.
-	delivered, pop, errs atomic.Int64
+	delivered, pop, imap, errs atomic.Int64
 }
 
 func (r *recorder) add(res Result) {
@@ -106,6 +115,8 @@ func (r *recorder) add(res Result) {
 			r.errs.Add(1)
 		} else if res.Op == OpPOP {
 			r.pop.Add(1)
+		} else if res.Op == OpIMAP {
+			r.imap.Add(1)
 		}
 	}
 	r.mu.Lock()
@@ -138,9 +149,9 @@ type runner struct {
 	stop  context.Context // done when no new request may start
 	abort context.Context // done when requests in flight are cut off
 
-	// popBusy marks the users with a POP session in flight: like one mail
-	// client, a user has at most one session at a time.
-	popBusy []atomic.Bool
+	// readerBusy marks the users with a POP or IMAP session in flight:
+	// like one mail client, a user has at most one such session at a time.
+	readerBusy []atomic.Bool
 
 	wg      sync.WaitGroup
 	workers []chan struct{} // close to stop that worker
@@ -185,7 +196,8 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 		default:
 		}
 		var res Result
-		if rng.Float64() < rn.cfg.Mix {
+		switch chooseOp(rng.Float64(), rn.cfg.Mix, rn.cfg.IMAPMix) {
+		case OpSMTP:
 			u := rn.cfg.Users[users.Next()]
 			seq := rn.seq.Add(1)
 			buf = AppendMessage(buf[:0], rng, MessageSpec{
@@ -198,36 +210,57 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 			})
 			res, err = deliver(rn.abort, smtpTarget{addr: rn.cfg.SMTPAddr, helo: "bench-client." + rn.cfg.Domain,
 				from: from, to: u.Address, msg: buf})
-		} else {
-			k := rn.lockPOPUser(users)
+		case OpPOP:
+			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
 			res, err = retrieveAll(rn.abort, popTarget{addr: rn.cfg.POP3Addr, user: u.Address, pass: u.Password})
-			rn.popBusy[k].Store(false)
+			rn.readerBusy[k].Store(false)
+		case OpIMAP:
+			k := rn.lockReader(users)
+			u := rn.cfg.Users[k]
+			res, err = imapSession(rn.abort, imapTarget{addr: rn.cfg.IMAPAddr, user: u.Address, pass: u.Password,
+				pick: rng.IntN})
+			rn.readerBusy[k].Store(false)
 		}
 		_ = err // classified into res
 		rn.rec.add(res)
 	}
 }
 
-// maxPOPRedraws bounds the draws for a user without a POP session in
-// flight; past it the worker waits for the last user drawn.
-const maxPOPRedraws = 32
+// chooseOp maps a uniform draw r in [0, 1) to the kind of the next
+// request: IMAP with probability imapMix; otherwise SMTP with probability
+// smtpMix and POP with 1-smtpMix. With imapMix 0 it is r < smtpMix, as
+// before IMAP was added, so a seed gives the same Porcupine run.
+func chooseOp(r, smtpMix, imapMix float64) Op {
+	if r < imapMix || imapMix >= 1 {
+		return OpIMAP
+	}
+	if (r-imapMix)/(1-imapMix) < smtpMix {
+		return OpSMTP
+	}
+	return OpPOP
+}
 
-// lockPOPUser draws users until one has no POP session in flight and marks
-// it busy. RFC 1939 §8 lets a server hold an exclusive lock on a maildrop
-// for the length of a session, and one user's mail client does not run
-// sessions side by side; without this, the closed loop at high concurrency
-// piles dozens of overlapping sessions onto the most popular user, each
-// retrieving the same messages.
-func (rn *runner) lockPOPUser(users *ZipfChooser) int {
+// maxReaderRedraws bounds the draws for a user without a POP or IMAP
+// session in flight; past it the worker waits for the last user drawn.
+const maxReaderRedraws = 32
+
+// lockReader draws users until one has no POP or IMAP session in flight
+// and marks it busy. RFC 1939 §8 lets a server hold an exclusive lock on a
+// maildrop for the length of a session, and one user's mail client does
+// not run sessions side by side; without this, the closed loop at high
+// concurrency piles dozens of overlapping sessions onto the most popular
+// user, each retrieving the same messages (and a POP session would delete
+// what an IMAP session of the same user is about to read).
+func (rn *runner) lockReader(users *ZipfChooser) int {
 	k := 0
-	for range maxPOPRedraws {
+	for range maxReaderRedraws {
 		k = users.Next()
-		if rn.popBusy[k].CompareAndSwap(false, true) {
+		if rn.readerBusy[k].CompareAndSwap(false, true) {
 			return k
 		}
 	}
-	for !rn.popBusy[k].CompareAndSwap(false, true) {
+	for !rn.readerBusy[k].CompareAndSwap(false, true) {
 		time.Sleep(time.Millisecond)
 	}
 	return k
@@ -261,7 +294,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rec := &recorder{deadline: cfg.Deadline, step: new(Stats)}
 	rn := &runner{cfg: cfg, rec: rec, stop: stop, abort: abort,
 		runID:   strconv.FormatInt(time.Now().UnixNano(), 36),
-		popBusy: make([]atomic.Bool, len(cfg.Users))}
+		readerBusy: make([]atomic.Bool, len(cfg.Users))}
 
 	cpu0 := takeCPUSample(cfg.ServerPIDs)
 	start := time.Now()
@@ -344,8 +377,12 @@ func (rn *runner) progress(start time.Time, done <-chan struct{}) {
 			d := rn.rec.delivered.Load()
 			rate := float64(d-last) / now.Sub(lastT).Seconds()
 			last, lastT = d, now
-			fmt.Fprintf(rn.cfg.Progress, "%6.0fs  delivered %8d  %7.1f msg/s  pop %6d  errors %5d  concurrency %d\n",
-				now.Sub(start).Seconds(), d, rate, rn.rec.pop.Load(), rn.rec.errs.Load(), rn.active.Load())
+			imap := ""
+			if rn.cfg.IMAPMix > 0 {
+				imap = fmt.Sprintf("  imap %6d", rn.rec.imap.Load())
+			}
+			fmt.Fprintf(rn.cfg.Progress, "%6.0fs  delivered %8d  %7.1f msg/s  pop %6d%s  errors %5d  concurrency %d\n",
+				now.Sub(start).Seconds(), d, rate, rn.rec.pop.Load(), imap, rn.rec.errs.Load(), rn.active.Load())
 		}
 	}
 }

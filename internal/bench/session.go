@@ -28,38 +28,72 @@ const (
 )
 
 // boundedConn keeps every deadline of a connection at or before the end of
-// its session, whatever the protocol client sets (go-smtp's client resets
-// its deadline to "none" after each command), and lets the run cut the
-// session off.
+// its session, and of its current operation if one is set, whatever the
+// protocol client sets (go-smtp's client resets its deadline to "none"
+// after each command, go-imap's to its own 30 s per response), and lets the
+// run cut the session off. The deadline is applied under the lock, so a
+// client goroutine setting its own deadline cannot undo a later
+// setOpDeadline.
 type boundedConn struct {
 	net.Conn
 	mu      sync.Mutex
-	limit   time.Time
+	limit   time.Time // end of the session
+	op      time.Time // end of the current operation; zero for none
 	aborted bool
 }
 
 var pastDeadline = time.Unix(1, 0)
 
-func (c *boundedConn) clamp(t time.Time) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// clampLocked returns t brought within the session's and the operation's
+// deadline; zero t means "no deadline of my own".
+func (c *boundedConn) clampLocked(t time.Time) time.Time {
 	if c.aborted {
 		return pastDeadline
 	}
-	if t.IsZero() || t.After(c.limit) {
-		return c.limit
+	end := c.limit
+	if !c.op.IsZero() && c.op.Before(end) {
+		end = c.op
+	}
+	if t.IsZero() || t.After(end) {
+		return end
 	}
 	return t
 }
 
-func (c *boundedConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.clamp(t)) }
-func (c *boundedConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.clamp(t)) }
-func (c *boundedConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.clamp(t)) }
+func (c *boundedConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.SetDeadline(c.clampLocked(t))
+}
+
+func (c *boundedConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.SetReadDeadline(c.clampLocked(t))
+}
+
+func (c *boundedConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.SetWriteDeadline(c.clampLocked(t))
+}
+
+// setOpDeadline starts an operation that must end within d (and within the
+// session): it sets the connection's deadline to that instant, which it
+// returns, and keeps every later deadline the client sets at or before it.
+func (c *boundedConn) setOpDeadline(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.op = time.Now().Add(d)
+	end := c.clampLocked(time.Time{})
+	c.Conn.SetDeadline(end)
+	return end
+}
 
 func (c *boundedConn) abort() {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.aborted = true
-	c.mu.Unlock()
 	c.Conn.SetDeadline(pastDeadline)
 }
 

@@ -12,11 +12,16 @@ type Op int
 const (
 	OpSMTP Op = iota // one SMTP session delivering one message
 	OpPOP            // one POP3 session: login, retrieve and delete all, quit
+	OpIMAP           // one IMAP session: login, list headers, read one message, flag it, log out
+	numOps
 )
 
 func (o Op) String() string {
-	if o == OpPOP {
+	switch o {
+	case OpPOP:
 		return "pop"
+	case OpIMAP:
+		return "imap"
 	}
 	return "smtp"
 }
@@ -30,12 +35,14 @@ const (
 	ErrSMTP4xx ErrKind = "smtp_4xx" // a transient SMTP reply (RFC 5321 §4.2.1)
 	ErrSMTP5xx ErrKind = "smtp_5xx" // a permanent SMTP reply
 	ErrPOP     ErrKind = "pop_err"  // a POP3 -ERR reply (RFC 1939 §3)
+	ErrIMAPNo  ErrKind = "imap_no"  // an IMAP tagged NO (RFC 9051 §7.1.2)
+	ErrIMAPBad ErrKind = "imap_bad" // an IMAP tagged BAD (RFC 9051 §7.1.3)
 	ErrTimeout ErrKind = "timeout"  // an operation ran into its deadline
 	ErrOther   ErrKind = "other"    // connection lost, malformed reply, ...
 )
 
 // ErrKinds lists the kinds in report order.
-var ErrKinds = []ErrKind{ErrConnect, ErrSMTP4xx, ErrSMTP5xx, ErrPOP, ErrTimeout, ErrOther}
+var ErrKinds = []ErrKind{ErrConnect, ErrSMTP4xx, ErrSMTP5xx, ErrPOP, ErrIMAPNo, ErrIMAPBad, ErrTimeout, ErrOther}
 
 // Result is the outcome of one request.
 type Result struct {
@@ -53,6 +60,24 @@ type Result struct {
 	// Retrieved and BytesRetrieved count the messages fully read by RETR.
 	Retrieved      int
 	BytesRetrieved int64
+	// IMAP holds what an IMAP session did; zero for other operations.
+	IMAP IMAPResult
+}
+
+// IMAPResult is what one IMAP session did.
+type IMAPResult struct {
+	// Listed is the number of messages the header FETCH returned.
+	Listed int
+	// HeaderBytes is the size of the header fields it returned.
+	HeaderBytes int64
+	// BodyFetched is set when the FETCH of a full message returned its
+	// body; BodyBytes is that body's size.
+	BodyFetched bool
+	BodyBytes   int64
+	// Steps holds the time each step took; Done has bit 1<<step set for
+	// each step that completed.
+	Steps [numIMAPSteps]time.Duration
+	Done  uint16
 }
 
 // Stats accumulates Results. The zero value is ready to use; it is not safe
@@ -65,13 +90,25 @@ type Stats struct {
 	Retrieved int64 // messages read by RETR
 	BytesRead int64
 	Aborted   int64
+	IMAP      int64 // IMAP sessions that ended with OK to LOGOUT
+	// IMAPListed counts the messages listed by the header FETCH of the
+	// successful IMAP sessions; IMAPEmpty those sessions that found an
+	// empty INBOX; IMAPBodies and IMAPBodyBytes the full messages read.
+	IMAPListed    int64
+	IMAPEmpty     int64
+	IMAPBodies    int64
+	IMAPBodyBytes int64
 	// Over counts successful requests slower than the deadline, by Op.
-	Over   [2]int64
+	Over   [numOps]int64
 	Errors map[ErrKind]int64
+	// OpErrors counts the failed requests by Op and kind.
+	OpErrors [numOps]map[ErrKind]int64
 	// Samples holds the first error message of each kind.
 	Samples map[ErrKind]string
 
-	lat [2][]time.Duration // latencies of successful requests, by Op
+	lat [numOps][]time.Duration // latencies of successful requests, by Op
+	// imapSteps holds the step times of the successful IMAP sessions.
+	imapSteps [numIMAPSteps][]time.Duration
 }
 
 // Add records r; deadline is the latency above which a successful request
@@ -93,6 +130,10 @@ func (s *Stats) Add(r Result, deadline time.Duration) {
 			s.Errors = make(map[ErrKind]int64)
 		}
 		s.Errors[r.Err]++
+		if s.OpErrors[r.Op] == nil {
+			s.OpErrors[r.Op] = make(map[ErrKind]int64)
+		}
+		s.OpErrors[r.Op][r.Err]++
 		if _, ok := s.Samples[r.Err]; !ok && r.ErrMsg != "" {
 			if s.Samples == nil {
 				s.Samples = make(map[ErrKind]string)
@@ -101,8 +142,24 @@ func (s *Stats) Add(r Result, deadline time.Duration) {
 		}
 		return
 	}
-	if r.Op == OpPOP {
+	switch r.Op {
+	case OpPOP:
 		s.POP++
+	case OpIMAP:
+		s.IMAP++
+		s.IMAPListed += int64(r.IMAP.Listed)
+		if r.IMAP.Listed == 0 {
+			s.IMAPEmpty++
+		}
+		if r.IMAP.BodyFetched {
+			s.IMAPBodies++
+			s.IMAPBodyBytes += r.IMAP.BodyBytes
+		}
+		for i := range s.imapSteps {
+			if r.IMAP.Done&(1<<i) != 0 {
+				s.imapSteps[i] = append(s.imapSteps[i], r.IMAP.Steps[i])
+			}
+		}
 	}
 	s.lat[r.Op] = append(s.lat[r.Op], r.Latency)
 	if r.Latency > deadline {
@@ -119,6 +176,22 @@ func (s *Stats) Merge(o *Stats) {
 	s.Retrieved += o.Retrieved
 	s.BytesRead += o.BytesRead
 	s.Aborted += o.Aborted
+	s.IMAP += o.IMAP
+	s.IMAPListed += o.IMAPListed
+	s.IMAPEmpty += o.IMAPEmpty
+	s.IMAPBodies += o.IMAPBodies
+	s.IMAPBodyBytes += o.IMAPBodyBytes
+	for i := range s.imapSteps {
+		s.imapSteps[i] = append(s.imapSteps[i], o.imapSteps[i]...)
+	}
+	for op, m := range o.OpErrors {
+		for k, v := range m {
+			if s.OpErrors[op] == nil {
+				s.OpErrors[op] = make(map[ErrKind]int64)
+			}
+			s.OpErrors[op][k] += v
+		}
+	}
 	for i := range s.Over {
 		s.Over[i] += o.Over[i]
 		s.lat[i] = append(s.lat[i], o.lat[i]...)
@@ -151,7 +224,13 @@ func (s *Stats) ErrorCount() int64 {
 // Misses is the number of requests that did not complete successfully
 // within the deadline: the late ones and the failed ones. The probe uses
 // it, as Porcupine's generator does, to detect saturation.
-func (s *Stats) Misses() int64 { return s.Over[OpSMTP] + s.Over[OpPOP] + s.ErrorCount() }
+func (s *Stats) Misses() int64 {
+	n := s.ErrorCount()
+	for _, o := range s.Over {
+		n += o
+	}
+	return n
+}
 
 // MissFraction is Misses/Requests; 0 when nothing finished.
 func (s *Stats) MissFraction() float64 {
@@ -171,6 +250,10 @@ func (s *Stats) MeanSize() float64 {
 
 // Latency summarises the latencies of the successful requests of op.
 func (s *Stats) Latency(op Op) LatencySummary { return Summarize(s.lat[op]) }
+
+// IMAPStepLatency summarises the time the successful IMAP sessions spent
+// in one step.
+func (s *Stats) IMAPStepLatency(step IMAPStep) LatencySummary { return Summarize(s.imapSteps[step]) }
 
 // LatencySummary holds latency percentiles in milliseconds.
 type LatencySummary struct {

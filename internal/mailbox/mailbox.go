@@ -106,13 +106,12 @@ type Manager struct {
 	// Porcupine §5 (pending disk operations).
 	pending atomic.Int64
 
-	subMu sync.Mutex
-	subs  map[string]map[*subscription]struct{}
+	Notifier
 }
 
 // New returns the mailbox manager on top of the node's store.
 func New(db *store.DB) *Manager {
-	return &Manager{db: db, subs: map[string]map[*subscription]struct{}{}}
+	return &Manager{db: db}
 }
 
 func (m *Manager) lockUser(user string) func() {
@@ -179,6 +178,9 @@ func bodyKey(user, id string) []byte {
 }
 
 func userMetaKey(user string) []byte { return store.UserPrefix(store.KindUserMeta, user) }
+
+// NormName returns the stored form of a mailbox name.
+func NormName(name string) string { return normName(name) }
 
 // normName makes INBOX case-insensitive (RFC 3501 §5.1); other names are
 // case-sensitive.
@@ -350,7 +352,7 @@ func (t *tx) commit() error {
 	}
 	for user, boxes := range t.changed {
 		for id := range boxes {
-			t.m.publish(Change{User: user, Mailbox: id})
+			t.m.Publish(Change{User: user, Mailbox: id})
 		}
 	}
 	return nil
@@ -699,7 +701,7 @@ func (m *Manager) StoreFlags(user string, mbox uint64, uids []uint32, op FlagOp,
 			failed = append(failed, uid)
 			continue
 		}
-		nf := applyFlags(msg.Flags, op, flags)
+		nf := ApplyFlags(msg.Flags, op, flags)
 		if !SameFlags(nf, msg.Flags) {
 			mb.HighestModSeq++
 			msg.Flags = nf
@@ -877,7 +879,7 @@ func (m *Manager) DeleteUser(user string) error {
 	if err := b.Commit(store.Sync); err != nil {
 		return fmt.Errorf("user %s: delete mail: %w", user, err)
 	}
-	m.publish(Change{User: user})
+	m.Publish(Change{User: user})
 	return nil
 }
 
@@ -956,7 +958,8 @@ func cleanFlags(flags []string) []string {
 	return out
 }
 
-func applyFlags(cur []string, op FlagOp, flags []string) []string {
+// ApplyFlags returns cur changed by a STORE of flags with op.
+func ApplyFlags(cur []string, op FlagOp, flags []string) []string {
 	switch op {
 	case FlagsSet:
 		return cleanFlags(flags)

@@ -1,9 +1,15 @@
 package mailbox
 
-// Subscriptions let sessions learn about changes made by other sessions on
-// this node: IMAP IDLE and the untagged updates sent between commands. A
-// subscriber that falls behind loses events, not the change itself: it
-// re-reads the mailbox on the next event or command.
+import "sync"
+
+// Notifier lets sessions learn about changes made by other sessions: IMAP
+// IDLE and the untagged updates sent between commands. A subscriber that
+// falls behind loses events, not the change itself: it re-reads the mailbox
+// on the next event or command.
+type Notifier struct {
+	mu   sync.Mutex
+	subs map[string]map[*subscription]struct{}
+}
 
 type subscription struct {
 	ch chan Change
@@ -15,31 +21,42 @@ const subscriberBuffer = 64
 
 // Subscribe returns a channel of changes to the user's mail and a function
 // that ends the subscription.
-func (m *Manager) Subscribe(user string) (<-chan Change, func()) {
+func (n *Notifier) Subscribe(user string) (<-chan Change, func()) {
 	s := &subscription{ch: make(chan Change, subscriberBuffer)}
-	m.subMu.Lock()
-	if m.subs[user] == nil {
-		m.subs[user] = map[*subscription]struct{}{}
+	n.mu.Lock()
+	if n.subs == nil {
+		n.subs = map[string]map[*subscription]struct{}{}
 	}
-	m.subs[user][s] = struct{}{}
-	m.subMu.Unlock()
+	if n.subs[user] == nil {
+		n.subs[user] = map[*subscription]struct{}{}
+	}
+	n.subs[user][s] = struct{}{}
+	n.mu.Unlock()
 	return s.ch, func() {
-		m.subMu.Lock()
-		delete(m.subs[user], s)
-		if len(m.subs[user]) == 0 {
-			delete(m.subs, user)
+		n.mu.Lock()
+		delete(n.subs[user], s)
+		if len(n.subs[user]) == 0 {
+			delete(n.subs, user)
 		}
-		m.subMu.Unlock()
+		n.mu.Unlock()
 	}
 }
 
-func (m *Manager) publish(c Change) {
-	m.subMu.Lock()
-	defer m.subMu.Unlock()
-	for s := range m.subs[c.User] {
+// Publish tells the user's subscribers about a change.
+func (n *Notifier) Publish(c Change) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for s := range n.subs[c.User] {
 		select {
 		case s.ch <- c:
 		default:
 		}
 	}
+}
+
+// Subscribed reports whether anyone listens for the user's changes.
+func (n *Notifier) Subscribed(user string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.subs[user]) > 0
 }

@@ -130,6 +130,9 @@ func writeFileSync(path string, data []byte) error {
 	return f.Close()
 }
 
+// releaseTimeout bounds giving back reserved UIDs at shutdown.
+const releaseTimeout = 5 * time.Second
+
 // Core is the part of a node below the protocol servers: store, managers,
 // membership, RPC and the proxies' shared half. Tests use it alone; Start
 // adds the listeners.
@@ -250,6 +253,9 @@ func (c *Core) Close() error {
 	if c.stop != nil {
 		close(c.stop)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	c.Users.Release(ctx)
+	cancel()
 	if c.Members != nil {
 		c.Members.Shutdown()
 	}
@@ -318,7 +324,7 @@ func (n *Node) startListeners() error {
 		return err
 	}
 
-	n.imap = imap.New(n.Boxes, n.Proxy, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
+	n.imap = imap.New(&proxy.IMAPStore{P: n.Proxy}, n.Proxy, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
 		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger})
 	if err := n.listen("imap", cfg.IMAPAddr, n.imap.Serve); err != nil {
 		return err

@@ -1,21 +1,21 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/pop3"
+	"github.com/quillmail/quill/internal/usermgr"
 )
 
 // POP3 adapts the proxy to the POP3 server's Backend: a maildrop is the
-// user's INBOX, gathered from every fragment in the mail map (Porcupine
-// §2.3.2). A fragment node that does not answer hides its messages for the
-// session; the session goes on with the rest.
+// user's INBOX as its writer sees it, gathered from every fragment in the
+// mail map (Porcupine §2.3.2). A fragment node that does not answer hides
+// its messages; the session goes on with the rest.
 type POP3 struct {
 	P   *Proxy
 	Log *slog.Logger
@@ -34,53 +34,28 @@ type maildrop struct {
 	p    *Proxy
 	log  *slog.Logger
 	user string
+	mbox uint64
 	at   map[string]location
 }
 
 // location is where a message of the maildrop lives.
 type location struct {
-	node    cluster.NodeID
-	mailbox uint64
-	uid     uint32
+	node cluster.NodeID
+	uid  uint32
 }
 
 func (d *maildrop) List(ctx context.Context) ([]pop3.Message, error) {
-	_, mailMap, err := d.p.Users.Lookup(ctx, d.user)
+	rep, err := usermgr.Writer(ctx, d.p.Users, d.user, "writer.Messages",
+		&usermgr.MailboxRequest{User: d.user, Name: mailbox.Inbox}, d.p.Users.LocalMessages)
 	if err != nil {
 		return nil, err
 	}
-	type entry struct {
-		pop3.Message
-		order string
-	}
-	var all []entry
-	d.at = map[string]location{}
-	for _, n := range mailMap {
-		var rep *ListReply
-		if n == d.p.Self {
-			rep, err = d.p.LocalList(ctx, &ListRequest{User: d.user})
-		} else {
-			rep = &ListReply{}
-			err = d.p.Peers.Call(ctx, n, "mailbox.List", &ListRequest{User: d.user}, rep)
-		}
-		if err != nil {
-			d.log.Warn("fragment unavailable, its messages are hidden this session", "user", d.user, "node", n, "err", err)
-			continue
-		}
-		for _, m := range rep.Messages {
-			if _, dup := d.at[m.ID]; dup {
-				continue
-			}
-			d.at[m.ID] = location{node: n, mailbox: rep.Mailbox, uid: m.UID}
-			all = append(all, entry{pop3.Message{UID: m.ID, Size: m.Size}, m.ID})
-		}
-	}
-	// Message ids begin with their arrival time, so sorting by id lists
-	// the fragments' messages oldest first.
-	sort.Slice(all, func(i, j int) bool { return all[i].order < all[j].order })
-	out := make([]pop3.Message, len(all))
-	for i, e := range all {
-		out[i] = e.Message
+	d.mbox = rep.Mailbox.ID
+	d.at = make(map[string]location, len(rep.Messages))
+	out := make([]pop3.Message, 0, len(rep.Messages))
+	for _, m := range rep.Messages {
+		d.at[m.ID] = location{node: m.Node, uid: m.UID}
+		out = append(out, pop3.Message{UID: m.ID, Size: m.Size})
 	}
 	return out, nil
 }
@@ -90,42 +65,22 @@ func (d *maildrop) Open(ctx context.Context, uid string) (io.ReadCloser, error) 
 	if !ok {
 		return nil, fmt.Errorf("message %s: not in this maildrop", uid)
 	}
-	if loc.node == d.p.Self {
-		return d.p.Boxes.OpenBody(d.user, uid)
-	}
-	var rep BodyReply
-	if err := d.p.Peers.Call(ctx, loc.node, "mailbox.Body", &BodyRequest{User: d.user, ID: uid}, &rep); err != nil {
-		return nil, err
-	}
-	return io.NopCloser(bytes.NewReader(rep.Raw)), nil
+	return d.p.openBody(ctx, loc.node, d.user, uid)
 }
 
 func (d *maildrop) Delete(ctx context.Context, uids []string) error {
-	type key struct {
-		node    cluster.NodeID
-		mailbox uint64
-	}
-	groups := map[key][]uint32{}
+	var imapUIDs []uint32
 	for _, u := range uids {
 		if loc, ok := d.at[u]; ok {
-			k := key{loc.node, loc.mailbox}
-			groups[k] = append(groups[k], loc.uid)
+			imapUIDs = append(imapUIDs, loc.uid)
 		}
 	}
-	var firstErr error
-	for k, us := range groups {
-		req := &ExpungeRequest{User: d.user, Mailbox: k.mailbox, UIDs: us}
-		var err error
-		if k.node == d.p.Self {
-			_, err = d.p.LocalExpunge(ctx, req)
-		} else {
-			err = d.p.Peers.Call(ctx, k.node, "mailbox.Expunge", req, &struct{}{})
-		}
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("delete on %s: %w", k.node, err)
-		}
+	if len(imapUIDs) == 0 {
+		return nil
 	}
-	return firstErr
+	_, err := usermgr.Writer(ctx, d.p.Users, d.user, "writer.Expunge",
+		&usermgr.FlagsRequest{User: d.user, ID: d.mbox, UIDs: imapUIDs}, d.p.Users.LocalExpunge)
+	return err
 }
 
 func (d *maildrop) Close() error { return nil }

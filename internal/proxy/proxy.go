@@ -90,10 +90,11 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 
 // Deliver stores one message for every recipient (Porcupine §2.3.1): for
 // each recipient ask the user's manager for the mail map, let the balancer
-// choose the storing node, and hand the message to that node's mailbox
-// manager, which records itself in the mail map. Recipients that go to the
-// same node share one write and one fsync. It returns only once the message
-// is durable for every recipient.
+// choose the storing node, get the message's UID from the mailbox's writer,
+// and hand the message to the storing node's mailbox manager; then confirm
+// to the writer, which records the node in the mail map. Recipients stored
+// on one node share one write and one fsync. It returns only once the
+// message is durable for every recipient.
 func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	start := time.Now()
 	holders := map[string][]cluster.NodeID{}
@@ -110,64 +111,85 @@ func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 		holders[u] = mm
 		users = append(users, u)
 	}
-	pending := users
-	failed := map[cluster.NodeID]bool{}
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == storeAttempts {
-			return fmt.Errorf("deliver to %v: no node could store the message after %d attempts", pending, attempt)
-		}
-		groups := map[cluster.NodeID][]string{}
-		for _, u := range pending {
-			n, ok := p.choose(holders[u], failed)
-			if !ok {
-				return fmt.Errorf("deliver to %s: no live node with disk space", u)
-			}
-			groups[n] = append(groups[n], u)
-		}
-		pending = nil
-		for n, us := range groups {
-			if err := p.storeOn(ctx, n, us, raw); err != nil {
-				failed[n] = true
-				pending = append(pending, us...)
-				continue
-			}
-		}
+	if err := p.place(ctx, users, holders, mailbox.Inbox, nil, raw, start); err != nil {
+		return err
 	}
 	metrics.DeliverySeconds.Observe(time.Since(start).Seconds())
 	metrics.Delivered.Add(float64(len(users)))
 	return nil
 }
 
-// StoreRequest asks a node's mailbox manager to store a message.
-type StoreRequest struct {
-	Users []string `json:"users"`
-	Raw   []byte   `json:"raw"`
-}
-
-func (p *Proxy) storeOn(ctx context.Context, n cluster.NodeID, users []string, raw []byte) error {
-	if n == p.Self {
-		_, err := p.LocalStore(ctx, &StoreRequest{Users: users, Raw: raw})
-		return err
-	}
-	return p.Peers.Call(ctx, n, "mailbox.Store", &StoreRequest{Users: users, Raw: raw}, &struct{}{})
-}
-
-// LocalStore stores a message in this node's fragments and records the node
-// in each user's mail map (Porcupine Fig. 4, steps 7 and 8). The message is
-// durable before the mail map is told, so a failure after the store leaves
-// a fragment the next soft-state reconstruction finds anyway.
-func (p *Proxy) LocalStore(ctx context.Context, req *StoreRequest) (*struct{}, error) {
-	if _, err := p.Boxes.Deliver(req.Users, req.Raw, time.Now()); err != nil {
-		return nil, err
-	}
-	for _, u := range req.Users {
-		if err := p.Users.NoteFragment(ctx, u, p.Self); err != nil {
-			// Not fatal: the fragment is on disk and the manager's next
-			// scan of this node finds it.
-			continue
+// place stores raw into mailbox name of every user, choosing a node per
+// user and retrying on other nodes when one fails (Porcupine §4.1).
+func (p *Proxy) place(ctx context.Context, users []string, holders map[string][]cluster.NodeID, name string, flags []string, raw []byte, date time.Time) error {
+	pending := users
+	failed := map[cluster.NodeID]bool{}
+	id := p.Boxes.NewMessageID()
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == storeAttempts {
+			return fmt.Errorf("deliver to %v: no node could store the message after %d attempts", pending, attempt)
+		}
+		groups := map[cluster.NodeID][]mailbox.Placed{}
+		for _, u := range pending {
+			n, ok := p.choose(holders[u], failed)
+			if !ok {
+				return fmt.Errorf("deliver to %s: no live node with disk space", u)
+			}
+			a, err := usermgr.Writer(ctx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name}, p.Users.LocalAlloc)
+			if err != nil {
+				return err
+			}
+			a.Place.Flags = flags
+			groups[n] = append(groups[n], a.Place)
+		}
+		pending = nil
+		for n, places := range groups {
+			err := p.storeOn(ctx, n, places, id, raw, date)
+			for _, pl := range places {
+				msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: pl.Flags, ModSeq: pl.ModSeq}
+				c := &usermgr.ConfirmRequest{Place: pl, Message: msg, Node: n, Cancel: err != nil}
+				if _, cerr := usermgr.Writer(ctx, p.Users, pl.User, "writer.Confirm", c, p.Users.LocalConfirm); cerr != nil && err == nil {
+					// Stored but not confirmed: the fragment is durable and
+					// the writer's next load of the mailbox finds it.
+					continue
+				}
+			}
+			if err != nil {
+				failed[n] = true
+				for _, pl := range places {
+					pending = append(pending, pl.User)
+				}
+			}
 		}
 	}
-	return &struct{}{}, nil
+	return nil
+}
+
+// placeOne stores one message for one user into a named mailbox and
+// returns its index record.
+func (p *Proxy) placeOne(ctx context.Context, user string, holders []cluster.NodeID, name string, flags []string, raw []byte, date time.Time, got *mailbox.Message) error {
+	n, ok := p.choose(holders, nil)
+	if !ok {
+		return fmt.Errorf("append for %s: no live node with disk space", user)
+	}
+	a, err := usermgr.Writer(ctx, p.Users, user, "writer.Alloc", &usermgr.AllocRequest{User: user, Mailbox: name}, p.Users.LocalAlloc)
+	if err != nil {
+		return err
+	}
+	a.Place.Flags = flags
+	id := p.Boxes.NewMessageID()
+	serr := p.storeOn(ctx, n, []mailbox.Placed{a.Place}, id, raw, date)
+	*got = mailbox.Message{UID: a.Place.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: flags, ModSeq: a.Place.ModSeq}
+	c := &usermgr.ConfirmRequest{Place: a.Place, Message: *got, Node: n, Cancel: serr != nil}
+	usermgr.Writer(ctx, p.Users, user, "writer.Confirm", c, p.Users.LocalConfirm)
+	return serr
+}
+
+func (p *Proxy) storeOn(ctx context.Context, n cluster.NodeID, places []mailbox.Placed, id string, raw []byte, date time.Time) error {
+	if n == p.Self {
+		return p.Boxes.StoreAt(places, id, raw, date)
+	}
+	return p.Peers.Call(ctx, n, "fragment.StoreAt", &mailbox.StoreAtRequest{Places: places, ID: id, Raw: raw, Date: date}, &mailbox.Empty{})
 }
 
 // Login authenticates a user for a retrieval session.

@@ -1,45 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 
+	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/rpc"
 )
 
-// The mailbox manager's remote operations (Porcupine §2.2: the mailbox
-// manager "enables remote access to mailbox fragments"): a retrieval proxy on
-// any node lists, reads and deletes the fragments a node holds.
-
-// ListRequest names a user's INBOX fragment on the callee.
-type ListRequest struct {
-	User string `json:"user"`
-}
-
-// ListReply is the digest of the fragment: its mailbox and messages.
-type ListReply struct {
-	Mailbox  uint64            `json:"mailbox"`
-	Messages []mailbox.Message `json:"messages"`
-}
-
-// LocalList returns this node's INBOX fragment of a user.
-func (p *Proxy) LocalList(ctx context.Context, req *ListRequest) (*ListReply, error) {
-	mb, err := p.Boxes.Mailbox(req.User, mailbox.Inbox)
-	if errors.Is(err, mailbox.ErrNoMailbox) {
-		return &ListReply{}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	msgs, err := p.Boxes.Messages(req.User, mb.ID)
-	if err != nil {
-		return nil, err
-	}
-	return &ListReply{Mailbox: mb.ID, Messages: msgs}, nil
-}
-
-// BodyRequest asks for one message's bytes.
+// BodyRequest asks a node for one message's bytes.
 type BodyRequest struct {
 	User string `json:"user"`
 	ID   string `json:"id"`
@@ -62,23 +34,29 @@ func (p *Proxy) LocalBody(ctx context.Context, req *BodyRequest) (*BodyReply, er
 	return &BodyReply{Raw: b}, nil
 }
 
-// ExpungeRequest removes messages from a fragment.
-type ExpungeRequest struct {
-	User    string   `json:"user"`
-	Mailbox uint64   `json:"mailbox"`
-	UIDs    []uint32 `json:"uids"`
+// body fetches a message from the node that stores it (Porcupine §2.3.2:
+// the proxy fetches each message from the appropriate node).
+func (p *Proxy) body(ctx context.Context, n cluster.NodeID, user, id string) ([]byte, error) {
+	if n == p.Self {
+		return p.Boxes.Body(user, id)
+	}
+	var rep BodyReply
+	if err := p.Peers.Call(ctx, n, "mailbox.Body", &BodyRequest{User: user, ID: id}, &rep); err != nil {
+		return nil, err
+	}
+	return rep.Raw, nil
 }
 
-// LocalExpunge removes messages this node stores.
-func (p *Proxy) LocalExpunge(ctx context.Context, req *ExpungeRequest) (*struct{}, error) {
-	_, err := p.Boxes.Expunge(req.User, req.Mailbox, req.UIDs)
-	return &struct{}{}, err
+func (p *Proxy) openBody(ctx context.Context, n cluster.NodeID, user, id string) (io.ReadCloser, error) {
+	b, err := p.body(ctx, n, user, id)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
 }
 
 // Register exposes the mailbox manager's remote operations.
 func (p *Proxy) Register(s *rpc.Server) {
-	s.Handle("mailbox.Store", rpc.Method(p.LocalStore))
-	s.Handle("mailbox.List", rpc.Method(p.LocalList))
 	s.Handle("mailbox.Body", rpc.Method(p.LocalBody))
-	s.Handle("mailbox.Expunge", rpc.Method(p.LocalExpunge))
+	p.Boxes.Register(s)
 }

@@ -37,6 +37,57 @@ type Profile struct {
 	// Deleted marks a tombstone: a deleted user's profile stays, without
 	// its hash, so a replica that missed the delete cannot bring it back.
 	Deleted bool `json:"deleted,omitempty"`
+	// Mailboxes are the user's IMAP mailboxes. Their messages lie in
+	// fragments on many nodes; what must survive any one node — names,
+	// UIDVALIDITY, subscriptions and how far UIDs and MODSEQs were handed
+	// out — lives here, with the profile, on its replicas.
+	Mailboxes []MailboxDef `json:"mailboxes,omitempty"`
+	// LastUIDValidity is the highest UIDVALIDITY given to any mailbox of the
+	// user, so a mailbox made again never repeats one (RFC 3501 §2.3.1.1).
+	LastUIDValidity uint32 `json:"last_uidvalidity,omitempty"`
+}
+
+// MailboxDef is the hard state of one mailbox of a user.
+type MailboxDef struct {
+	Name        string `json:"name"`
+	UIDValidity uint32 `json:"uidvalidity"`
+	Subscribed  bool   `json:"subscribed,omitempty"`
+	SpecialUse  string `json:"special_use,omitempty"`
+	// UIDReserved and ModSeqReserved end the blocks of UIDs and MODSEQs the
+	// mailbox's writer has reserved. A new writer (after a failover) starts
+	// at them, past anything the old one may have handed out, so a UID is
+	// never given twice (BLUEPRINT invariant 5).
+	UIDReserved    uint32 `json:"uid_reserved,omitempty"`
+	ModSeqReserved uint64 `json:"modseq_reserved,omitempty"`
+}
+
+// MailboxByName returns the definition of a mailbox (INBOX matched
+// case-insensitively), or nil.
+func (p *Profile) MailboxByName(name string) *MailboxDef {
+	for i := range p.Mailboxes {
+		if p.Mailboxes[i].Name == name || (strings.EqualFold(name, "INBOX") && p.Mailboxes[i].Name == "INBOX") {
+			return &p.Mailboxes[i]
+		}
+	}
+	return nil
+}
+
+// MailboxByValidity returns the definition with that UIDVALIDITY, or nil.
+func (p *Profile) MailboxByValidity(v uint32) *MailboxDef {
+	for i := range p.Mailboxes {
+		if p.Mailboxes[i].UIDValidity == v {
+			return &p.Mailboxes[i]
+		}
+	}
+	return nil
+}
+
+// Clone returns a deep copy, so a writer can change it without touching
+// the cached one.
+func (p *Profile) Clone() *Profile {
+	c := *p
+	c.Mailboxes = append([]MailboxDef(nil), p.Mailboxes...)
+	return &c
 }
 
 // Domain returns the domain part of the address.

@@ -87,6 +87,9 @@ type Manager struct {
 	macKey    [32]byte
 	dummyHash string
 
+	// Notifier tells local sessions about changes the mailbox writers make.
+	mailbox.Notifier
+
 	domMu       sync.Mutex
 	domains     []string
 	domainsGood bool
@@ -105,6 +108,7 @@ type bucket struct {
 	mailMap  map[string]map[cluster.NodeID]bool
 	ready    chan struct{}
 	isReady  bool
+	writers  map[string]*userWriter // the mailbox writers of this bucket's users
 }
 
 func newBucket() *bucket {
@@ -165,6 +169,9 @@ func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
 			bk = newBucket()
 			m.buckets[b] = bk
 		}
+		// Mailbox views depend on which fragments are reachable: rebuild
+		// them lazily under the new membership.
+		bk.writers = nil
 		for n, nb := range bk.contrib {
 			if boot[n] != nb {
 				delete(bk.contrib, n)
@@ -570,6 +577,7 @@ func (m *Manager) Register(s *rpc.Server) {
 	s.Handle("usermgr.Update", rpc.Method(m.LocalUpdate))
 	s.Handle("usermgr.Put", rpc.Method(m.LocalPut))
 	s.Handle("usermgr.List", rpc.Method(m.LocalList))
+	m.registerWriter(s)
 }
 
 // --- any node's side: asking the manager
@@ -703,6 +711,13 @@ func (m *Manager) mac(user, password string) [32]byte {
 // every chosen replica has it durably, so a profile that was acknowledged
 // survives one crash.
 func (m *Manager) writeProfile(ctx context.Context, p *userdb.Profile) error {
+	return m.writeProfileAcks(ctx, p, ProfileReplicas)
+}
+
+// writeProfileAcks stores a profile version on the ProfileReplicas nodes
+// ranked highest for its bucket and fails unless at least minAcks of them
+// have it durably.
+func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAcks int) error {
 	alive := m.peers.Alive()
 	members := make([]cluster.Member, len(alive))
 	for i, a := range alive {
@@ -713,6 +728,8 @@ func (m *Manager) writeProfile(ctx context.Context, p *userdb.Profile) error {
 		ranked = ranked[:ProfileReplicas]
 	}
 	req := &UpdateRequest{Profile: *p}
+	acks := 0
+	var firstErr error
 	for _, r := range ranked {
 		var err error
 		if r.ID == m.self {
@@ -721,8 +738,12 @@ func (m *Manager) writeProfile(ctx context.Context, p *userdb.Profile) error {
 			err = m.peers.Call(ctx, r.ID, "usermgr.Put", req, &struct{}{})
 		}
 		if err != nil {
-			return fmt.Errorf("user %s: store profile on %s: %w", p.Address, r.ID, err)
+			if firstErr == nil {
+				firstErr = fmt.Errorf("user %s: store profile on %s: %w", p.Address, r.ID, err)
+			}
+			continue
 		}
+		acks++
 		m.mu.Lock()
 		if bk := m.buckets[cluster.Bucket(p.Address)]; bk != nil {
 			if cur, ok := bk.profiles[p.Address]; ok && cur.Version == p.Version {
@@ -734,69 +755,43 @@ func (m *Manager) writeProfile(ctx context.Context, p *userdb.Profile) error {
 		}
 		m.mu.Unlock()
 	}
+	if acks < min(minAcks, len(ranked)) {
+		return firstErr
+	}
 	_, err := callManager(ctx, m, p.Address, "usermgr.Update", req, m.LocalUpdate)
 	return err
 }
 
-// AddUser creates a user: the profile on its replicas (hard state), the
-// default mailboxes on this node, then the manager's soft state.
+// AddUser creates a user: its manager writes the profile, with the default
+// mailboxes, to the profile's replicas (hard state) and its soft state.
 func (m *Manager) AddUser(ctx context.Context, addr, password string) (*userdb.Profile, error) {
 	addr = userdb.Normalize(addr)
 	if err := userdb.ValidateAddress(addr); err != nil {
-		return nil, err
-	}
-	if _, _, err := m.Lookup(ctx, addr); err == nil {
-		return nil, fmt.Errorf("user %s: %w", addr, userdb.ErrExists)
-	} else if !errors.Is(err, ErrUnknownUser) {
 		return nil, err
 	}
 	hash, err := userdb.HashPassword(password)
 	if err != nil {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
-	now := time.Now().UTC()
-	p := &userdb.Profile{Address: addr, PasswordHash: hash, Created: now, Updated: now, Version: m.clock.Now()}
-	if err := m.writeProfile(ctx, p); err != nil {
-		return nil, err
-	}
-	if err := m.boxes.EnsureUser(addr); err != nil {
-		return nil, fmt.Errorf("user %s: mailboxes: %w", addr, err)
-	}
-	return p, nil
+	return Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "add", Address: addr, Hash: hash}, m.LocalApply)
 }
 
-// SetPassword changes a user's password.
+// SetPassword changes a user's password. The hash is computed here, on the
+// node that took the request; the manager only stores it.
 func (m *Manager) SetPassword(ctx context.Context, addr, password string) error {
-	p, _, err := m.Lookup(ctx, addr)
-	if err != nil {
-		return err
-	}
 	hash, err := userdb.HashPassword(password)
 	if err != nil {
-		return fmt.Errorf("user %s: %w", p.Address, err)
+		return fmt.Errorf("user %s: %w", userdb.Normalize(addr), err)
 	}
-	np := *p
-	np.PasswordHash = hash
-	np.Updated = time.Now().UTC()
-	np.Version = m.clock.Now()
-	return m.writeProfile(ctx, &np)
+	_, err = Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "passwd", Address: addr, Hash: hash}, m.LocalApply)
+	return err
 }
 
-// DeleteUser replaces a user's profile by a tombstone and removes the mail
-// this node holds for the user. (Fragments on other nodes are not reachable
-// through the user any more; removing them everywhere is the replication
-// manager's job.)
+// DeleteUser replaces a user's profile by a tombstone and removes the
+// user's fragments from every node in the mail map.
 func (m *Manager) DeleteUser(ctx context.Context, addr string) error {
-	p, _, err := m.Lookup(ctx, addr)
-	if err != nil {
-		return err
-	}
-	tomb := userdb.Profile{Address: p.Address, Created: p.Created, Updated: time.Now().UTC(),
-		Version: m.clock.Now(), Deleted: true}
-	if err := m.writeProfile(ctx, &tomb); err != nil {
-		return err
-	}
-	return m.boxes.DeleteUser(p.Address)
+	_, err := Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "delete", Address: addr}, m.LocalApply)
+	return err
 }
 
 // Users returns every live profile in the cluster (without password

@@ -1,0 +1,286 @@
+package mailbox
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Fragment operations. In a cluster a ⟨user, mailbox⟩ is one IMAP mailbox
+// whose messages lie in fragments on several nodes (Porcupine §2.1). The
+// mailbox's ordered writer (the user's manager, Neptune level 2) names the
+// mailbox by its UIDVALIDITY, which never changes while the mailbox lives
+// (renames keep it), and hands out its UIDs and MODSEQs; a fragment stores
+// messages under exactly the UID and MODSEQ it is given. The local mailbox
+// record of a fragment carries the same UIDVALIDITY, and its UIDNEXT and
+// HIGHESTMODSEQ only follow the highest values stored here.
+
+// Placed names where a message goes in the cluster mailbox.
+type Placed struct {
+	User        string   `json:"user"`
+	Mailbox     string   `json:"mailbox"` // current name, for the local record
+	UIDValidity uint32   `json:"uidvalidity"`
+	UID         uint32   `json:"uid"`
+	ModSeq      uint64   `json:"modseq"`
+	Flags       []string `json:"flags,omitempty"`
+	// ID, when set, is the id a copy gets (chosen by the writer, so its
+	// view and the fragment agree).
+	ID string `json:"id,omitempty"`
+}
+
+// fragmentByValidity returns the local record of the mailbox with the given
+// UIDVALIDITY, or nil.
+func (m *Manager) fragmentByValidity(t *tx, user string, v uint32) (*Mailbox, error) {
+	all, err := m.mailboxesIn(t.b, user)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if all[i].UIDValidity == v {
+			return &all[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// fragmentFor returns the local record for a placed message, making it if
+// needed. A local record under the same name with another UIDVALIDITY is a
+// mailbox deleted cluster-wide and made again: its messages go with it.
+func (m *Manager) fragmentFor(t *tx, p *Placed) (*Mailbox, error) {
+	mb, err := m.fragmentByValidity(t, p.User, p.UIDValidity)
+	if err != nil {
+		return nil, err
+	}
+	name := normName(p.Mailbox)
+	if mb != nil {
+		if mb.Name != name { // renamed cluster-wide since
+			if err := t.b.Delete(mailboxKey(p.User, mb.Name), nil); err != nil {
+				return nil, err
+			}
+			mb.Name = name
+		}
+		return mb, nil
+	}
+	if old, err := m.getMailbox(t.b, p.User, name); err == nil {
+		if err := t.dropMessages(p.User, old.ID); err != nil {
+			return nil, err
+		}
+	} else if !errors.Is(err, ErrNoMailbox) {
+		return nil, err
+	}
+	um, err := t.meta(p.User)
+	if err != nil {
+		return nil, err
+	}
+	um.NextMailboxID++
+	if err := t.putJSON(userMetaKey(p.User), um); err != nil {
+		return nil, err
+	}
+	t.touch(p.User, 0)
+	return &Mailbox{ID: um.NextMailboxID, Name: name, UIDValidity: p.UIDValidity, UIDNext: 1,
+		HighestModSeq: 1, Subscribed: true, Created: time.Now().UTC()}, nil
+}
+
+func (t *tx) follow(mb *Mailbox, uid uint32, modseq uint64) {
+	if uid >= mb.UIDNext {
+		mb.UIDNext = uid + 1
+	}
+	if modseq > mb.HighestModSeq {
+		mb.HighestModSeq = modseq
+	}
+}
+
+// StoreAt stores one message for several placements (recipients) in one
+// durable batch, each under the UID its writer allocated.
+func (m *Manager) StoreAt(places []Placed, id string, raw []byte, date time.Time) error {
+	users := make([]string, len(places))
+	for i := range places {
+		users[i] = places[i].User
+	}
+	defer m.lockUsers(users)()
+	t := m.newTx()
+	for i := range places {
+		p := &places[i]
+		mb, err := m.fragmentFor(t, p)
+		if err != nil {
+			t.abort()
+			return err
+		}
+		msg := Message{UID: p.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: cleanFlags(p.Flags), ModSeq: p.ModSeq}
+		if err := t.b.Set(bodyKey(p.User, id), raw, nil); err != nil {
+			t.abort()
+			return err
+		}
+		if err := t.b.Set(messageKey(p.User, mb.ID, p.UID), encodeMessage(&msg), nil); err != nil {
+			t.abort()
+			return err
+		}
+		t.follow(mb, p.UID, p.ModSeq)
+		if err := t.putMailbox(p.User, mb); err != nil {
+			t.abort()
+			return err
+		}
+	}
+	if err := t.commit(); err != nil {
+		return fmt.Errorf("store message %s: %w", id, err)
+	}
+	return nil
+}
+
+// FragmentDigest is what a fragment holds of one cluster mailbox.
+type FragmentDigest struct {
+	UIDNext       uint32    `json:"uidnext"`
+	HighestModSeq uint64    `json:"highestmodseq"`
+	Messages      []Message `json:"messages"`
+}
+
+// Fragment returns this node's part of the mailbox with UIDVALIDITY v
+// (empty if it has none).
+func (m *Manager) Fragment(user string, v uint32) (*FragmentDigest, error) {
+	t := &tx{m: m, b: m.db.NewIndexedBatch()}
+	defer t.abort()
+	mb, err := m.fragmentByValidity(t, user, v)
+	if err != nil || mb == nil {
+		return &FragmentDigest{}, err
+	}
+	msgs, err := m.Messages(user, mb.ID)
+	if err != nil {
+		return nil, err
+	}
+	return &FragmentDigest{UIDNext: mb.UIDNext, HighestModSeq: mb.HighestModSeq, Messages: msgs}, nil
+}
+
+// FlagChange sets one message's flags to exactly Flags under ModSeq.
+type FlagChange struct {
+	UID    uint32   `json:"uid"`
+	Flags  []string `json:"flags"`
+	ModSeq uint64   `json:"modseq"`
+}
+
+// SetFlagsAt applies flag changes decided by the mailbox's writer.
+func (m *Manager) SetFlagsAt(user string, v uint32, changes []FlagChange) error {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := m.fragmentByValidity(t, user, v)
+	if err != nil || mb == nil {
+		t.abort()
+		return err
+	}
+	for _, c := range changes {
+		msg, ok, err := t.message(user, mb.ID, c.UID)
+		if err != nil {
+			t.abort()
+			return err
+		}
+		if !ok {
+			continue
+		}
+		msg.Flags, msg.ModSeq = cleanFlags(c.Flags), c.ModSeq
+		if err := t.b.Set(messageKey(user, mb.ID, c.UID), encodeMessage(&msg), nil); err != nil {
+			t.abort()
+			return err
+		}
+		t.follow(mb, 0, c.ModSeq)
+	}
+	if err := t.putMailbox(user, mb); err != nil {
+		t.abort()
+		return err
+	}
+	return t.commit()
+}
+
+// ExpungeAt removes messages of the mailbox with UIDVALIDITY v.
+func (m *Manager) ExpungeAt(user string, v uint32, uids []uint32) ([]uint32, error) {
+	t := &tx{m: m, b: m.db.NewIndexedBatch()}
+	mb, err := m.fragmentByValidity(t, user, v)
+	t.abort()
+	if err != nil || mb == nil {
+		return nil, err
+	}
+	return m.expunge(user, mb.ID, uids, nil)
+}
+
+// CopyAt copies (or moves) messages of this fragment into another cluster
+// mailbox under the UIDs its writer allocated; bodies stay on this node.
+func (m *Manager) CopyAt(user string, srcV uint32, uids []uint32, dst []Placed, move bool) error {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	fail := func(err error) error { t.abort(); return err }
+	src, err := m.fragmentByValidity(t, user, srcV)
+	if err != nil {
+		return fail(err)
+	}
+	if src == nil {
+		return fail(fmt.Errorf("user %s mailbox uidvalidity %d: %w", user, srcV, ErrNoMailbox))
+	}
+	for i, uid := range uids {
+		msg, ok, err := t.message(user, src.ID, uid)
+		if err != nil {
+			return fail(err)
+		}
+		if !ok {
+			continue
+		}
+		d := &dst[i]
+		mb, err := m.fragmentFor(t, d)
+		if err != nil {
+			return fail(err)
+		}
+		nm := Message{UID: d.UID, ID: msg.ID, Size: msg.Size, Date: msg.Date, Flags: msg.Flags, ModSeq: d.ModSeq}
+		if !move {
+			raw, closer, err := t.b.Get(bodyKey(user, msg.ID))
+			if err != nil {
+				return fail(fmt.Errorf("user %s message %s: body: %w", user, msg.ID, err))
+			}
+			body := bytes.Clone(raw)
+			closer.Close()
+			nm.ID = d.ID
+			if nm.ID == "" {
+				nm.ID = m.NewMessageID()
+			}
+			if err := t.b.Set(bodyKey(user, nm.ID), body, nil); err != nil {
+				return fail(err)
+			}
+		} else if err := t.b.Delete(messageKey(user, src.ID, uid), nil); err != nil {
+			return fail(err)
+		}
+		if err := t.b.Set(messageKey(user, mb.ID, d.UID), encodeMessage(&nm), nil); err != nil {
+			return fail(err)
+		}
+		t.follow(mb, d.UID, d.ModSeq)
+		if mb.ID == src.ID {
+			src = mb
+		}
+		if err := t.putMailbox(user, mb); err != nil {
+			return fail(err)
+		}
+	}
+	if move {
+		if err := t.putMailbox(user, src); err != nil {
+			return fail(err)
+		}
+	}
+	return t.commit()
+}
+
+// DropMailbox removes this node's fragment of a mailbox deleted cluster-wide.
+func (m *Manager) DropMailbox(user string, v uint32) error {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	mb, err := m.fragmentByValidity(t, user, v)
+	if err != nil || mb == nil {
+		t.abort()
+		return err
+	}
+	if err := t.dropMessages(user, mb.ID); err != nil {
+		t.abort()
+		return err
+	}
+	if err := t.b.Delete(mailboxKey(user, mb.Name), nil); err != nil {
+		t.abort()
+		return err
+	}
+	t.touch(user, 0)
+	return t.commit()
+}

@@ -1,0 +1,273 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
+)
+
+// IMAPStore is the IMAP retrieval proxy's view of a user's mail across the
+// cluster (Porcupine §2.3.2): mailbox state and every change go through the
+// user's mailbox writer on the bucket's manager (Neptune level 2), bodies
+// come straight from the node that stores them. It satisfies imap.Store, so
+// the IMAP server has one code path for one node and for many.
+type IMAPStore struct {
+	P *Proxy
+
+	mu sync.Mutex
+	// where remembers, per user, the node of each message id from the last
+	// view the writer sent: bodies are fetched there without asking it.
+	where map[string]map[string]cluster.NodeID
+}
+
+// opTimeout bounds one IMAP operation's round trips to the writer and the
+// fragments.
+const opTimeout = 30 * time.Second
+
+// versionPoll is how often a session's subscription asks the user's writer
+// whether anything changed: changes made through other nodes reach an IDLE
+// session within this time.
+const versionPoll = 500 * time.Millisecond
+
+func (s *IMAPStore) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), opTimeout)
+}
+
+// EnsureUser implements imap.Store; a user's mailboxes are made with the
+// profile.
+func (s *IMAPStore) EnsureUser(user string) error { return nil }
+
+// Mailboxes implements imap.Store.
+func (s *IMAPStore) Mailboxes(user string) ([]mailbox.Mailbox, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Mailboxes", &usermgr.MailboxRequest{User: user}, s.P.Users.LocalMailboxes)
+	if err != nil {
+		return nil, err
+	}
+	return rep.Mailboxes, nil
+}
+
+func (s *IMAPStore) find(user string, match func(*mailbox.Mailbox) bool, what string) (*mailbox.Mailbox, error) {
+	all, err := s.Mailboxes(user)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if match(&all[i]) {
+			return &all[i], nil
+		}
+	}
+	return nil, fmt.Errorf("user %s mailbox %s: %w", user, what, mailbox.ErrNoMailbox)
+}
+
+// Mailbox implements imap.Store.
+func (s *IMAPStore) Mailbox(user, name string) (*mailbox.Mailbox, error) {
+	want := mailbox.NormName(name)
+	return s.find(user, func(m *mailbox.Mailbox) bool { return m.Name == want }, fmt.Sprintf("%q", name))
+}
+
+// MailboxByID implements imap.Store; a mailbox's id is its UIDVALIDITY.
+func (s *IMAPStore) MailboxByID(user string, id uint64) (*mailbox.Mailbox, error) {
+	return s.find(user, func(m *mailbox.Mailbox) bool { return m.ID == id }, fmt.Sprintf("id %d", id))
+}
+
+// Messages implements imap.Store.
+func (s *IMAPStore) Messages(user string, id uint64) ([]mailbox.Message, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	user = userdb.Normalize(user)
+	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Messages", &usermgr.MailboxRequest{User: user, ID: id}, s.P.Users.LocalMessages)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]mailbox.Message, len(rep.Messages))
+	s.mu.Lock()
+	if s.where == nil {
+		s.where = map[string]map[string]cluster.NodeID{}
+	}
+	w := s.where[user]
+	if w == nil {
+		w = map[string]cluster.NodeID{}
+		s.where[user] = w
+	}
+	for i, m := range rep.Messages {
+		out[i] = m.Message
+		w[m.ID] = m.Node
+	}
+	s.mu.Unlock()
+	return out, nil
+}
+
+// Body implements imap.Store.
+func (s *IMAPStore) Body(user, id string) ([]byte, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	user = userdb.Normalize(user)
+	s.mu.Lock()
+	n, ok := s.where[user][id]
+	s.mu.Unlock()
+	if ok {
+		return s.P.body(ctx, n, user, id)
+	}
+	// Not in a view this node has seen: ask the nodes of the mail map.
+	_, mailMap, err := s.P.Users.Lookup(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range mailMap {
+		if b, err := s.P.body(ctx, n, user, id); err == nil {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("user %s message %s: %w", user, id, mailbox.ErrNoMessage)
+}
+
+// Append implements imap.Store (IMAP APPEND): stored like a delivery, into
+// the named mailbox, with its flags and date.
+func (s *IMAPStore) Append(user, name string, raw []byte, flags []string, date time.Time) (*mailbox.Mailbox, mailbox.Message, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	user = userdb.Normalize(user)
+	mb, err := s.Mailbox(user, name)
+	if err != nil {
+		return nil, mailbox.Message{}, err
+	}
+	_, mailMap, err := s.P.Users.Lookup(ctx, user)
+	if err != nil {
+		return nil, mailbox.Message{}, err
+	}
+	var got mailbox.Message
+	err = s.P.placeOne(ctx, user, mailMap, mb.Name, flags, raw, date, &got)
+	if err != nil {
+		return nil, mailbox.Message{}, err
+	}
+	mb, err = s.Mailbox(user, name)
+	return mb, got, err
+}
+
+// CreateMailbox implements imap.Store.
+func (s *IMAPStore) CreateMailbox(user, name, specialUse string) (*mailbox.Mailbox, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	return usermgr.Writer(ctx, s.P.Users, user, "writer.Create", &usermgr.MailboxRequest{User: user, Name: name, SpecialUse: specialUse}, s.P.Users.LocalCreate)
+}
+
+// DeleteMailbox implements imap.Store.
+func (s *IMAPStore) DeleteMailbox(user, name string) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Delete", &usermgr.MailboxRequest{User: user, Name: name}, s.P.Users.LocalDelete)
+	return err
+}
+
+// RenameMailbox implements imap.Store.
+func (s *IMAPStore) RenameMailbox(user, from, to string) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Rename", &usermgr.MailboxRequest{User: user, Name: from, NewName: to}, s.P.Users.LocalRename)
+	return err
+}
+
+// SetSubscribed implements imap.Store.
+func (s *IMAPStore) SetSubscribed(user, name string, on bool) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Subscribe", &usermgr.MailboxRequest{User: user, Name: name, On: on}, s.P.Users.LocalSubscribe)
+	return err
+}
+
+// StoreFlags implements imap.Store.
+func (s *IMAPStore) StoreFlags(user string, mbox uint64, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.StoreFlags", &usermgr.FlagsRequest{User: user, ID: mbox, UIDs: uids,
+		Op: op, Flags: flags, UnchangedSince: unchangedSince}, s.P.Users.LocalStoreFlags)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rep.Updated, rep.Failed, nil
+}
+
+func (s *IMAPStore) expunge(user string, mbox uint64, uids []uint32, onlyDeleted bool) ([]uint32, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Expunge", &usermgr.FlagsRequest{User: user, ID: mbox, UIDs: uids,
+		OnlyDeleted: onlyDeleted}, s.P.Users.LocalExpunge)
+	if err != nil {
+		return nil, err
+	}
+	return rep.UIDs, nil
+}
+
+// Expunge implements imap.Store.
+func (s *IMAPStore) Expunge(user string, mbox uint64, uids []uint32) ([]uint32, error) {
+	return s.expunge(user, mbox, uids, false)
+}
+
+// ExpungeDeleted implements imap.Store.
+func (s *IMAPStore) ExpungeDeleted(user string, mbox uint64, uids []uint32) ([]uint32, error) {
+	return s.expunge(user, mbox, uids, true)
+}
+
+// Copy implements imap.Store.
+func (s *IMAPStore) Copy(user string, src uint64, uids []uint32, dst string, move bool) (*mailbox.CopyResult, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Copy", &usermgr.CopyRequest{User: user, ID: src, UIDs: uids,
+		Dest: dst, Move: move}, s.P.Users.LocalCopy)
+	if err != nil {
+		return nil, err
+	}
+	d := rep.Dest
+	return &mailbox.CopyResult{Dest: &d, SrcUIDs: rep.SrcUIDs, DstUIDs: rep.DstUIDs}, nil
+}
+
+// Subscribe implements imap.Store: changes the writer makes on this node
+// arrive at once; changes made through another node are noticed by polling
+// the writer's change counter every versionPoll.
+func (s *IMAPStore) Subscribe(user string) (<-chan mailbox.Change, func()) {
+	user = userdb.Normalize(user)
+	out := make(chan mailbox.Change, 16)
+	local, unsub := s.P.Users.Subscribe(user)
+	stop := make(chan struct{})
+	send := func(c mailbox.Change) {
+		select {
+		case out <- c:
+		default:
+		}
+	}
+	go func() {
+		t := time.NewTicker(versionPoll)
+		defer t.Stop()
+		var last uint64
+		first := true
+		for {
+			select {
+			case <-stop:
+				return
+			case c := <-local:
+				send(c)
+			case <-t.C:
+				ctx, cancel := context.WithTimeout(context.Background(), versionPoll*4)
+				rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Version", &usermgr.MailboxRequest{User: user}, s.P.Users.LocalVersion)
+				cancel()
+				if err != nil {
+					continue
+				}
+				if !first && rep.Version != last {
+					send(mailbox.Change{User: user})
+				}
+				last, first = rep.Version, false
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() { once.Do(func() { close(stop); unsub() }) }
+}

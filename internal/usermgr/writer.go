@@ -1,0 +1,475 @@
+package usermgr
+
+// The ordered writer of a user's mailboxes (Neptune's level 2: one writer
+// per partition, here the manager of the user's bucket). Messages sit in
+// fragments on many nodes, but IMAP needs, per ⟨user, mailbox⟩, one strictly
+// ascending UID sequence and one MODSEQ (BLUEPRINT invariant 5). The writer
+// hands out UIDs and MODSEQs, decides every flag change, expunge, copy and
+// mailbox change, and keeps a view of each mailbox's messages as soft state,
+// loaded from the fragments and kept current by the changes it makes.
+//
+// What must outlive the writer lives with the profile on its replicas:
+// mailbox names, UIDVALIDITY, subscriptions, and the ends of the blocks of
+// UIDs and MODSEQs reserved so far. A new writer after a failover starts at
+// those ends, past anything the old one handed out.
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/internal/userdb"
+)
+
+const (
+	// reserveBlock is how many UIDs (and MODSEQs) one profile write
+	// reserves: a failover wastes at most this many, and a busy mailbox
+	// writes its profile once per this many deliveries.
+	reserveBlock = 256
+	// allocTimeout is how long an allocated UID hides the UIDs above it
+	// while its message is being stored. No session may see UID n+1 before
+	// n, so sessions see only UIDs below the oldest allocation in flight;
+	// one that never completes stops hiding the rest after this long.
+	allocTimeout = time.Minute
+)
+
+// ErrMailboxExists and ErrNoMailbox are the mailbox package's.
+var (
+	ErrNoMailbox     = mailbox.ErrNoMailbox
+	ErrMailboxExists = mailbox.ErrMailboxExists
+)
+
+// ViewMsg is a message of a mailbox view and the node that stores it.
+type ViewMsg struct {
+	mailbox.Message
+	Node cluster.NodeID `json:"node"`
+}
+
+type boxView struct {
+	uidNext uint32 // next UID to hand out
+	modseq  uint64 // highest MODSEQ handed out
+	// used and usedMod are what sessions are told as UIDNEXT and
+	// HIGHESTMODSEQ: one past the highest UID stored, and the highest
+	// MODSEQ applied. They move only when messages are added or changed
+	// (RFC 3501 §2.3.1.1), while uidNext may jump past a reserved block
+	// after a failover.
+	used     uint32
+	usedMod  uint64
+	loaded   bool
+	msgs     map[uint32]*ViewMsg
+	inflight map[uint32]time.Time
+}
+
+type userWriter struct {
+	mu      sync.Mutex
+	boxes   map[uint32]*boxView
+	version uint64
+}
+
+// writer returns the writer of a user of a bucket this node manages.
+func (m *Manager) writer(ctx context.Context, user string) (*userWriter, error) {
+	bk, err := m.managed(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if bk.writers == nil {
+		bk.writers = map[string]*userWriter{}
+	}
+	w := bk.writers[user]
+	if w == nil {
+		w = &userWriter{boxes: map[uint32]*boxView{}}
+		bk.writers[user] = w
+	}
+	return w, nil
+}
+
+// profileOf returns a copy of the newest profile of a managed user.
+func (m *Manager) profileOf(user string) (*userdb.Profile, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	bk := m.buckets[cluster.Bucket(user)]
+	if bk == nil {
+		return nil, fmt.Errorf("user %s: %w", user, rpc.ErrNotManager)
+	}
+	p, ok := bk.profiles[user]
+	if !ok || p.Deleted {
+		return nil, fmt.Errorf("user %s: %w", user, ErrUnknownUser)
+	}
+	return p.Clone(), nil
+}
+
+// saveProfile writes a changed profile: on every replica for changes a user
+// makes, on at least one for reservations, so delivery goes on while one
+// replica is away (BLUEPRINT invariant 2).
+func (m *Manager) saveProfile(ctx context.Context, p *userdb.Profile, minAcks int) error {
+	p.Version = m.clock.Now()
+	p.Updated = time.Now().UTC()
+	return m.writeProfileAcks(ctx, p, minAcks)
+}
+
+func (m *Manager) nextValidity(p *userdb.Profile) uint32 {
+	v := uint32(time.Now().Unix())
+	if v <= p.LastUIDValidity {
+		v = p.LastUIDValidity + 1
+	}
+	p.LastUIDValidity = v
+	return v
+}
+
+// counters makes sure the view of mailbox v has its UID and MODSEQ counters,
+// which start at the reserved ends recorded in the profile.
+func (w *userWriter) counters(def *userdb.MailboxDef) *boxView {
+	b := w.boxes[def.UIDValidity]
+	if b == nil {
+		b = &boxView{uidNext: max(def.UIDReserved, 1), modseq: max(def.ModSeqReserved, 1),
+			inflight: map[uint32]time.Time{}}
+		w.boxes[def.UIDValidity] = b
+	}
+	return b
+}
+
+// reserve makes sure n more UIDs and MODSEQs are covered by the profile's
+// reservations, writing the profile if not.
+func (m *Manager) reserve(ctx context.Context, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, uids int, modseqs int) error {
+	needUID := uint64(b.uidNext)+uint64(uids) > uint64(def.UIDReserved)
+	needMod := b.modseq+uint64(modseqs) >= def.ModSeqReserved
+	if !needUID && !needMod {
+		return nil
+	}
+	if uint64(b.uidNext)+uint64(uids)+reserveBlock >= 1<<32 {
+		return fmt.Errorf("user %s mailbox %q: UIDs exhausted", p.Address, def.Name)
+	}
+	def.UIDReserved = b.uidNext + uint32(uids) + reserveBlock
+	def.ModSeqReserved = b.modseq + uint64(modseqs) + reserveBlock
+	return m.saveProfile(ctx, p, 1)
+}
+
+func (w *userWriter) changed(m *Manager, user string, v uint32) {
+	w.version++
+	m.Publish(mailbox.Change{User: user, Mailbox: uint64(v)})
+}
+
+// Release gives back, at a clean shutdown, the unused rest of every
+// reserved block of UIDs and MODSEQs, so the next writer continues where
+// this one stopped instead of past the block (a crash still skips it).
+func (m *Manager) Release(ctx context.Context) {
+	m.mu.RLock()
+	type item struct {
+		user string
+		w    *userWriter
+	}
+	var all []item
+	for _, bk := range m.buckets {
+		if bk == nil {
+			continue
+		}
+		for u, w := range bk.writers {
+			all = append(all, item{u, w})
+		}
+	}
+	m.mu.RUnlock()
+	for _, it := range all {
+		it.w.mu.Lock()
+		p, err := m.profileOf(it.user)
+		if err == nil {
+			changed := false
+			for i := range p.Mailboxes {
+				def := &p.Mailboxes[i]
+				b := it.w.boxes[def.UIDValidity]
+				if b == nil || len(b.inflight) > 0 {
+					continue
+				}
+				if def.UIDReserved > b.uidNext || def.ModSeqReserved > b.modseq {
+					def.UIDReserved, def.ModSeqReserved = b.uidNext, b.modseq
+					changed = true
+				}
+			}
+			if changed {
+				if err := m.saveProfile(ctx, p, 1); err != nil {
+					m.log.Warn("could not release reserved UIDs", "user", it.user, "err", err)
+				}
+			}
+		}
+		it.w.mu.Unlock()
+	}
+}
+
+// --- allocation for new messages
+
+// AllocRequest asks the writer for UIDs in a mailbox of a user.
+type AllocRequest struct {
+	User    string `json:"user"`
+	Mailbox string `json:"mailbox"`
+}
+
+// AllocReply is an allocated place.
+type AllocReply struct {
+	Place mailbox.Placed `json:"place"`
+}
+
+// LocalAlloc hands out the next UID and MODSEQ of a mailbox.
+func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocReply, error) {
+	user := userdb.Normalize(req.User)
+	w, err := m.writer(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, err := m.profileOf(user)
+	if err != nil {
+		return nil, err
+	}
+	def := p.MailboxByName(req.Mailbox)
+	if def == nil {
+		if !strings.EqualFold(req.Mailbox, mailbox.Inbox) {
+			return nil, fmt.Errorf("user %s mailbox %q: %w", user, req.Mailbox, ErrNoMailbox)
+		}
+		// A profile from before mailboxes were kept with it: make INBOX.
+		p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: mailbox.Inbox, UIDValidity: m.nextValidity(p), Subscribed: true})
+		def = &p.Mailboxes[len(p.Mailboxes)-1]
+	}
+	b := w.counters(def)
+	if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
+		return nil, err
+	}
+	uid := b.uidNext
+	b.uidNext++
+	b.modseq++
+	b.inflight[uid] = time.Now()
+	return &AllocReply{Place: mailbox.Placed{User: user, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}}, nil
+}
+
+// ConfirmRequest tells the writer a message is stored under its UID.
+type ConfirmRequest struct {
+	Place   mailbox.Placed  `json:"place"`
+	Message mailbox.Message `json:"message"`
+	Node    cluster.NodeID  `json:"node"`
+	// Cancel says the message could not be stored: the UID is given up,
+	// and stops hiding the UIDs above it.
+	Cancel bool `json:"cancel,omitempty"`
+}
+
+// LocalConfirm records a stored message in the view and the mail map.
+func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struct{}, error) {
+	user := userdb.Normalize(req.Place.User)
+	if !req.Cancel {
+		if _, err := m.LocalNote(ctx, &NoteRequest{User: user, Node: req.Node}); err != nil {
+			return nil, err
+		}
+	}
+	w, err := m.writer(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	v := req.Place.UIDValidity
+	if b := w.boxes[v]; b != nil {
+		delete(b.inflight, req.Place.UID)
+		if !req.Cancel {
+			b.markUsed(req.Place.UID, req.Place.ModSeq)
+		}
+		if b.loaded && !req.Cancel {
+			msg := req.Message
+			b.msgs[msg.UID] = &ViewMsg{Message: msg, Node: req.Node}
+		}
+	}
+	w.changed(m, user, v)
+	return &struct{}{}, nil
+}
+
+// --- profile changes, made by the writer so they are ordered with the
+// reservations it writes into the same profile
+
+// ApplyRequest changes a user's profile.
+type ApplyRequest struct {
+	Op      string `json:"op"` // add, passwd, delete
+	Address string `json:"address"`
+	Hash    string `json:"hash,omitempty"`
+}
+
+// LocalApply runs a profile change at the user's manager.
+func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Profile, error) {
+	user := userdb.Normalize(req.Address)
+	w, err := m.writer(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, err := m.profileOf(user)
+	switch req.Op {
+	case "add":
+		if err == nil {
+			return nil, fmt.Errorf("user %s: %w", user, userdb.ErrExists)
+		}
+		now := time.Now().UTC()
+		np := &userdb.Profile{Address: user, PasswordHash: req.Hash, Created: now}
+		m.mu.RLock()
+		if old := m.buckets[cluster.Bucket(user)].profiles[user]; old != nil {
+			np.LastUIDValidity = old.LastUIDValidity // a deleted user's: never repeat
+		}
+		m.mu.RUnlock()
+		for _, d := range mailbox.DefaultMailboxes {
+			np.Mailboxes = append(np.Mailboxes, userdb.MailboxDef{Name: d.Name, SpecialUse: d.SpecialUse,
+				UIDValidity: m.nextValidity(np), Subscribed: true})
+		}
+		w.boxes = map[uint32]*boxView{}
+		return np, m.saveProfile(ctx, np, ProfileReplicas)
+	case "passwd":
+		if err != nil {
+			return nil, err
+		}
+		p.PasswordHash = req.Hash
+		return p, m.saveProfile(ctx, p, ProfileReplicas)
+	case "delete":
+		if err != nil {
+			return nil, err
+		}
+		_, mailMap, _ := m.lookupLocked(user)
+		tomb := &userdb.Profile{Address: user, Created: p.Created, Deleted: true, LastUIDValidity: p.LastUIDValidity}
+		if err := m.saveProfile(ctx, tomb, ProfileReplicas); err != nil {
+			return nil, err
+		}
+		for _, n := range mailMap {
+			m.onNode(ctx, n, "fragment.DropUser", &mailbox.FragmentRequest{User: user}, func() error { return m.boxes.DeleteUser(user) })
+		}
+		w.boxes = map[uint32]*boxView{}
+		return tomb, nil
+	}
+	return nil, fmt.Errorf("unknown profile operation %q", req.Op)
+}
+
+func (m *Manager) lookupLocked(user string) (*userdb.Profile, []cluster.NodeID, error) {
+	rep, err := m.LocalLookup(context.Background(), &LookupRequest{User: user})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rep.Profile, rep.MailMap, nil
+}
+
+// onNode runs a fragment operation on node n: local when n is this node.
+func (m *Manager) onNode(ctx context.Context, n cluster.NodeID, method string, req any, local func() error) error {
+	if n == m.self {
+		return local()
+	}
+	return m.peers.Call(ctx, n, method, req, &mailbox.Empty{})
+}
+
+// --- mailbox views
+
+// load fills the view of a mailbox from every live fragment in the mail
+// map. Two fragments that claim one UID for different messages (a writer
+// that could not see a node's reservation, after a partition) both get new
+// UIDs, so no UID ever names two messages.
+func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
+	if b.loaded {
+		return nil
+	}
+	_, mailMap, err := m.lookupLocked(user)
+	if err != nil {
+		return err
+	}
+	msgs := map[uint32]*ViewMsg{}
+	var clash []*ViewMsg
+	for _, n := range mailMap {
+		var d *mailbox.FragmentDigest
+		if n == m.self {
+			d, err = m.boxes.Fragment(user, def.UIDValidity)
+		} else {
+			d = &mailbox.FragmentDigest{}
+			err = m.peers.Call(ctx, n, "fragment.Get", &mailbox.FragmentRequest{User: user, UIDValidity: def.UIDValidity}, d)
+		}
+		if err != nil {
+			m.log.Warn("fragment unavailable, its messages are hidden", "user", user, "mailbox", def.Name, "node", n, "err", err)
+			continue
+		}
+		if d.UIDNext > b.uidNext {
+			b.uidNext = d.UIDNext
+		}
+		if d.HighestModSeq > b.modseq {
+			b.modseq = d.HighestModSeq
+		}
+		if d.UIDNext > 0 {
+			b.markUsed(d.UIDNext-1, d.HighestModSeq)
+		}
+		for i := range d.Messages {
+			vm := &ViewMsg{Message: d.Messages[i], Node: n}
+			if old, ok := msgs[vm.UID]; ok && old.ID != vm.ID {
+				clash = append(clash, old, vm)
+				delete(msgs, vm.UID)
+				continue
+			}
+			msgs[vm.UID] = vm
+		}
+	}
+	b.msgs, b.loaded = msgs, true
+	for _, vm := range clash {
+		if err := m.relocate(ctx, user, p, def, b, vm); err != nil {
+			m.log.Warn("could not renumber a clashing message", "user", user, "mailbox", def.Name, "uid", vm.UID, "err", err)
+		}
+	}
+	return nil
+}
+
+// relocate gives a message a new UID in its own mailbox, on its node.
+func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, vm *ViewMsg) error {
+	if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
+		return err
+	}
+	b.modseq++
+	dst := mailbox.Placed{User: user, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: b.uidNext, ModSeq: b.modseq}
+	b.uidNext++
+	req := &mailbox.CopyAtRequest{User: user, UIDValidity: def.UIDValidity, UIDs: []uint32{vm.UID}, Dest: []mailbox.Placed{dst}, Move: true}
+	if err := m.onNode(ctx, vm.Node, "fragment.Copy", req, func() error {
+		return m.boxes.CopyAt(user, def.UIDValidity, req.UIDs, req.Dest, true)
+	}); err != nil {
+		return err
+	}
+	nv := *vm
+	nv.UID, nv.ModSeq = dst.UID, dst.ModSeq
+	b.msgs[nv.UID] = &nv
+	b.markUsed(dst.UID, dst.ModSeq)
+	return nil
+}
+
+// visible returns the view's messages a session may see, in UID order:
+// those below the oldest allocation still in flight.
+func (b *boxView) markUsed(uid uint32, modseq uint64) {
+	if uid+1 > b.used {
+		b.used = uid + 1
+	}
+	if modseq > b.usedMod {
+		b.usedMod = modseq
+	}
+}
+
+func (b *boxView) visible() []ViewMsg {
+	limit := uint32(1<<32 - 1)
+	for uid, t := range b.inflight {
+		if time.Since(t) > allocTimeout {
+			delete(b.inflight, uid)
+			continue
+		}
+		if uid < limit {
+			limit = uid
+		}
+	}
+	out := make([]ViewMsg, 0, len(b.msgs))
+	for uid, vm := range b.msgs {
+		if uid < limit {
+			out = append(out, *vm)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out
+}

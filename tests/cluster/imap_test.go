@@ -1,0 +1,171 @@
+package cluster_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/emersion/go-imap/v2/imapclient"
+	"github.com/quillmail/quill/internal/cluster"
+)
+
+// imapView logs in through the node, selects INBOX and returns UIDVALIDITY
+// and, per UID, the message's subject and flags.
+func (n *Node) imapView(user, pw string) (uint32, map[uint32]string, map[uint32][]imap.Flag, error) {
+	c, err := imapclient.DialInsecure(n.Addrs["imap"], nil)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer c.Close()
+	if err := c.Login(user, pw).Wait(); err != nil {
+		return 0, nil, nil, fmt.Errorf("login through %s: %w", n.ID, err)
+	}
+	sel, err := c.Select("INBOX", nil).Wait()
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	subj := map[uint32]string{}
+	flags := map[uint32][]imap.Flag{}
+	if sel.NumMessages > 0 {
+		sec := &imap.FetchItemBodySection{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{"Subject"}, Peek: true}
+		var all imap.SeqSet
+		all.AddRange(1, 0) // 1:*
+		msgs, err := c.Fetch(all, &imap.FetchOptions{UID: true, Flags: true, BodySection: []*imap.FetchItemBodySection{sec}}).Collect()
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		for _, m := range msgs {
+			h := strings.TrimSpace(string(m.FindBodySection(sec)))
+			subj[uint32(m.UID)] = strings.TrimPrefix(h, "Subject: ")
+			flags[uint32(m.UID)] = m.Flags
+		}
+	}
+	c.Logout().Wait()
+	return sel.UIDValidity, subj, flags, nil
+}
+
+// setSeen marks a message \Seen through the node.
+func (n *Node) setSeen(user, pw string, uid uint32) error {
+	c, err := imapclient.DialInsecure(n.Addrs["imap"], nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Login(user, pw).Wait(); err != nil {
+		return err
+	}
+	if _, err := c.Select("INBOX", nil).Wait(); err != nil {
+		return err
+	}
+	_, err = c.Store(imap.UIDSetNum(imap.UID(uid)), &imap.StoreFlags{Op: imap.StoreFlagsAdd, Flags: []imap.Flag{imap.FlagSeen}}, nil).Collect()
+	c.Logout().Wait()
+	return err
+}
+
+// IMAP across nodes (BLUEPRINT invariant 5): every node shows one mailbox
+// with the same UIDs; flags set through one node are seen through another;
+// after the user's manager (the mailbox's writer) is killed, new mail gets
+// UIDs above every UID seen before, and no UID ever names two messages.
+func TestIMAPAcrossNodesAndWriterCrash(t *testing.T) {
+	nodes := startCluster(t, 3)
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user, pw = "imap@cluster.example", "pw"
+	nodes[0].addUser(t, user, pw)
+	seen := map[uint32]string{} // every UID -> subject any session ever saw
+	var validity uint32
+	check := func(n *Node, want int) map[uint32]string {
+		t.Helper()
+		v, subj, _, err := n.imapView(user, pw)
+		if err != nil {
+			t.Fatalf("IMAP through %s: %v", n.ID, err)
+		}
+		if validity == 0 {
+			validity = v
+		} else if v != validity {
+			t.Fatalf("UIDVALIDITY through %s is %d, was %d", n.ID, v, validity)
+		}
+		for uid, s := range subj {
+			if old, ok := seen[uid]; ok && old != s {
+				t.Fatalf("UID %d named %q and now %q", uid, old, s)
+			}
+			seen[uid] = s
+		}
+		if want >= 0 && len(subj) != want {
+			t.Fatalf("IMAP through %s shows %d messages, want %d", n.ID, len(subj), want)
+		}
+		return subj
+	}
+	for i := 0; i < 12; i++ {
+		if err := nodes[i%3].send(user, fmt.Sprintf("before %02d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var first map[uint32]string
+	for _, n := range nodes {
+		v := check(n, 12)
+		if first == nil {
+			first = v
+		}
+	}
+	// UIDs follow delivery order.
+	var maxBefore uint32
+	for uid := range first {
+		maxBefore = max(maxBefore, uid)
+	}
+	if first[maxBefore] != "before 11" {
+		t.Fatalf("highest UID %d holds %q, want the last delivery", maxBefore, first[maxBefore])
+	}
+	// A flag set through node 0 is seen through node 2.
+	if err := nodes[0].setSeen(user, pw, maxBefore); err != nil {
+		t.Fatal(err)
+	}
+	_, _, flags, err := nodes[2].imapView(user, pw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasSeen(flags[maxBefore]) {
+		t.Fatalf("\\Seen set through one node not seen through another: %v", flags[maxBefore])
+	}
+
+	// Kill the user's manager: its writer goes with it.
+	st, _ := nodes[0].Status()
+	mgr := string(st.Buckets[cluster.Bucket(user)].Node)
+	var victim *Node
+	for _, n := range nodes {
+		if n.ID == mgr {
+			victim = n
+		}
+	}
+	victim.Kill9()
+	survivors := without(nodes, victim)
+	waitFor(t, "survivors to rebuild soft state", 60*time.Second, func() bool { return ready(survivors) })
+	for i := 0; i < 6; i++ {
+		if err := survivors[i%2].send(user, fmt.Sprintf("after %02d", i)); err != nil {
+			t.Fatalf("delivery after the writer's node died: %v", err)
+		}
+	}
+	for _, n := range survivors {
+		subj := check(n, -1)
+		for uid, s := range subj {
+			if strings.HasPrefix(s, "after") && uid <= maxBefore {
+				t.Fatalf("message %q got UID %d, not above %d seen before the crash", s, uid, maxBefore)
+			}
+		}
+	}
+	victim.Restart()
+	waitFor(t, "the node to come back", 60*time.Second, func() bool { return ready(nodes) })
+	for _, n := range nodes {
+		check(n, 18)
+	}
+}
+
+func hasSeen(fs []imap.Flag) bool {
+	for _, f := range fs {
+		if f == imap.FlagSeen {
+			return true
+		}
+	}
+	return false
+}
