@@ -11,11 +11,16 @@ import (
 
 // Report is the outcome of a run. Rates are per second of wall time.
 type Report struct {
-	Mode        string  `json:"mode"` // "fixed" or "probe"
-	SMTPAddr    string  `json:"smtp_addr"`
-	POP3Addr    string  `json:"pop3_addr"`
-	Users       int     `json:"users"`
+	Mode     string `json:"mode"` // "fixed" or "probe"
+	SMTPAddr string `json:"smtp_addr"`
+	POP3Addr string `json:"pop3_addr"`
+	IMAPAddr string `json:"imap_addr,omitempty"`
+	Users    int    `json:"users"`
+	// Mix, POPMix and IMAPMix are the shares of the requests that are
+	// SMTP, POP3 and IMAP sessions.
 	Mix         float64 `json:"smtp_fraction"`
+	POPMix      float64 `json:"pop_fraction"`
+	IMAPMix     float64 `json:"imap_fraction"`
 	Seed        uint64  `json:"seed"`
 	DeadlineMS  float64 `json:"deadline_ms"`
 	ElapsedS    float64 `json:"elapsed_s"`
@@ -28,6 +33,7 @@ type Report struct {
 	// probing (the whole run's are in Total).
 	MsgsPerSec float64 `json:"msgs_per_sec"`
 	POPPerSec  float64 `json:"pop_sessions_per_sec"`
+	IMAPPerSec float64 `json:"imap_sessions_per_sec"`
 
 	Total Totals `json:"total"`
 
@@ -44,21 +50,35 @@ type Report struct {
 
 // Totals are the counts of the whole run.
 type Totals struct {
-	Delivered       int64             `json:"delivered"`
-	MsgsPerSec      float64           `json:"msgs_per_sec"`
-	POPSessions     int64             `json:"pop_sessions"`
-	POPPerSec       float64           `json:"pop_sessions_per_sec"`
-	Retrieved       int64             `json:"messages_retrieved"`
-	Requests        int64             `json:"requests"`
-	SMTPLatency     LatencySummary    `json:"smtp_latency"`
-	POPLatency      LatencySummary    `json:"pop_latency"`
-	OverDeadline    map[string]int64  `json:"over_deadline"` // successful but late, by protocol
-	Errors          map[string]int64  `json:"errors"`        // by ErrKind
-	ErrorCount      int64             `json:"error_count"`
-	ErrorSamples    map[string]string `json:"error_samples,omitempty"` // first error of each kind
-	Aborted         int64             `json:"aborted"`                 // cut off at the end of the run
-	MeanMessageSize float64           `json:"mean_message_size"`
-	BytesSent       int64             `json:"bytes_sent"`
+	Delivered    int64          `json:"delivered"`
+	MsgsPerSec   float64        `json:"msgs_per_sec"`
+	POPSessions  int64          `json:"pop_sessions"`
+	POPPerSec    float64        `json:"pop_sessions_per_sec"`
+	Retrieved    int64          `json:"messages_retrieved"`
+	Requests     int64          `json:"requests"`
+	SMTPLatency  LatencySummary `json:"smtp_latency"`
+	POPLatency   LatencySummary `json:"pop_latency"`
+	IMAPSessions int64          `json:"imap_sessions"`
+	IMAPPerSec   float64        `json:"imap_sessions_per_sec"`
+	IMAPLatency  LatencySummary `json:"imap_latency"`
+	// IMAPSteps summarises each step of the successful IMAP sessions, by
+	// step name (connect, login, select, fetch_headers, ...).
+	IMAPSteps map[string]LatencySummary `json:"imap_step_latency,omitempty"`
+	// IMAPListed is the mean number of messages the header FETCH of a
+	// successful IMAP session listed; IMAPEmpty counts the sessions that
+	// found an empty INBOX; IMAPBodies the full messages read.
+	IMAPListed   float64          `json:"imap_mean_messages_listed"`
+	IMAPEmpty    int64            `json:"imap_empty_inbox"`
+	IMAPBodies   int64            `json:"imap_bodies_fetched"`
+	OverDeadline map[string]int64 `json:"over_deadline"` // successful but late, by protocol
+	Errors       map[string]int64 `json:"errors"`        // by ErrKind
+	// ErrorsByProtocol splits Errors by protocol ("smtp", "pop", "imap").
+	ErrorsByProtocol map[string]map[string]int64 `json:"errors_by_protocol"`
+	ErrorCount       int64                       `json:"error_count"`
+	ErrorSamples     map[string]string           `json:"error_samples,omitempty"` // first error of each kind
+	Aborted          int64                       `json:"aborted"`                 // cut off at the end of the run
+	MeanMessageSize  float64                     `json:"mean_message_size"`
+	BytesSent        int64                       `json:"bytes_sent"`
 }
 
 // StepReport is one step of a run (a fixed run has one).
@@ -69,6 +89,8 @@ type StepReport struct {
 	MsgsPerSec   float64        `json:"msgs_per_sec"`
 	POPSessions  int64          `json:"pop_sessions"`
 	POPPerSec    float64        `json:"pop_sessions_per_sec"`
+	IMAPSessions int64          `json:"imap_sessions"`
+	IMAPPerSec   float64        `json:"imap_sessions_per_sec"`
 	Requests     int64          `json:"requests"`
 	Misses       int64          `json:"misses"`
 	MissFraction float64        `json:"miss_fraction"`
@@ -76,6 +98,7 @@ type StepReport struct {
 	Partial      bool           `json:"partial,omitempty"` // cut short by the end of the run
 	SMTPLatency  LatencySummary `json:"smtp_latency"`
 	POPLatency   LatencySummary `json:"pop_latency"`
+	IMAPLatency  LatencySummary `json:"imap_latency"`
 }
 
 // SizeModel documents the size distribution used.
@@ -106,11 +129,14 @@ func stepReport(conc int, d time.Duration, st *Stats, p *Probe) StepReport {
 		MsgsPerSec:   perSec(st.Delivered, d),
 		POPSessions:  st.POP,
 		POPPerSec:    perSec(st.POP, d),
+		IMAPSessions: st.IMAP,
+		IMAPPerSec:   perSec(st.IMAP, d),
 		Requests:     st.Requests,
 		Misses:       st.Misses(),
 		MissFraction: math.Round(st.MissFraction()*1e4) / 1e4,
 		SMTPLatency:  st.Latency(OpSMTP),
 		POPLatency:   st.Latency(OpPOP),
+		IMAPLatency:  st.Latency(OpIMAP),
 	}
 	if p == nil {
 		p = NewProbe()
@@ -147,8 +173,11 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 		Mode:        "fixed",
 		SMTPAddr:    cfg.SMTPAddr,
 		POP3Addr:    cfg.POP3Addr,
+		IMAPAddr:    cfg.IMAPAddr,
 		Users:       len(cfg.Users),
-		Mix:         cfg.Mix,
+		Mix:         (1 - cfg.IMAPMix) * cfg.Mix,
+		POPMix:      (1 - cfg.IMAPMix) * (1 - cfg.Mix),
+		IMAPMix:     cfg.IMAPMix,
 		Seed:        cfg.Seed,
 		DeadlineMS:  ms(cfg.Deadline),
 		ElapsedS:    round2(elapsed.Seconds()),
@@ -166,20 +195,41 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 		},
 	}
 	t := Totals{
-		Delivered:       st.Delivered,
-		MsgsPerSec:      perSec(st.Delivered, elapsed),
-		POPSessions:     st.POP,
-		POPPerSec:       perSec(st.POP, elapsed),
-		Retrieved:       st.Retrieved,
-		Requests:        st.Requests,
-		SMTPLatency:     st.Latency(OpSMTP),
-		POPLatency:      st.Latency(OpPOP),
-		OverDeadline:    map[string]int64{"smtp": st.Over[OpSMTP], "pop": st.Over[OpPOP]},
-		Errors:          make(map[string]int64),
-		ErrorCount:      st.ErrorCount(),
-		Aborted:         st.Aborted,
-		MeanMessageSize: math.Round(st.MeanSize()),
-		BytesSent:       st.BytesSent,
+		Delivered:        st.Delivered,
+		MsgsPerSec:       perSec(st.Delivered, elapsed),
+		POPSessions:      st.POP,
+		POPPerSec:        perSec(st.POP, elapsed),
+		Retrieved:        st.Retrieved,
+		Requests:         st.Requests,
+		SMTPLatency:      st.Latency(OpSMTP),
+		POPLatency:       st.Latency(OpPOP),
+		IMAPSessions:     st.IMAP,
+		IMAPPerSec:       perSec(st.IMAP, elapsed),
+		IMAPLatency:      st.Latency(OpIMAP),
+		IMAPEmpty:        st.IMAPEmpty,
+		IMAPBodies:       st.IMAPBodies,
+		OverDeadline:     make(map[string]int64),
+		Errors:           make(map[string]int64),
+		ErrorsByProtocol: make(map[string]map[string]int64),
+		ErrorCount:       st.ErrorCount(),
+		Aborted:          st.Aborted,
+		MeanMessageSize:  math.Round(st.MeanSize()),
+		BytesSent:        st.BytesSent,
+	}
+	if st.IMAP > 0 {
+		t.IMAPListed = math.Round(float64(st.IMAPListed)/float64(st.IMAP)*10) / 10
+		t.IMAPSteps = make(map[string]LatencySummary)
+		for _, s := range IMAPSteps {
+			t.IMAPSteps[s.String()] = st.IMAPStepLatency(s)
+		}
+	}
+	for op := range numOps {
+		t.OverDeadline[op.String()] = st.Over[op]
+		m := make(map[string]int64)
+		for _, k := range ErrKinds {
+			m[string(k)] = st.OpErrors[op][k]
+		}
+		t.ErrorsByProtocol[op.String()] = m
 	}
 	for _, k := range ErrKinds {
 		t.Errors[string(k)] = st.Errors[k]
@@ -191,14 +241,14 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 		}
 	}
 	r.Total = t
-	r.MsgsPerSec, r.POPPerSec = t.MsgsPerSec, t.POPPerSec
+	r.MsgsPerSec, r.POPPerSec, r.IMAPPerSec = t.MsgsPerSec, t.POPPerSec, t.IMAPPerSec
 	if cfg.Probe != nil {
 		r.Mode = "probe"
 		r.Concurrency = 0
 		if b := BestStep(steps); b >= 0 {
 			r.Best = b
 			r.Concurrency = steps[b].Concurrency
-			r.MsgsPerSec, r.POPPerSec = steps[b].MsgsPerSec, steps[b].POPPerSec
+			r.MsgsPerSec, r.POPPerSec, r.IMAPPerSec = steps[b].MsgsPerSec, steps[b].POPPerSec, steps[b].IMAPPerSec
 		}
 	}
 	return r
@@ -215,16 +265,27 @@ func (r *Report) WriteJSON(w io.Writer) error {
 func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
 	t := &r.Total
-	fmt.Fprintf(&b, "quill bench: Porcupine workload, %s mode, %d users, %.0f%% SMTP, deadline %.0f ms, %.1f s\n",
-		r.Mode, r.Users, r.Mix*100, r.DeadlineMS, r.ElapsedS)
-	fmt.Fprintf(&b, "  SMTP %s   POP3 %s\n", r.SMTPAddr, r.POP3Addr)
+	withIMAP := r.IMAPMix > 0
+	if withIMAP {
+		fmt.Fprintf(&b, "quill bench: Porcupine workload with IMAP sessions, %s mode, %d users, %.0f%% SMTP / %.0f%% POP3 / %.0f%% IMAP, deadline %.0f ms, %.1f s\n",
+			r.Mode, r.Users, r.Mix*100, r.POPMix*100, r.IMAPMix*100, r.DeadlineMS, r.ElapsedS)
+		fmt.Fprintf(&b, "  SMTP %s   POP3 %s   IMAP %s\n", r.SMTPAddr, r.POP3Addr, r.IMAPAddr)
+	} else {
+		fmt.Fprintf(&b, "quill bench: Porcupine workload, %s mode, %d users, %.0f%% SMTP, deadline %.0f ms, %.1f s\n",
+			r.Mode, r.Users, r.Mix*100, r.DeadlineMS, r.ElapsedS)
+		fmt.Fprintf(&b, "  SMTP %s   POP3 %s\n", r.SMTPAddr, r.POP3Addr)
+	}
 	if r.Interrupted {
 		fmt.Fprintf(&b, "  (interrupted)\n")
 	}
 	if r.Mode == "probe" {
 		fmt.Fprintf(&b, "\nprobe steps:\n")
-		fmt.Fprintf(&b, "  %4s %6s %7s %9s %8s %8s %7s %9s %9s\n",
-			"conc", "secs", "msgs", "msg/s", "pop/s", "reqs", "miss%", "smtp p50", "smtp p99")
+		imapHead := ""
+		if withIMAP {
+			imapHead = fmt.Sprintf(" %8s %9s", "imap/s", "imap p50")
+		}
+		fmt.Fprintf(&b, "  %4s %6s %7s %9s %8s%s %8s %7s %9s %9s\n",
+			"conc", "secs", "msgs", "msg/s", "pop/s", imapHead, "reqs", "miss%", "smtp p50", "smtp p99")
 		for i, s := range r.Steps {
 			mark := ""
 			switch {
@@ -235,13 +296,16 @@ func (r *Report) WriteText(w io.Writer) error {
 			case s.Overloaded:
 				mark = "  (overloaded)"
 			}
-			fmt.Fprintf(&b, "  %4d %6.1f %7d %9.1f %8.1f %8d %6.1f%% %7.1fms %7.1fms%s\n",
-				s.Concurrency, s.DurationS, s.Delivered, s.MsgsPerSec, s.POPPerSec, s.Requests,
+			imapCols := ""
+			if withIMAP {
+				imapCols = fmt.Sprintf(" %8.1f %7.1fms", s.IMAPPerSec, s.IMAPLatency.P50)
+			}
+			fmt.Fprintf(&b, "  %4d %6.1f %7d %9.1f %8.1f%s %8d %6.1f%% %7.1fms %7.1fms%s\n",
+				s.Concurrency, s.DurationS, s.Delivered, s.MsgsPerSec, s.POPPerSec, imapCols, s.Requests,
 				s.MissFraction*100, s.SMTPLatency.P50, s.SMTPLatency.P99, mark)
 		}
 		if r.Best >= 0 {
-			fmt.Fprintf(&b, "\nbest step: concurrency %d: %.1f messages/s delivered, %.1f POP sessions/s\n",
-				r.Concurrency, r.MsgsPerSec, r.POPPerSec)
+			fmt.Fprintf(&b, "\nbest step: concurrency %d: %s\n", r.Concurrency, r.rates())
 		}
 		fmt.Fprintf(&b, "\nwhole run:\n")
 	} else {
@@ -250,22 +314,49 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "  messages delivered   %d (%.1f/s)\n", t.Delivered, t.MsgsPerSec)
 	fmt.Fprintf(&b, "  POP sessions         %d (%.1f/s), %d messages retrieved and deleted\n",
 		t.POPSessions, t.POPPerSec, t.Retrieved)
+	if withIMAP {
+		fmt.Fprintf(&b, "  IMAP sessions        %d (%.1f/s), %.1f messages listed per session, %d messages read, %d empty INBOXes\n",
+			t.IMAPSessions, t.IMAPPerSec, t.IMAPListed, t.IMAPBodies, t.IMAPEmpty)
+	}
 	fmt.Fprintf(&b, "  mean message size    %.0f B (model mean %.0f B, median %d B, clip [%d, %d])\n",
 		t.MeanMessageSize, r.SizeModel.Mean, r.SizeModel.Median, r.SizeModel.Min, r.SizeModel.Max)
 	fmt.Fprintf(&b, "\n  latency (ms)   %7s %9s %9s %9s %9s %9s\n", "count", "mean", "p50", "p90", "p99", "max")
-	for _, l := range []struct {
+	type row struct {
 		name string
 		s    LatencySummary
-	}{{"SMTP", t.SMTPLatency}, {"POP", t.POPLatency}} {
+	}
+	rows := []row{{"SMTP", t.SMTPLatency}, {"POP", t.POPLatency}}
+	if withIMAP {
+		rows = append(rows, row{"IMAP", t.IMAPLatency})
+		for _, s := range IMAPSteps {
+			rows = append(rows, row{"  " + s.String(), t.IMAPSteps[s.String()]})
+		}
+	}
+	for _, l := range rows {
 		fmt.Fprintf(&b, "  %-14s %7d %9.1f %9.1f %9.1f %9.1f %9.1f\n",
 			l.name, l.s.Count, l.s.Mean, l.s.P50, l.s.P90, l.s.P99, l.s.Max)
 	}
-	fmt.Fprintf(&b, "\n  over the %.0f ms deadline: SMTP %d, POP %d\n", r.DeadlineMS, t.OverDeadline["smtp"], t.OverDeadline["pop"])
+	fmt.Fprintf(&b, "\n  over the %.0f ms deadline: SMTP %d, POP %d", r.DeadlineMS, t.OverDeadline["smtp"], t.OverDeadline["pop"])
+	if withIMAP {
+		fmt.Fprintf(&b, ", IMAP %d", t.OverDeadline["imap"])
+	}
+	fmt.Fprintf(&b, "\n")
 	fmt.Fprintf(&b, "  errors: %d", t.ErrorCount)
 	for _, k := range ErrKinds {
 		fmt.Fprintf(&b, "  %s %d", k, t.Errors[string(k)])
 	}
 	fmt.Fprintf(&b, "\n")
+	if withIMAP {
+		var n int64
+		for _, v := range t.ErrorsByProtocol["imap"] {
+			n += v
+		}
+		fmt.Fprintf(&b, "  IMAP errors: %d", n)
+		for _, k := range []ErrKind{ErrConnect, ErrIMAPNo, ErrIMAPBad, ErrTimeout, ErrOther} {
+			fmt.Fprintf(&b, "  %s %d", k, t.ErrorsByProtocol["imap"][string(k)])
+		}
+		fmt.Fprintf(&b, "\n")
+	}
 	for _, k := range ErrKinds {
 		if m, ok := t.ErrorSamples[string(k)]; ok {
 			fmt.Fprintf(&b, "    first %s: %s\n", k, m)
@@ -280,9 +371,18 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "\n")
 	}
 	if r.Mode == "fixed" {
-		fmt.Fprintf(&b, "\nresult: %.1f messages/s delivered, %.1f POP sessions/s at concurrency %d\n",
-			r.MsgsPerSec, r.POPPerSec, r.Concurrency)
+		fmt.Fprintf(&b, "\nresult: %s at concurrency %d\n", r.rates(), r.Concurrency)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// rates is the headline: messages delivered, POP and IMAP sessions per
+// second.
+func (r *Report) rates() string {
+	s := fmt.Sprintf("%.1f messages/s delivered, %.1f POP sessions/s", r.MsgsPerSec, r.POPPerSec)
+	if r.IMAPMix > 0 {
+		s += fmt.Sprintf(", %.1f IMAP sessions/s", r.IMAPPerSec)
+	}
+	return s
 }

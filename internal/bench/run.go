@@ -293,7 +293,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	rec := &recorder{deadline: cfg.Deadline, step: new(Stats)}
 	rn := &runner{cfg: cfg, rec: rec, stop: stop, abort: abort,
-		runID:   strconv.FormatInt(time.Now().UnixNano(), 36),
+		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
 		readerBusy: make([]atomic.Bool, len(cfg.Users))}
 
 	cpu0 := takeCPUSample(cfg.ServerPIDs)

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
@@ -130,6 +132,17 @@ func writeFileSync(path string, data []byte) error {
 	return f.Close()
 }
 
+// Disk-full detection for the load balancer (Porcupine §5: load is pending
+// disk operations plus a disk-full flag).
+const (
+	// diskFullBelow is the free space under which a node takes no new
+	// mail: room left for the store's compactions and for the mail it
+	// already accepted.
+	diskFullBelow = 256 << 20
+	// diskCheckInterval is how often free space is read.
+	diskCheckInterval = 2 * time.Second
+)
+
 // releaseTimeout bounds giving back reserved UIDs at shutdown.
 const releaseTimeout = 5 * time.Second
 
@@ -150,6 +163,23 @@ type Core struct {
 	log     *slog.Logger
 	rpcLn   net.Listener
 	stop    chan struct{}
+	full    atomic.Bool
+	dataDir string
+}
+
+// DiskFull reports whether the data directory's file system has less than
+// diskFullBelow free.
+func (c *Core) DiskFull() bool { return c.full.Load() }
+
+func (c *Core) checkDisk() {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(c.dataDir, &st); err != nil {
+		return
+	}
+	full := st.Bavail*uint64(st.Bsize) < diskFullBelow
+	if full != c.full.Swap(full) {
+		c.log.Warn("disk space", "data", c.dataDir, "full", full, "free_bytes", st.Bavail*uint64(st.Bsize))
+	}
 }
 
 // NewCore opens the data directory and starts the managers. clusterAddr
@@ -170,7 +200,8 @@ func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Cor
 	if err != nil {
 		return nil, err
 	}
-	c := &Core{ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker()}
+	c := &Core{ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker(), dataDir: dataDir}
+	c.checkDisk()
 	c.Boxes = mailbox.New(db)
 	c.Users = usermgr.New(id, userdb.New(db), c.Boxes, hlc.New(), log)
 	client := rpc.NewClient()
@@ -178,7 +209,7 @@ func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Cor
 	c.Users.SetPeers(c.Peers)
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
 		Spread: balance.DefaultSpread}
-	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending()} })
+	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC)
 	c.Proxy.Register(c.RPC)
 
@@ -212,7 +243,7 @@ func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Cor
 	t0 := time.Now()
 	m, err := cluster.StartMembership(cluster.MembershipConfig{
 		Self: id, Boot: boot, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
-		Load:    func() (int, bool) { return c.Boxes.Pending(), false },
+		Load:    func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
 		Domains: c.Users.LocalDomains,
 		Logger:  log,
 		OnChange: func(old, new *cluster.UserMap) {
@@ -235,12 +266,17 @@ func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Cor
 	go func() {
 		t := time.NewTicker(usermgr.RefreshInterval)
 		defer t.Stop()
+		disk := time.NewTicker(diskCheckInterval)
+		defer disk.Stop()
 		for {
 			select {
 			case <-c.stop:
 				return
 			case <-t.C:
 				c.Users.Refresh(c.Members.Alive())
+			case <-disk.C:
+				c.checkDisk()
+				c.Loads.Observe(c.ID, balance.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()})
 			}
 		}
 	}()

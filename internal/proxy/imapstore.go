@@ -139,12 +139,12 @@ func (s *IMAPStore) Append(user, name string, raw []byte, flags []string, date t
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
-	_, mailMap, err := s.P.Users.Lookup(ctx, user)
+	prof, mailMap, err := s.P.Users.Lookup(ctx, user)
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
 	var got mailbox.Message
-	err = s.P.placeOne(ctx, user, mailMap, mb.Name, flags, raw, date, &got)
+	err = s.P.placeOne(ctx, user, target{mailMap: mailMap, spread: prof.Spread}, mb.Name, flags, raw, date, &got)
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}

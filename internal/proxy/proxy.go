@@ -55,7 +55,10 @@ type Proxy struct {
 	rnd   *rand.Rand
 }
 
-func (p *Proxy) choose(holders []cluster.NodeID, exclude map[cluster.NodeID]bool) (cluster.NodeID, bool) {
+func (p *Proxy) choose(holders []cluster.NodeID, spread int, exclude map[cluster.NodeID]bool) (cluster.NodeID, bool) {
+	if spread <= 0 {
+		spread = p.Spread
+	}
 	var live []cluster.NodeID
 	for _, m := range p.Peers.Alive() {
 		if !exclude[m.ID] {
@@ -67,7 +70,7 @@ func (p *Proxy) choose(holders []cluster.NodeID, exclude map[cluster.NodeID]bool
 	if p.rnd == nil {
 		p.rnd = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
-	return balance.Choose(holders, live, p.Spread, p.Loads.Get, p.rnd)
+	return balance.Choose(holders, live, spread, p.Loads.Get, p.rnd)
 }
 
 // CheckRecipient says whether mail for addr is accepted here: nil, or an
@@ -97,18 +100,18 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 // message is durable for every recipient.
 func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	start := time.Now()
-	holders := map[string][]cluster.NodeID{}
+	holders := map[string]target{}
 	var users []string
 	for _, r := range rcpts {
 		u := userdb.Normalize(r)
 		if _, ok := holders[u]; ok {
 			continue
 		}
-		_, mm, err := p.Users.Lookup(ctx, u)
+		prof, mm, err := p.Users.Lookup(ctx, u)
 		if err != nil {
 			return err
 		}
-		holders[u] = mm
+		holders[u] = target{mailMap: mm, spread: prof.Spread}
 		users = append(users, u)
 	}
 	if err := p.place(ctx, users, holders, mailbox.Inbox, nil, raw, start); err != nil {
@@ -119,9 +122,16 @@ func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	return nil
 }
 
+// target is what placement needs of a user: where its mail is and how far
+// it may spread.
+type target struct {
+	mailMap []cluster.NodeID
+	spread  int
+}
+
 // place stores raw into mailbox name of every user, choosing a node per
 // user and retrying on other nodes when one fails (Porcupine §4.1).
-func (p *Proxy) place(ctx context.Context, users []string, holders map[string][]cluster.NodeID, name string, flags []string, raw []byte, date time.Time) error {
+func (p *Proxy) place(ctx context.Context, users []string, holders map[string]target, name string, flags []string, raw []byte, date time.Time) error {
 	pending := users
 	failed := map[cluster.NodeID]bool{}
 	id := p.Boxes.NewMessageID()
@@ -131,7 +141,7 @@ func (p *Proxy) place(ctx context.Context, users []string, holders map[string][]
 		}
 		groups := map[cluster.NodeID][]mailbox.Placed{}
 		for _, u := range pending {
-			n, ok := p.choose(holders[u], failed)
+			n, ok := p.choose(holders[u].mailMap, holders[u].spread, failed)
 			if !ok {
 				return fmt.Errorf("deliver to %s: no live node with disk space", u)
 			}
@@ -167,8 +177,8 @@ func (p *Proxy) place(ctx context.Context, users []string, holders map[string][]
 
 // placeOne stores one message for one user into a named mailbox and
 // returns its index record.
-func (p *Proxy) placeOne(ctx context.Context, user string, holders []cluster.NodeID, name string, flags []string, raw []byte, date time.Time, got *mailbox.Message) error {
-	n, ok := p.choose(holders, nil)
+func (p *Proxy) placeOne(ctx context.Context, user string, t target, name string, flags []string, raw []byte, date time.Time, got *mailbox.Message) error {
+	n, ok := p.choose(t.mailMap, t.spread, nil)
 	if !ok {
 		return fmt.Errorf("append for %s: no live node with disk space", user)
 	}

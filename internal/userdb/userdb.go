@@ -42,6 +42,9 @@ type Profile struct {
 	// UIDVALIDITY, subscriptions and how far UIDs and MODSEQs were handed
 	// out — lives here, with the profile, on its replicas.
 	Mailboxes []MailboxDef `json:"mailboxes,omitempty"`
+	// Spread is how many nodes this user's mail may spread over (Porcupine
+	// §5); 0 means the cluster default.
+	Spread int `json:"spread,omitempty"`
 	// LastUIDValidity is the highest UIDVALIDITY given to any mailbox of the
 	// user, so a mailbox made again never repeats one (RFC 3501 §2.3.1.1).
 	LastUIDValidity uint32 `json:"last_uidvalidity,omitempty"`
