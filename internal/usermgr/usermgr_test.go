@@ -101,6 +101,7 @@ func (c *testCluster) start(id cluster.NodeID, dir string, boot uint64) *testNod
 	n.mgr.SetPeers(peers{c, id})
 	n.srv = rpc.NewServer(func() rpc.Load { return rpc.Load{} })
 	n.mgr.Register(n.srv)
+	n.boxes.Register(n.srv)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)

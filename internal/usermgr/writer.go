@@ -217,35 +217,29 @@ type AllocReply struct {
 
 // LocalAlloc hands out the next UID and MODSEQ of a mailbox.
 func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocReply, error) {
-	user := userdb.Normalize(req.User)
-	w, err := m.writer(ctx, user)
-	if err != nil {
-		return nil, err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	p, err := m.profileOf(user)
-	if err != nil {
-		return nil, err
-	}
-	def := p.MailboxByName(req.Mailbox)
-	if def == nil {
-		if !strings.EqualFold(req.Mailbox, mailbox.Inbox) {
-			return nil, fmt.Errorf("user %s mailbox %q: %w", user, req.Mailbox, ErrNoMailbox)
+	out := &AllocReply{}
+	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
+		def := p.MailboxByName(req.Mailbox)
+		if def == nil {
+			if !strings.EqualFold(req.Mailbox, mailbox.Inbox) {
+				return fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Mailbox, ErrNoMailbox)
+			}
+			// A profile from before mailboxes were kept with it: make INBOX.
+			p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: mailbox.Inbox, UIDValidity: m.nextValidity(p), Subscribed: true})
+			def = &p.Mailboxes[len(p.Mailboxes)-1]
 		}
-		// A profile from before mailboxes were kept with it: make INBOX.
-		p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: mailbox.Inbox, UIDValidity: m.nextValidity(p), Subscribed: true})
-		def = &p.Mailboxes[len(p.Mailboxes)-1]
-	}
-	b := w.counters(def)
-	if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
-		return nil, err
-	}
-	uid := b.uidNext
-	b.uidNext++
-	b.modseq++
-	b.inflight[uid] = time.Now()
-	return &AllocReply{Place: mailbox.Placed{User: user, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}}, nil
+		b := w.counters(def)
+		if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
+			return err
+		}
+		uid := b.uidNext
+		b.uidNext++
+		b.modseq++
+		b.inflight[uid] = time.Now()
+		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}
+		return nil
+	})
+	return out, err
 }
 
 // ConfirmRequest tells the writer a message is stored under its UID.

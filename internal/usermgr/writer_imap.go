@@ -71,6 +71,19 @@ func findDef(p *userdb.Profile, req *MailboxRequest) (*userdb.MailboxDef, error)
 	return def, nil
 }
 
+// openBox finds a mailbox and makes sure its view is loaded.
+func (m *Manager) openBox(ctx context.Context, w *userWriter, p *userdb.Profile, req *MailboxRequest) (*userdb.MailboxDef, *boxView, error) {
+	def, err := findDef(p, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := w.counters(def)
+	if err := m.load(ctx, p.Address, p, def, b); err != nil {
+		return nil, nil, err
+	}
+	return def, b, nil
+}
+
 // LocalMailboxes lists the user's mailboxes, sorted by name.
 func (m *Manager) LocalMailboxes(ctx context.Context, req *MailboxRequest) (*MailboxesReply, error) {
 	out := &MailboxesReply{}
@@ -93,12 +106,8 @@ func (m *Manager) LocalMailboxes(ctx context.Context, req *MailboxRequest) (*Mai
 func (m *Manager) LocalMessages(ctx context.Context, req *MailboxRequest) (*MessagesReply, error) {
 	out := &MessagesReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
-		def, err := findDef(p, req)
+		def, b, err := m.openBox(ctx, w, p, req)
 		if err != nil {
-			return err
-		}
-		b := w.counters(def)
-		if err := m.load(ctx, p.Address, p, def, b); err != nil {
 			return err
 		}
 		out.Mailbox = toMailbox(def, b)
@@ -251,12 +260,8 @@ type FlagsReply struct {
 func (m *Manager) LocalStoreFlags(ctx context.Context, req *FlagsRequest) (*FlagsReply, error) {
 	out := &FlagsReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
-		def, err := findDef(p, &MailboxRequest{ID: req.ID})
+		def, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: req.ID})
 		if err != nil {
-			return err
-		}
-		b := w.counters(def)
-		if err := m.load(ctx, p.Address, p, def, b); err != nil {
 			return err
 		}
 		if err := m.reserve(ctx, p, def, b, 0, len(req.UIDs)); err != nil {
@@ -317,12 +322,8 @@ type UIDsReply struct {
 func (m *Manager) LocalExpunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, error) {
 	out := &UIDsReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
-		def, err := findDef(p, &MailboxRequest{ID: req.ID})
+		def, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: req.ID})
 		if err != nil {
-			return err
-		}
-		b := w.counters(def)
-		if err := m.load(ctx, p.Address, p, def, b); err != nil {
 			return err
 		}
 		byNode := map[cluster.NodeID][]uint32{}
@@ -383,19 +384,12 @@ type CopyReply struct {
 func (m *Manager) LocalCopy(ctx context.Context, req *CopyRequest) (*CopyReply, error) {
 	out := &CopyReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
-		src, err := findDef(p, &MailboxRequest{ID: req.ID})
+		src, sb, err := m.openBox(ctx, w, p, &MailboxRequest{ID: req.ID})
 		if err != nil {
 			return err
 		}
-		dst, err := findDef(p, &MailboxRequest{Name: req.Dest})
+		dst, db, err := m.openBox(ctx, w, p, &MailboxRequest{Name: req.Dest})
 		if err != nil {
-			return err
-		}
-		sb, db := w.counters(src), w.counters(dst)
-		if err := m.load(ctx, p.Address, p, src, sb); err != nil {
-			return err
-		}
-		if err := m.load(ctx, p.Address, p, dst, db); err != nil {
 			return err
 		}
 		if err := m.reserve(ctx, p, dst, db, len(req.UIDs), len(req.UIDs)); err != nil {

@@ -1,0 +1,141 @@
+package usermgr
+
+import (
+	"testing"
+	"time"
+
+	"github.com/quillmail/quill/internal/mailbox"
+)
+
+func alloc(t *testing.T, m *Manager, user string) mailbox.Placed {
+	t.Helper()
+	a, err := m.LocalAlloc(ctx(t), &AllocRequest{User: user, Mailbox: "INBOX"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.Place
+}
+
+func storeAndConfirm(t *testing.T, n *testNode, pl mailbox.Placed, subject string) {
+	storeAndConfirmTo(t, n, n.mgr, pl, subject)
+}
+
+// storeAndConfirmTo stores on node n and confirms to the writer mgr.
+func storeAndConfirmTo(t *testing.T, n *testNode, mgr *Manager, pl mailbox.Placed, subject string) {
+	t.Helper()
+	id := n.boxes.NewMessageID()
+	raw := []byte("Subject: " + subject + "\r\n\r\n")
+	if err := n.boxes.StoreAt([]mailbox.Placed{pl}, id, raw, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), ModSeq: pl.ModSeq}
+	if _, err := mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: pl, Message: msg, Node: n.id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func inbox(t *testing.T, m *Manager, user string) *MessagesReply {
+	t.Helper()
+	rep, err := m.LocalMessages(ctx(t), &MailboxRequest{User: user, Name: "INBOX"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// No session sees UID n+1 before n: a message stored under a later UID
+// stays hidden while an earlier allocation is still being stored.
+func TestWriterHidesUIDsAboveAllocationsInFlight(t *testing.T) {
+	c := newTestCluster(t)
+	n := c.start("a", "", 1)
+	c.setAlive("a")
+	u := "w@example.org"
+	if _, err := n.mgr.AddUser(ctx(t), u, "pw"); err != nil {
+		t.Fatal(err)
+	}
+	first, second := alloc(t, n.mgr, u), alloc(t, n.mgr, u)
+	if second.UID != first.UID+1 || second.ModSeq <= first.ModSeq {
+		t.Fatalf("allocations %+v then %+v", first, second)
+	}
+	storeAndConfirm(t, n, second, "second")
+	if got := inbox(t, n.mgr, u); len(got.Messages) != 0 {
+		t.Fatalf("UID %d visible while UID %d is in flight", second.UID, first.UID)
+	}
+	storeAndConfirm(t, n, first, "first")
+	got := inbox(t, n.mgr, u)
+	if len(got.Messages) != 2 || got.Messages[0].UID != first.UID || got.Mailbox.UIDNext != second.UID+1 {
+		t.Fatalf("view %+v", got)
+	}
+	// A cancelled allocation stops hiding at once.
+	third, fourth := alloc(t, n.mgr, u), alloc(t, n.mgr, u)
+	storeAndConfirm(t, n, fourth, "fourth")
+	n.mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: third, Cancel: true})
+	if got := inbox(t, n.mgr, u); len(got.Messages) != 3 || got.Messages[2].UID != fourth.UID {
+		t.Fatalf("after cancel: %+v", got.Messages)
+	}
+}
+
+// A new writer (a restart without a clean shutdown, or a failover) starts
+// past every UID the old one reserved, and UIDNEXT as clients see it does
+// not move until a message is added.
+func TestWriterNeverReusesUIDsAfterCrash(t *testing.T) {
+	c := newTestCluster(t)
+	n := c.start("a", "", 1)
+	c.setAlive("a")
+	u := "w@example.org"
+	n.mgr.AddUser(ctx(t), u, "pw")
+	var last mailbox.Placed
+	for i := 0; i < 3; i++ {
+		last = alloc(t, n.mgr, u)
+		storeAndConfirm(t, n, last, "before")
+	}
+	// One more allocated and stored but never confirmed: the crash hit.
+	lost := alloc(t, n.mgr, u)
+	n.boxes.StoreAt([]mailbox.Placed{lost}, n.boxes.NewMessageID(), []byte("Subject: lost\r\n\r\n"), time.Now())
+	before := inbox(t, n.mgr, u).Mailbox
+	dir := n.dir
+	c.kill("a") // no Release: like kill -9
+	n = c.start("a", dir, 2)
+	c.setAlive("a")
+	got := inbox(t, n.mgr, u)
+	if got.Mailbox.UIDValidity != before.UIDValidity {
+		t.Fatal("UIDVALIDITY changed across a restart")
+	}
+	if len(got.Messages) != 4 {
+		t.Fatalf("after restart %d messages, want 4 (the unconfirmed one is on disk)", len(got.Messages))
+	}
+	next := alloc(t, n.mgr, u)
+	if next.UID <= lost.UID {
+		t.Fatalf("new writer handed out UID %d, old one had reached %d", next.UID, lost.UID)
+	}
+	if next.ModSeq <= lost.ModSeq {
+		t.Fatalf("MODSEQ went back: %d after %d", next.ModSeq, lost.ModSeq)
+	}
+}
+
+// Two fragments claiming one UID for different messages both get new UIDs.
+func TestWriterRenumbersClashingUIDs(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", "", 1)
+	b := c.start("b", "", 1)
+	c.setAlive("a", "b")
+	u := "w@example.org"
+	a.mgr.AddUser(ctx(t), u, "pw")
+	mgr := c.nodes[c.um.Manager(u)]
+	pl := alloc(t, mgr.mgr, u)
+	storeAndConfirmTo(t, a, mgr.mgr, pl, "on a")
+	// The same place stored on b too, as a writer cut off from the
+	// reservation might have done.
+	b.boxes.StoreAt([]mailbox.Placed{pl}, b.boxes.NewMessageID(), []byte("Subject: on b\r\n\r\n"), time.Now())
+	b.mgr.NoteFragment(ctx(t), u, "b")
+	c.setAlive("a", "b") // reconcile: views reload
+	got := inbox(t, mgr.mgr, u)
+	if len(got.Messages) != 2 {
+		t.Fatalf("view %+v", got.Messages)
+	}
+	for _, m := range got.Messages {
+		if m.UID == pl.UID {
+			t.Fatalf("UID %d still names one of two messages", pl.UID)
+		}
+	}
+}
