@@ -243,11 +243,23 @@ func (s *IMAPStore) Subscribe(user string) (<-chan mailbox.Change, func()) {
 		default:
 		}
 	}
+	version := func() (uint64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), versionPoll*4)
+		defer cancel()
+		rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Version", &usermgr.MailboxRequest{User: user}, s.P.Users.LocalVersion)
+		if err != nil {
+			return 0, err
+		}
+		return rep.Version, nil
+	}
+	// The baseline is read before Subscribe returns, so a change made
+	// right after it (before the first tick) is not taken for the
+	// baseline and missed.
+	last, err := version()
+	first := err != nil
 	go func() {
 		t := time.NewTicker(versionPoll)
 		defer t.Stop()
-		var last uint64
-		first := true
 		for {
 			select {
 			case <-stop:
@@ -255,16 +267,14 @@ func (s *IMAPStore) Subscribe(user string) (<-chan mailbox.Change, func()) {
 			case c := <-local:
 				send(c)
 			case <-t.C:
-				ctx, cancel := context.WithTimeout(context.Background(), versionPoll*4)
-				rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Version", &usermgr.MailboxRequest{User: user}, s.P.Users.LocalVersion)
-				cancel()
+				v, err := version()
 				if err != nil {
 					continue
 				}
-				if !first && rep.Version != last {
+				if first || v != last {
 					send(mailbox.Change{User: user})
 				}
-				last, first = rep.Version, false
+				last, first = v, false
 			}
 		}
 	}()

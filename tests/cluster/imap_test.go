@@ -169,3 +169,64 @@ func hasSeen(fs []imap.Flag) bool {
 	}
 	return false
 }
+
+// A session idling on one node is told of mail delivered through another
+// within about a second (the writer's change counter is polled every
+// 500 ms from nodes other than the writer's).
+func TestIdleAcrossNodes(t *testing.T) {
+	nodes := startCluster(t, 3)
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user, pw = "idle@cluster.example", "pw"
+	nodes[0].addUser(t, user, pw)
+	st, _ := nodes[0].Status()
+	mgr := string(st.Buckets[cluster.Bucket(user)].Node)
+	// Idle on a node that is not the writer's, deliver through another.
+	var idler, sender *Node
+	for _, n := range nodes {
+		if n.ID != mgr && idler == nil {
+			idler = n
+		} else if n.ID != mgr || sender == nil {
+			sender = n
+		}
+	}
+	exists := make(chan uint32, 10)
+	c, err := imapclient.DialInsecure(idler.Addrs["imap"], &imapclient.Options{UnilateralDataHandler: &imapclient.UnilateralDataHandler{
+		Mailbox: func(d *imapclient.UnilateralDataMailbox) {
+			if d.NumMessages != nil {
+				exists <- *d.NumMessages
+			}
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Login(user, pw).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Select("INBOX", nil).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	idle, err := c.Idle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	if err := sender.send(user, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-exists:
+		if n != 1 {
+			t.Errorf("EXISTS %d, want 1", n)
+		}
+		t.Logf("EXISTS through %s %v after delivery through %s (writer on %s)", idler.ID, time.Since(start).Round(time.Millisecond), sender.ID, mgr)
+		if d := time.Since(start); d > 1500*time.Millisecond {
+			t.Errorf("EXISTS after %v across nodes", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no EXISTS during IDLE across nodes")
+	}
+	idle.Close()
+}
