@@ -109,6 +109,7 @@ type bucket struct {
 	ready    chan struct{}
 	isReady  bool
 	writers  map[string]*userWriter // the mailbox writers of this bucket's users
+	viewGen  uint64                 // bumped when views must be loaded again
 }
 
 func newBucket() *bucket {
@@ -170,8 +171,10 @@ func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
 			m.buckets[b] = bk
 		}
 		// Mailbox views depend on which fragments are reachable: rebuild
-		// them lazily under the new membership.
-		bk.writers = nil
+		// them lazily under the new membership. The writers themselves
+		// (their locks and UID counters) stay, so there is never a second
+		// writer for a user while an operation of the first is running.
+		bk.viewGen++
 		for n, nb := range bk.contrib {
 			if boot[n] != nb {
 				delete(bk.contrib, n)

@@ -62,6 +62,7 @@ type boxView struct {
 	used     uint32
 	usedMod  uint64
 	loaded   bool
+	gen      uint64 // the bucket's viewGen the view was loaded under
 	msgs     map[uint32]*ViewMsg
 	inflight map[uint32]time.Time
 }
@@ -366,7 +367,8 @@ func (m *Manager) onNode(ctx context.Context, n cluster.NodeID, method string, r
 // that could not see a node's reservation, after a partition) both get new
 // UIDs, so no UID ever names two messages.
 func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
-	if b.loaded {
+	gen := m.viewGen(user)
+	if b.loaded && b.gen == gen {
 		return nil
 	}
 	_, mailMap, err := m.lookupLocked(user)
@@ -406,13 +408,23 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 			msgs[vm.UID] = vm
 		}
 	}
-	b.msgs, b.loaded = msgs, true
+	b.msgs, b.loaded, b.gen = msgs, true, gen
 	for _, vm := range clash {
 		if err := m.relocate(ctx, user, p, def, b, vm); err != nil {
 			m.log.Warn("could not renumber a clashing message", "user", user, "mailbox", def.Name, "uid", vm.UID, "err", err)
 		}
 	}
 	return nil
+}
+
+// viewGen returns the generation of the user's bucket's views.
+func (m *Manager) viewGen(user string) uint64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
+		return bk.viewGen
+	}
+	return 0
 }
 
 // relocate gives a message a new UID in its own mailbox, on its node.
