@@ -41,7 +41,8 @@ func init() {
 // bar of its buckets and its load, then the user map as a 16x16 grid of
 // node letters.
 func printStatus(st admin.ClusterStatus) {
-	fmt.Printf("user map epoch %d, %d users\n\n", st.Epoch, st.Users)
+	fmt.Printf("user map epoch %d, %d users; this node manages %d buckets, %d with soft state rebuilt\n\n",
+		st.Epoch, st.Users, st.Managed, st.Ready)
 	letter := map[string]byte{}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tGOSSIP")
