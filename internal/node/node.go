@@ -360,7 +360,7 @@ func (n *Node) startListeners() error {
 		return err
 	}
 
-	n.imap = imap.New(&proxy.IMAPStore{P: n.Proxy}, n.Proxy, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
+	n.imap = imap.New(&proxy.IMAPStore{P: n.Proxy}, proxy.IMAPAuth{P: n.Proxy}, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
 		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger})
 	if err := n.listen("imap", cfg.IMAPAddr, n.imap.Serve); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 )
@@ -37,6 +38,20 @@ const versionPoll = 500 * time.Millisecond
 
 func (s *IMAPStore) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), opTimeout)
+}
+
+// IMAPAuth authenticates IMAP logins through the proxy and counts them.
+type IMAPAuth struct{ P *Proxy }
+
+// Login implements imap.Authenticator.
+func (a IMAPAuth) Login(ctx context.Context, user, password string) (*userdb.Profile, error) {
+	p, err := a.P.Login(ctx, user, password)
+	if err != nil {
+		metrics.AuthFailures.WithLabelValues("imap").Inc()
+		return nil, err
+	}
+	metrics.Sessions.WithLabelValues("imap").Inc()
+	return p, nil
 }
 
 // EnsureUser implements imap.Store; a user's mailboxes are made with the

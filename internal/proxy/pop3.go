@@ -8,6 +8,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/usermgr"
 )
@@ -25,8 +26,10 @@ type POP3 struct {
 func (b POP3) Login(ctx context.Context, user, password string) (pop3.Maildrop, error) {
 	prof, err := b.P.Login(ctx, user, password)
 	if err != nil {
+		metrics.AuthFailures.WithLabelValues("pop3").Inc()
 		return nil, fmt.Errorf("%w: %v", pop3.ErrAuthFailed, err)
 	}
+	metrics.Sessions.WithLabelValues("pop3").Inc()
 	return &maildrop{p: b.P, log: b.Log, user: prof.Address}, nil
 }
 
