@@ -17,8 +17,11 @@ vet:
 	gofmt -l . | tee /dev/stderr | (! read)
 	$(GO) vet ./...
 
+# Unit tests, then the cluster tests alone: they run several quill processes
+# each and measure failure detection, so they get the machine to themselves.
 unit:
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 ./cmd/... ./internal/...
+	$(GO) test -count=1 -p 1 ./tests/cluster/
 
 e2e: build
 	QUILL_BIN=$(CURDIR)/$(BIN) python3 -m pytest tests/e2e -q
