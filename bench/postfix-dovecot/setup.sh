@@ -11,8 +11,8 @@
 # Postfix: a private instance (own config, queue and data directories) that
 # accepts SMTP on 127.0.0.1:$SMTP_PORT and delivers to virtual mailboxes in
 # Maildir format under $BENCH_DIR/vmail, owned by the system user vmail.
-# Dovecot: POP3 on 127.0.0.1:$POP3_PORT over the same Maildirs, static
-# passdb (every user has $PASSWORD).
+# Dovecot: POP3 on 127.0.0.1:$POP3_PORT and IMAP on 127.0.0.1:$IMAP_PORT
+# over the same Maildirs, static passdb (every user has $PASSWORD).
 #
 # The users are user00001@$DOMAIN ... user$USERS@$DOMAIN, as `quill bench`
 # names them; $BENCH_DIR/users.txt lists them for `quill bench --users-file`.
@@ -21,18 +21,20 @@ set -eu
 BENCH_DIR=${BENCH_DIR:-/tmp/quill-bench-pfdc}
 SMTP_PORT=${SMTP_PORT:-2526}
 POP3_PORT=${POP3_PORT:-1111}
+IMAP_PORT=${IMAP_PORT:-1144}
 USERS=${USERS:-1000}
 DOMAIN=${DOMAIN:-bench.example}
 PASSWORD=${PASSWORD:-benchpass}
-# DOVECOT_PERFORMANCE=1 switches Dovecot's pop3-login to its documented
-# "high-performance mode" (one long-lived login process per core serving
-# many connections) instead of the default one process per connection.
+# DOVECOT_PERFORMANCE=1 switches Dovecot's pop3-login and imap-login to
+# their documented "high-performance mode" (one long-lived login process
+# per core serving many connections) instead of the default one process
+# per connection.
 DOVECOT_PERFORMANCE=${DOVECOT_PERFORMANCE:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 install_packages() {
 	if command -v postfix >/dev/null && command -v dovecot >/dev/null &&
-		[ -x /usr/lib/dovecot/pop3 ]; then
+		[ -x /usr/lib/dovecot/pop3 ] && [ -x /usr/lib/dovecot/imap ]; then
 		return
 	fi
 	# "No configuration": the package does not write /etc/postfix/main.cf
@@ -45,6 +47,7 @@ install_packages() {
 render() { # template output
 	sed -e "s|@BENCH_DIR@|$BENCH_DIR|g" -e "s|@DOMAIN@|$DOMAIN|g" \
 		-e "s|@SMTP_PORT@|$SMTP_PORT|g" -e "s|@POP3_PORT@|$POP3_PORT|g" \
+		-e "s|@IMAP_PORT@|$IMAP_PORT|g" \
 		-e "s|@PASSWORD@|$PASSWORD|g" \
 		-e "s|@VMAIL_UID@|$(id -u vmail)|g" -e "s|@VMAIL_GID@|$(id -g vmail)|g" \
 		"$HERE/$1" >"$2"
@@ -62,6 +65,11 @@ start() {
 	if [ "$DOVECOT_PERFORMANCE" = 1 ]; then
 		cat >>"$BENCH_DIR/dovecot.conf" <<-EOT
 			service pop3-login {
+			  service_count = 0
+			  process_min_avail = $(nproc)
+			  vsz_limit = 1G
+			}
+			service imap-login {
 			  service_count = 0
 			  process_min_avail = $(nproc)
 			  vsz_limit = 1G
@@ -97,7 +105,7 @@ start() {
 		sleep 0.5
 	done
 	echo "Postfix master pid $(tr -d ' ' <"$BENCH_DIR/postfix-spool/pid/master.pid"): SMTP 127.0.0.1:$SMTP_PORT"
-	echo "Dovecot master pid $(cat "$BENCH_DIR/dovecot-run/master.pid"): POP3 127.0.0.1:$POP3_PORT"
+	echo "Dovecot master pid $(cat "$BENCH_DIR/dovecot-run/master.pid"): POP3 127.0.0.1:$POP3_PORT, IMAP 127.0.0.1:$IMAP_PORT"
 	echo "users file: $BENCH_DIR/users.txt ($USERS users)"
 }
 

@@ -20,24 +20,33 @@ func init() { rootCmd.AddCommand(newBenchCmd()) }
 
 func newBenchCmd() *cobra.Command {
 	var (
-		smtpAddr, pop3Addr, domain, password      string
+		smtpAddr, pop3Addr, imapAddr, workload    string
+		domain, password                          string
 		adminURL, adminToken, usersFile, jsonFile string
 		duration, deadline, step                  time.Duration
 		concurrency, nUsers, createPar            int
 		probeStart, probeMax                      int
-		mix                                       float64
+		mix, imapMix                              float64
 		seed                                      uint64
 		probe, noCreate, jsonOut, quiet           bool
 		serverPIDs                                []int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Drive an SMTP+POP3 server with the Porcupine synthetic workload",
+		Short: "Drive an SMTP+POP3(+IMAP) server with the Porcupine synthetic workload",
 		Long: `bench is a load generator for the synthetic workload of Porcupine §6.1:
 users chosen by Zipf (alpha 1.3), messages of mean 4.7 KB with a tail to 1 MiB
 (log-normal clipped to [200 B, 1 MiB]), 90% SMTP sessions delivering one message,
 10% POP3 sessions that retrieve and delete every waiting message (at most one
 POP3 session per user at a time).
+
+--mix-imap F makes a fraction F of the requests IMAP sessions (the rest keep
+the --mix split between SMTP and POP3): connect, LOGIN, SELECT INBOX, FETCH 1:*
+(UID FLAGS RFC822.SIZE BODY.PEEK[HEADER.FIELDS (FROM SUBJECT DATE)]), then UID
+FETCH BODY[] of one random message and UID STORE +FLAGS (\Seen) on it, LOGOUT;
+each step has its own deadline. A user has at most one POP3 or IMAP session at
+a time. --workload imap is short for --mix-imap 0.5 --mix 1: half SMTP
+deliveries that keep the mailboxes filling, half IMAP sessions, no POP3.
 
 With --concurrency N it runs N closed-loop workers for --duration. With --probe it
 starts with a few workers and raises their number step by step (--step each)
@@ -83,9 +92,26 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				}
 			}
 
+			switch workload {
+			case "porcupine":
+			case "imap":
+				if !cmd.Flags().Changed("mix-imap") {
+					imapMix = 0.5
+				}
+				if !cmd.Flags().Changed("mix") {
+					mix = 1
+				}
+			default:
+				return fmt.Errorf("--workload: want porcupine or imap, not %q", workload)
+			}
+			if imapMix < 0 || imapMix > 1 {
+				return fmt.Errorf("--mix-imap must be within [0, 1]")
+			}
 			cfg := bench.Config{
 				SMTPAddr:    smtpAddr,
 				POP3Addr:    pop3Addr,
+				IMAPAddr:    imapAddr,
+				IMAPMix:     imapMix,
 				Users:       users,
 				Domain:      domain,
 				Duration:    duration,
@@ -109,6 +135,9 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				mode := fmt.Sprintf("concurrency %d", concurrency)
 				if probe {
 					mode = fmt.Sprintf("probe from %d workers, %v steps", probeStart, step)
+				}
+				if imapMix > 0 {
+					mode += fmt.Sprintf(", %.0f%% IMAP sessions", imapMix*100)
 				}
 				fmt.Fprintf(stderr, "bench: %d users, %s, for at most %v\n", len(users), mode, cfg.Duration)
 			}
@@ -138,6 +167,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f := cmd.Flags()
 	f.StringVar(&smtpAddr, "smtp", "127.0.0.1:2525", "SMTP server address")
 	f.StringVar(&pop3Addr, "pop3", "127.0.0.1:1110", "POP3 server address")
+	f.StringVar(&imapAddr, "imap", "127.0.0.1:1143", "IMAP server address (used with --mix-imap or --workload imap)")
 	f.DurationVar(&duration, "duration", bench.DefaultDuration,
 		"length of the run (3m when --probe is given without --duration)")
 	f.IntVar(&concurrency, "concurrency", bench.DefaultConcurrency, "number of concurrent workers (without --probe)")
@@ -146,7 +176,11 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f.IntVar(&probeStart, "probe-start", bench.DefaultProbeStart, "concurrency of the first probe step")
 	f.IntVar(&probeMax, "probe-max", bench.DefaultProbeMax, "highest concurrency the probe tries")
 	f.DurationVar(&deadline, "deadline", bench.DefaultDeadline, "latency above which a request counts as missed")
-	f.Float64Var(&mix, "mix", bench.SMTPShare, "fraction of requests that are SMTP deliveries (the rest are POP3 sessions)")
+	f.Float64Var(&mix, "mix", bench.SMTPShare,
+		"fraction of the non-IMAP requests that are SMTP deliveries (the rest are POP3 sessions)")
+	f.Float64Var(&imapMix, "mix-imap", 0, "fraction of requests that are IMAP sessions (0: the Porcupine workload)")
+	f.StringVar(&workload, "workload", "porcupine",
+		"porcupine, or imap: 50% SMTP deliveries and 50% IMAP sessions (--mix 1 --mix-imap 0.5)")
 	f.IntVar(&nUsers, "users", 1000, "number of bench users")
 	f.StringVar(&domain, "domain", "bench.example", "domain of the bench users")
 	f.StringVar(&password, "password", "benchpass", "password of every bench user")

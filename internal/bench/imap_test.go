@@ -165,6 +165,10 @@ func TestIMAPSessionCommands(t *testing.T) {
 		`LOGOUT`,
 	}
 	got := srv.commands()
+	// go-imap writes FLAGS, RFC822.SIZE (and the like) in map order.
+	for i, c := range got {
+		got[i] = strings.Replace(c, "(UID RFC822.SIZE FLAGS ", "(UID FLAGS RFC822.SIZE ", 1)
+	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("commands:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}

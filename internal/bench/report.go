@@ -269,7 +269,16 @@ func (r *Report) WriteText(w io.Writer) error {
 	if withIMAP {
 		fmt.Fprintf(&b, "quill bench: Porcupine workload with IMAP sessions, %s mode, %d users, %.0f%% SMTP / %.0f%% POP3 / %.0f%% IMAP, deadline %.0f ms, %.1f s\n",
 			r.Mode, r.Users, r.Mix*100, r.POPMix*100, r.IMAPMix*100, r.DeadlineMS, r.ElapsedS)
-		fmt.Fprintf(&b, "  SMTP %s   POP3 %s   IMAP %s\n", r.SMTPAddr, r.POP3Addr, r.IMAPAddr)
+		var addrs []string
+		for _, a := range []struct {
+			name, addr string
+			share      float64
+		}{{"SMTP", r.SMTPAddr, r.Mix}, {"POP3", r.POP3Addr, r.POPMix}, {"IMAP", r.IMAPAddr, r.IMAPMix}} {
+			if a.share > 0 {
+				addrs = append(addrs, a.name+" "+a.addr)
+			}
+		}
+		fmt.Fprintf(&b, "  %s\n", strings.Join(addrs, "   "))
 	} else {
 		fmt.Fprintf(&b, "quill bench: Porcupine workload, %s mode, %d users, %.0f%% SMTP, deadline %.0f ms, %.1f s\n",
 			r.Mode, r.Users, r.Mix*100, r.DeadlineMS, r.ElapsedS)
@@ -312,20 +321,26 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "  concurrency %d\n\n", r.Concurrency)
 	}
 	fmt.Fprintf(&b, "  messages delivered   %d (%.1f/s)\n", t.Delivered, t.MsgsPerSec)
-	fmt.Fprintf(&b, "  POP sessions         %d (%.1f/s), %d messages retrieved and deleted\n",
-		t.POPSessions, t.POPPerSec, t.Retrieved)
+	withPOP := !withIMAP || r.POPMix > 0
+	if withPOP {
+		fmt.Fprintf(&b, "  POP sessions         %d (%.1f/s), %d messages retrieved and deleted\n",
+			t.POPSessions, t.POPPerSec, t.Retrieved)
+	}
 	if withIMAP {
 		fmt.Fprintf(&b, "  IMAP sessions        %d (%.1f/s), %.1f messages listed per session, %d messages read, %d empty INBOXes\n",
 			t.IMAPSessions, t.IMAPPerSec, t.IMAPListed, t.IMAPBodies, t.IMAPEmpty)
 	}
 	fmt.Fprintf(&b, "  mean message size    %.0f B (model mean %.0f B, median %d B, clip [%d, %d])\n",
 		t.MeanMessageSize, r.SizeModel.Mean, r.SizeModel.Median, r.SizeModel.Min, r.SizeModel.Max)
-	fmt.Fprintf(&b, "\n  latency (ms)   %7s %9s %9s %9s %9s %9s\n", "count", "mean", "p50", "p90", "p99", "max")
+	fmt.Fprintf(&b, "\n  %-16s %7s %9s %9s %9s %9s %9s\n", "latency (ms)", "count", "mean", "p50", "p90", "p99", "max")
 	type row struct {
 		name string
 		s    LatencySummary
 	}
-	rows := []row{{"SMTP", t.SMTPLatency}, {"POP", t.POPLatency}}
+	rows := []row{{"SMTP", t.SMTPLatency}}
+	if withPOP {
+		rows = append(rows, row{"POP", t.POPLatency})
+	}
 	if withIMAP {
 		rows = append(rows, row{"IMAP", t.IMAPLatency})
 		for _, s := range IMAPSteps {
@@ -333,7 +348,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	for _, l := range rows {
-		fmt.Fprintf(&b, "  %-14s %7d %9.1f %9.1f %9.1f %9.1f %9.1f\n",
+		fmt.Fprintf(&b, "  %-16s %7d %9.1f %9.1f %9.1f %9.1f %9.1f\n",
 			l.name, l.s.Count, l.s.Mean, l.s.P50, l.s.P90, l.s.P99, l.s.Max)
 	}
 	fmt.Fprintf(&b, "\n  over the %.0f ms deadline: SMTP %d, POP %d", r.DeadlineMS, t.OverDeadline["smtp"], t.OverDeadline["pop"])
