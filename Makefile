@@ -5,7 +5,7 @@
 GO ?= go
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e fuzz vet clean
+.PHONY: build run test deps unit e2e fuzz faults vet clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -36,6 +36,12 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=$(FUZZTIME) ./internal/pop3/
 	$(GO) test -run='^$$' -fuzz=FuzzSession -fuzztime=$(FUZZTIME) ./internal/pop3/
+
+# The long fault run: SIGKILL and SIGSTOP of random nodes under a delivery
+# stream, then a check that no acknowledged message is missing.
+FAULTS ?= 40
+faults:
+	QUILL_FAULTS=$(FAULTS) $(GO) test -count=1 -timeout 60m -run TestFaultsLoseNoAcknowledgedMail -v ./tests/cluster/
 
 clean:
 	rm -rf bin

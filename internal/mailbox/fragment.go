@@ -16,6 +16,10 @@ import (
 // record of a fragment carries the same UIDVALIDITY, and its UIDNEXT and
 // HIGHESTMODSEQ only follow the highest values stored here.
 
+// ErrUIDTaken is returned when a message is to be stored under a UID that
+// already names another message on this node.
+var ErrUIDTaken = errors.New("UID already names another message")
+
 // Placed names where a message goes in the cluster mailbox.
 type Placed struct {
 	User        string   `json:"user"`
@@ -106,6 +110,15 @@ func (m *Manager) StoreAt(places []Placed, id string, raw []byte, date time.Time
 		if err != nil {
 			t.abort()
 			return err
+		}
+		// A UID names one message for ever: a writer that lost track of
+		// its reservations must not overwrite another message here.
+		if old, ok, err := t.message(p.User, mb.ID, p.UID); err != nil {
+			t.abort()
+			return err
+		} else if ok && old.ID != id {
+			t.abort()
+			return fmt.Errorf("user %s mailbox %q uid %d: %w", p.User, p.Mailbox, p.UID, ErrUIDTaken)
 		}
 		msg := Message{UID: p.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: cleanFlags(p.Flags), ModSeq: p.ModSeq}
 		if err := t.b.Set(bodyKey(p.User, id), raw, nil); err != nil {

@@ -220,10 +220,10 @@ func NewCore(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Cor
 			db.Close()
 			return nil, fmt.Errorf("cluster address %q: %w", clusterAddr, err)
 		}
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		l, err := listenRPC(dataDir, host)
 		if err != nil {
 			db.Close()
-			return nil, fmt.Errorf("rpc listener on %s: %w", host, err)
+			return nil, err
 		}
 		c.rpcLn = l
 		rpcAddr = l.Addr().String()
@@ -380,6 +380,28 @@ func (n *Node) startListeners() error {
 	}}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
+}
+
+// listenRPC opens the RPC listener on the port this node used last time
+// (DATA/rpc.port), so peers that still hold the old address reach it again
+// after a restart; a new port is taken, and remembered, if that one is busy.
+func listenRPC(dataDir, host string) (net.Listener, error) {
+	path := filepath.Join(dataDir, "rpc.port")
+	if b, err := os.ReadFile(path); err == nil {
+		if l, err := net.Listen("tcp", net.JoinHostPort(host, strings.TrimSpace(string(b)))); err == nil {
+			return l, nil
+		}
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("rpc listener on %s: %w", host, err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	if err := os.WriteFile(path, []byte(port+"\n"), 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("rpc port %s: %w", path, err)
+	}
+	return l, nil
 }
 
 // nextBoot increments and returns the node's boot incarnation, kept in the

@@ -145,7 +145,7 @@ func (p *Proxy) place(ctx context.Context, users []string, holders map[string]ta
 			if !ok {
 				return fmt.Errorf("deliver to %s: no live node with disk space", u)
 			}
-			a, err := usermgr.Writer(ctx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name}, p.Users.LocalAlloc)
+			a, err := usermgr.Writer(ctx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
 			if err != nil {
 				return err
 			}
@@ -157,12 +157,7 @@ func (p *Proxy) place(ctx context.Context, users []string, holders map[string]ta
 			err := p.storeOn(ctx, n, places, id, raw, date)
 			for _, pl := range places {
 				msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: pl.Flags, ModSeq: pl.ModSeq}
-				c := &usermgr.ConfirmRequest{Place: pl, Message: msg, Node: n, Cancel: err != nil}
-				if _, cerr := usermgr.Writer(ctx, p.Users, pl.User, "writer.Confirm", c, p.Users.LocalConfirm); cerr != nil && err == nil {
-					// Stored but not confirmed: the fragment is durable and
-					// the writer's next load of the mailbox finds it.
-					continue
-				}
+				p.confirm(ctx, &usermgr.ConfirmRequest{Place: pl, Message: msg, Node: n, Cancel: err != nil})
 			}
 			if err != nil {
 				failed[n] = true
@@ -182,7 +177,7 @@ func (p *Proxy) placeOne(ctx context.Context, user string, t target, name string
 	if !ok {
 		return fmt.Errorf("append for %s: no live node with disk space", user)
 	}
-	a, err := usermgr.Writer(ctx, p.Users, user, "writer.Alloc", &usermgr.AllocRequest{User: user, Mailbox: name}, p.Users.LocalAlloc)
+	a, err := usermgr.Writer(ctx, p.Users, user, "writer.Alloc", &usermgr.AllocRequest{User: user, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
 	if err != nil {
 		return err
 	}
@@ -190,9 +185,42 @@ func (p *Proxy) placeOne(ctx context.Context, user string, t target, name string
 	id := p.Boxes.NewMessageID()
 	serr := p.storeOn(ctx, n, []mailbox.Placed{a.Place}, id, raw, date)
 	*got = mailbox.Message{UID: a.Place.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: flags, ModSeq: a.Place.ModSeq}
-	c := &usermgr.ConfirmRequest{Place: a.Place, Message: *got, Node: n, Cancel: serr != nil}
-	usermgr.Writer(ctx, p.Users, user, "writer.Confirm", c, p.Users.LocalConfirm)
+	p.confirm(ctx, &usermgr.ConfirmRequest{Place: a.Place, Message: *got, Node: n, Cancel: serr != nil})
 	return serr
+}
+
+// confirmAttempts and confirmBackoff bound how hard a proxy tries to tell
+// the writer that a message was stored (or not): the writer may be paused
+// or failing over. If it never hears, the allocation expires and the writer
+// loads the mailbox again from the fragments, which finds the message.
+const (
+	confirmAttempts = 4
+	confirmBackoff  = 500 * time.Millisecond
+)
+
+// confirm tells the writer the outcome of a store, retrying while the
+// writer is unreachable.
+func (p *Proxy) confirm(ctx context.Context, c *usermgr.ConfirmRequest) {
+	for i := 0; i < confirmAttempts; i++ {
+		if _, err := usermgr.Writer(ctx, p.Users, c.Place.User, "writer.Confirm", c, p.Users.LocalConfirm); err == nil {
+			return
+		}
+		select {
+		case <-time.After(confirmBackoff << i):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// member returns a live node with its boot.
+func (p *Proxy) member(n cluster.NodeID) cluster.Member {
+	for _, m := range p.Peers.Alive() {
+		if m.ID == n {
+			return m.Member
+		}
+	}
+	return cluster.Member{}
 }
 
 func (p *Proxy) storeOn(ctx context.Context, n cluster.NodeID, places []mailbox.Placed, id string, raw []byte, date time.Time) error {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
@@ -31,6 +32,14 @@ import (
 // DefaultTimeout bounds a call whose context has no earlier deadline. Node to
 // node calls are local-network round trips plus at most one fsync.
 const DefaultTimeout = 5 * time.Second
+
+// Reconnection to a node that went away. gRPC's default backoff grows to
+// two minutes, far longer than a node takes to restart; membership already
+// tells callers which nodes are gone, so reconnecting quickly is cheap.
+var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}
+
+// minConnectTimeout bounds one connection attempt.
+const minConnectTimeout = 2 * time.Second
 
 // serviceName is the one gRPC service every node exposes.
 const serviceName = "quill.Node"
@@ -177,7 +186,11 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 		return cc, nil
 	}
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(jsonCodec{})))
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: minConnectTimeout}),
+		// A call to a node that is restarting waits, within its deadline,
+		// for the connection instead of failing at once while gRPC backs
+		// off between reconnects.
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(jsonCodec{}), grpc.WaitForReady(true)))
 	if err != nil {
 		return nil, err
 	}

@@ -37,6 +37,13 @@ const (
 	// n, so sessions see only UIDs below the oldest allocation in flight;
 	// one that never completes stops hiding the rest after this long.
 	allocTimeout = time.Minute
+	// partialRetry is how soon a view loaded without some fragment is
+	// loaded again.
+	partialRetry = time.Second
+	// fragmentReadTimeout bounds reading one node's fragment while a view
+	// loads, under the user's writer lock: a node paused but not yet
+	// declared dead must not stall the user's every operation for long.
+	fragmentReadTimeout = 3 * time.Second
 )
 
 // ErrMailboxExists and ErrNoMailbox are the mailbox package's.
@@ -64,7 +71,19 @@ type boxView struct {
 	loaded   bool
 	gen      uint64 // the bucket's viewGen the view was loaded under
 	msgs     map[uint32]*ViewMsg
-	inflight map[uint32]time.Time
+	inflight map[uint32]allocation
+	// partial says a fragment could not be read when the view was
+	// loaded; the view is loaded again at the next use after
+	// partialRetry, so a node that was briefly unreachable does not stay
+	// hidden until the next membership change.
+	partial  bool
+	loadedAt time.Time
+}
+
+// allocation is a UID handed out and not yet confirmed or cancelled.
+type allocation struct {
+	at   time.Time
+	from cluster.Member // the node that will confirm it, and its boot
 }
 
 type userWriter struct {
@@ -131,7 +150,7 @@ func (w *userWriter) counters(def *userdb.MailboxDef) *boxView {
 	b := w.boxes[def.UIDValidity]
 	if b == nil {
 		b = &boxView{uidNext: max(def.UIDReserved, 1), modseq: max(def.ModSeqReserved, 1),
-			inflight: map[uint32]time.Time{}}
+			inflight: map[uint32]allocation{}}
 		w.boxes[def.UIDValidity] = b
 	}
 	return b
@@ -209,6 +228,11 @@ func (m *Manager) Release(ctx context.Context) {
 type AllocRequest struct {
 	User    string `json:"user"`
 	Mailbox string `json:"mailbox"`
+	// From is the node that will confirm or cancel the allocation (the
+	// delivery's proxy): if it leaves the cluster first, the allocation
+	// stops hiding the UIDs above it at once instead of after
+	// allocTimeout.
+	From cluster.Member `json:"from"`
 }
 
 // AllocReply is an allocated place.
@@ -230,13 +254,23 @@ func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocRepl
 			def = &p.Mailboxes[len(p.Mailboxes)-1]
 		}
 		b := w.counters(def)
+		if !b.loaded {
+			// A new writer (first use, or a failover) takes the highest UID
+			// any fragment holds, not only the reservation in the profile:
+			// a reservation written to one replica that then died is not
+			// in the profile it sees.
+			b.expire(m.peers.Alive())
+			if err := m.load(ctx, p.Address, p, def, b); err != nil {
+				return err
+			}
+		}
 		if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
 			return err
 		}
 		uid := b.uidNext
 		b.uidNext++
 		b.modseq++
-		b.inflight[uid] = time.Now()
+		b.inflight[uid] = allocation{at: time.Now(), from: req.From}
 		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}
 		return nil
 	})
@@ -368,9 +402,10 @@ func (m *Manager) onNode(ctx context.Context, n cluster.NodeID, method string, r
 // UIDs, so no UID ever names two messages.
 func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
 	gen := m.viewGen(user)
-	if b.loaded && b.gen == gen {
+	if b.loaded && b.gen == gen && !(b.partial && time.Since(b.loadedAt) > partialRetry) {
 		return nil
 	}
+	partial := false
 	_, mailMap, err := m.lookupLocked(user)
 	if err != nil {
 		return err
@@ -383,10 +418,13 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 			d, err = m.boxes.Fragment(user, def.UIDValidity)
 		} else {
 			d = &mailbox.FragmentDigest{}
-			err = m.peers.Call(ctx, n, "fragment.Get", &mailbox.FragmentRequest{User: user, UIDValidity: def.UIDValidity}, d)
+			fctx, cancel := context.WithTimeout(ctx, fragmentReadTimeout)
+			err = m.peers.Call(fctx, n, "fragment.Get", &mailbox.FragmentRequest{User: user, UIDValidity: def.UIDValidity}, d)
+			cancel()
 		}
 		if err != nil {
 			m.log.Warn("fragment unavailable, its messages are hidden", "user", user, "mailbox", def.Name, "node", n, "err", err)
+			partial = true
 			continue
 		}
 		if d.UIDNext > b.uidNext {
@@ -408,7 +446,7 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 			msgs[vm.UID] = vm
 		}
 	}
-	b.msgs, b.loaded, b.gen = msgs, true, gen
+	b.msgs, b.loaded, b.gen, b.partial, b.loadedAt = msgs, true, gen, partial, time.Now()
 	for _, vm := range clash {
 		if err := m.relocate(ctx, user, p, def, b, vm); err != nil {
 			m.log.Warn("could not renumber a clashing message", "user", user, "mailbox", def.Name, "uid", vm.UID, "err", err)
@@ -448,8 +486,8 @@ func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, 
 	return nil
 }
 
-// visible returns the view's messages a session may see, in UID order:
-// those below the oldest allocation still in flight.
+// markUsed records a UID and a MODSEQ as stored (for UIDNEXT and
+// HIGHESTMODSEQ as clients see them).
 func (b *boxView) markUsed(uid uint32, modseq uint64) {
 	if uid+1 > b.used {
 		b.used = uid + 1
@@ -459,13 +497,27 @@ func (b *boxView) markUsed(uid uint32, modseq uint64) {
 	}
 }
 
+// expire drops allocations that will never be confirmed: too old, or
+// from a node that has left. Such a message may be stored all the same, so
+// the view is marked to be loaded again from the fragments.
+func (b *boxView) expire(alive []cluster.MemberInfo) {
+	live := map[cluster.Member]bool{}
+	for _, a := range alive {
+		live[a.Member] = true
+	}
+	for uid, a := range b.inflight {
+		if time.Since(a.at) > allocTimeout || (a.from.ID != "" && !live[a.from]) {
+			delete(b.inflight, uid)
+			b.partial, b.loadedAt = true, time.Time{}
+		}
+	}
+}
+
+// visible returns the view's messages a session may see, in UID order:
+// those below the oldest allocation still in flight.
 func (b *boxView) visible() []ViewMsg {
 	limit := uint32(1<<32 - 1)
-	for uid, t := range b.inflight {
-		if time.Since(t) > allocTimeout {
-			delete(b.inflight, uid)
-			continue
-		}
+	for uid := range b.inflight {
 		if uid < limit {
 			limit = uid
 		}

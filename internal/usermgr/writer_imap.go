@@ -78,6 +78,7 @@ func (m *Manager) openBox(ctx context.Context, w *userWriter, p *userdb.Profile,
 		return nil, nil, err
 	}
 	b := w.counters(def)
+	b.expire(m.peers.Alive())
 	if err := m.load(ctx, p.Address, p, def, b); err != nil {
 		return nil, nil, err
 	}
