@@ -3,7 +3,6 @@ package imap
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,7 +25,7 @@ func (a testAuth) Login(ctx context.Context, user, password string) (*userdb.Pro
 	if p, ok := a[user]; ok && p == password {
 		return &userdb.Profile{Address: user}, nil
 	}
-	return nil, errors.New("bad password")
+	return nil, userdb.ErrPasswordMismatch
 }
 
 const testUser, testPass = "u@example.org", "secret"

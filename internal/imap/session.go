@@ -12,6 +12,7 @@ import (
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/imap/imapserver"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/userdb"
 )
 
 func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
@@ -81,6 +82,12 @@ func (s *session) Login(username, password string) error {
 		return imapserver.ErrAuthFailed
 	}
 	prof, err := s.srv.auth.Login(context.Background(), username, password)
+	if err != nil && !errors.Is(err, userdb.ErrNotFound) && !errors.Is(err, userdb.ErrPasswordMismatch) {
+		// Not a wrong password: the user's manager could not be asked
+		// (RFC 5530 UNAVAILABLE, try again later).
+		s.srv.cfg.Logger.Warn("login unavailable", "user", username, "err", err)
+		return no(imap.ResponseCodeUnavailable, "login for %s: temporarily unavailable, try again", username)
+	}
 	if err != nil {
 		s.failures++
 		if d := s.srv.cfg.AuthFailDelay; d > 0 {
