@@ -36,6 +36,8 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=$(FUZZTIME) ./internal/pop3/
 	$(GO) test -run='^$$' -fuzz=FuzzSession -fuzztime=$(FUZZTIME) ./internal/pop3/
+	for f in FuzzCommands FuzzMessage FuzzAddressList FuzzMatchMailbox FuzzResolveSets; do \
+		$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./internal/imap/ || exit 1; done
 
 # The long fault run: SIGKILL and SIGSTOP of random nodes under a delivery
 # stream, then a check that no acknowledged message is missing.

@@ -11,18 +11,18 @@ import (
 
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/cluster"
-	"github.com/quillmail/quill/internal/node"
+	"github.com/quillmail/quill/internal/core"
 )
 
 func newServer(t *testing.T, token string) *httptest.Server {
-	core, err := node.NewCore(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
+	c, err := core.New(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { core.Close() })
-	s := &admin.Server{Users: core.Users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: admin.NodeInfo{
-		ID: core.ID, Started: time.Now(), Load: core.Boxes.Pending, UserMap: core.Members.UserMap,
-		Members: core.Members.Members}}
+	t.Cleanup(func() { c.Close() })
+	s := &admin.Server{Users: c.Users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: admin.NodeInfo{
+		ID: c.ID, Started: time.Now(), Load: c.Boxes.Pending, UserMap: c.Members.UserMap,
+		Members: c.Members.Members}}
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 	return ts

@@ -12,8 +12,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/proxy"
 )
 
 // naiveMatch is the textbook backtracking LIST matcher, the reference for
@@ -176,18 +175,12 @@ func FuzzCommands(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	dir := f.TempDir()
-	db, err := store.Open(dir)
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer db.Close()
-	boxes := mailbox.New(db)
-	boxes.EnsureUser(testUser)
-	boxes.Deliver([]string{testUser}, []byte(multipartMsg), time.Now())
-	boxes.Deliver([]string{testUser}, []byte(exactMsg), time.Now())
+	c := openCore(f, f.TempDir())
+	defer c.Close()
+	deliverTo(f, c, multipartMsg)
+	deliverTo(f, c, exactMsg)
 	plog := &panicLog{}
-	srv := New(boxes, testAuth{testUser: testPass}, Config{AuthFailDelay: -1, Logger: slog.New(plog)})
+	srv := New(&proxy.IMAPStore{P: c.Proxy}, testAuth{testUser: testPass}, Config{AuthFailDelay: -1, Logger: slog.New(plog)})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		f.Fatal(err)

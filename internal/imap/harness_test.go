@@ -3,6 +3,8 @@ package imap
 import (
 	"bufio"
 	"context"
+	"errors"
+	"log/slog"
 	"fmt"
 	"io"
 	"net"
@@ -12,8 +14,8 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2/imapclient"
-	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -33,10 +35,32 @@ const testUser, testPass = "u@example.org", "secret"
 type env struct {
 	t     *testing.T
 	dir   string
-	db    *store.DB
-	boxes *mailbox.Manager
+	core  *core.Core
+	store *proxy.IMAPStore
 	srv   *Server
 	addr  string
+}
+
+// openCore opens a one-node core (the production store: the user's
+// mailbox writer over the node's fragments) in dir, with the test user.
+func openCore(tb testing.TB, dir string) *core.Core {
+	tb.Helper()
+	c, err := core.New(dir, "", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := c.Users.AddUser(context.Background(), testUser, testPass); err != nil && !errors.Is(err, userdb.ErrExists) {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// deliverTo stores a message for the test user as SMTP would.
+func deliverTo(tb testing.TB, c *core.Core, raw string) {
+	tb.Helper()
+	if err := c.Proxy.Deliver(context.Background(), []string{testUser}, []byte(raw)); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 func newEnv(t *testing.T) *env {
@@ -49,16 +73,9 @@ func newEnv(t *testing.T) *env {
 // open (re)opens the store in e.dir and starts a server on it.
 func (e *env) open() {
 	t := e.t
-	db, err := store.Open(e.dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.db = db
-	e.boxes = mailbox.New(db)
-	if err := e.boxes.EnsureUser(testUser); err != nil {
-		t.Fatal(err)
-	}
-	e.srv = New(e.boxes, testAuth{testUser: testPass}, Config{AuthFailDelay: 10 * time.Millisecond, IdlePoll: time.Minute})
+	e.core = openCore(t, e.dir)
+	e.store = &proxy.IMAPStore{P: e.core.Proxy}
+	e.srv = New(e.store, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: 10 * time.Millisecond, IdlePoll: time.Minute})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +92,7 @@ func (e *env) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	e.srv.Shutdown(ctx)
-	e.db.Close()
+	e.core.Close()
 	e.srv = nil
 }
 
@@ -87,9 +104,7 @@ func (e *env) restart() {
 
 func (e *env) deliver(raw string) {
 	e.t.Helper()
-	if _, err := e.boxes.Deliver([]string{testUser}, []byte(raw), time.Now()); err != nil {
-		e.t.Fatal(err)
-	}
+	deliverTo(e.t, e.core, raw)
 }
 
 // client returns a logged-in library client.

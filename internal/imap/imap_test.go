@@ -330,7 +330,7 @@ func TestSearchKeys(t *testing.T) {
 		time.Date(2026, 3, 6, 12, 0, 0, 0, time.UTC),
 	}
 	for i, m := range msgs {
-		if _, _, err := e.boxes.Append(testUser, "INBOX", []byte(m), nil, dates[i]); err != nil {
+		if _, _, err := e.store.Append(testUser, "INBOX", []byte(m), nil, dates[i]); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,23 +11,23 @@ import (
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/node"
+	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/smtp"
 )
 
 func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
 	t.Helper()
-	core, err := node.NewCore(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
+	c, err := core.New(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, u := range []string{"alice@example.org", "bob@example.org"} {
-		if _, err := core.Users.AddUser(context.Background(), u, "pw"); err != nil {
+		if _, err := c.Users.AddUser(context.Background(), u, "pw"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p := core.Proxy
+	p := c.Proxy
 	cfg := smtp.DefaultConfig()
 	cfg.Hostname = "mx.test"
 	cfg.MaxMessageBytes = maxSize
@@ -38,7 +38,7 @@ func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
 		t.Fatal(err)
 	}
 	go s.Serve(l)
-	t.Cleanup(func() { s.Close(); core.Close() })
+	t.Cleanup(func() { s.Close(); c.Close() })
 	return l.Addr().String(), p
 }
 

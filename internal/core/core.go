@@ -1,0 +1,294 @@
+// Package core assembles the part of a Quill node below the protocol
+// servers, the managers of Porcupine Fig. 2: the store, the user database,
+// the mailbox manager, the user manager (with the mailbox writers), the
+// membership manager, the load balancer, the RPC manager and the proxies'
+// shared half. internal/node adds the SMTP, POP3, IMAP and admin listeners;
+// tests of a protocol server use a Core alone.
+package core
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/quillmail/quill/internal/balance"
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
+)
+
+// LoadNodeID returns the node id kept in the data directory, generating it
+// the first time.
+func LoadNodeID(dataDir string) (cluster.NodeID, error) {
+	path := filepath.Join(dataDir, "node.id")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return cluster.NodeID(strings.TrimSpace(string(b))), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("node id %s: %w", path, err)
+	}
+	var r [6]byte
+	rand.Read(r[:])
+	id := "n-" + hex.EncodeToString(r[:])
+	if err := writeFileSync(path, []byte(id+"\n")); err != nil {
+		return "", fmt.Errorf("node id %s: %w", path, err)
+	}
+	return cluster.NodeID(id), nil
+}
+
+// writeFileSync writes a small file and fsyncs it, so an identity made once
+// survives a crash right after.
+func writeFileSync(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Disk-full detection for the load balancer (Porcupine §5: load is pending
+// disk operations plus a disk-full flag).
+const (
+	// diskFullBelow is the free space under which a node takes no new
+	// mail: room left for the store's compactions and for the mail it
+	// already accepted.
+	diskFullBelow = 256 << 20
+	// diskCheckInterval is how often free space is read.
+	diskCheckInterval = 2 * time.Second
+)
+
+// releaseTimeout bounds giving back reserved UIDs at shutdown.
+const releaseTimeout = 5 * time.Second
+
+// Core is the part of a node below the protocol servers: store, managers,
+// membership, RPC and the proxies' shared half. Tests use it alone; Start
+// adds the listeners.
+type Core struct {
+	ID      cluster.NodeID
+	Boot    uint64
+	DB      *store.DB
+	Boxes   *mailbox.Manager
+	Users   *usermgr.Manager
+	Proxy   *proxy.Proxy
+	Members *cluster.Membership
+	Peers   *cluster.Peers
+	RPC     *rpc.Server
+	Loads   *balance.Tracker
+	log     *slog.Logger
+	rpcLn   net.Listener
+	stop    chan struct{}
+	full    atomic.Bool
+	dataDir string
+}
+
+// DiskFull reports whether the data directory's file system has less than
+// diskFullBelow free.
+func (c *Core) DiskFull() bool { return c.full.Load() }
+
+func (c *Core) checkDisk() {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(c.dataDir, &st); err != nil {
+		return
+	}
+	full := st.Bavail*uint64(st.Bsize) < diskFullBelow
+	if full != c.full.Swap(full) {
+		c.log.Warn("disk space", "data", c.dataDir, "full", full, "free_bytes", st.Bavail*uint64(st.Bsize))
+	}
+}
+
+// New opens the data directory and starts the managers. clusterAddr
+// empty makes a cluster of one, with no gossip and no RPC listener.
+func New(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Core, error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s: %w", dataDir, err)
+	}
+	id, err := LoadNodeID(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := nextBoot(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	db, err := store.Open(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	c := &Core{ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker(), dataDir: dataDir}
+	c.checkDisk()
+	c.Boxes = mailbox.New(db)
+	c.Users = usermgr.New(id, userdb.New(db), c.Boxes, hlc.New(), log)
+	client := rpc.NewClient()
+	c.Peers = &cluster.Peers{RPC: client}
+	c.Users.SetPeers(c.Peers)
+	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
+		Spread: balance.DefaultSpread}
+	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
+	c.Users.Register(c.RPC)
+	c.Proxy.Register(c.RPC)
+
+	rpcAddr := ""
+	if clusterAddr != "" {
+		host, _, err := net.SplitHostPort(clusterAddr)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("cluster address %q: %w", clusterAddr, err)
+		}
+		l, err := listenRPC(dataDir, host)
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		c.rpcLn = l
+		rpcAddr = l.Addr().String()
+		go c.RPC.Serve(l)
+	}
+	// The RPC client learns every callee's load from its replies; the
+	// balancer reads it (Porcupine §5).
+	client.OnLoad = func(addr string, l rpc.Load) {
+		if m := c.Members; m != nil {
+			for _, mi := range m.Alive() {
+				if mi.RPC == addr {
+					c.Loads.Observe(mi.ID, balance.Load{Pending: l.Pending, DiskFull: l.DiskFull})
+				}
+			}
+		}
+	}
+	t0 := time.Now()
+	m, err := cluster.StartMembership(cluster.MembershipConfig{
+		Self: id, Boot: boot, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
+		Load:    func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
+		Domains: c.Users.LocalDomains,
+		Logger:  log,
+		OnChange: func(old, new *cluster.UserMap) {
+			c.Peers.SetMembership(c.Members)
+			for _, mi := range c.Members.Alive() {
+				c.Loads.Observe(mi.ID, balance.Load{Pending: mi.Load, DiskFull: mi.DiskFull})
+			}
+			c.Users.Reconcile(*new, c.Members.Alive())
+		},
+		Deferred: true,
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.Members = m
+	c.Peers.SetMembership(m)
+	m.Start()
+	c.stop = make(chan struct{})
+	go func() {
+		t := time.NewTicker(usermgr.RefreshInterval)
+		defer t.Stop()
+		disk := time.NewTicker(diskCheckInterval)
+		defer disk.Stop()
+		for {
+			select {
+			case <-c.stop:
+				return
+			case <-t.C:
+				c.Users.Refresh(c.Members.Alive())
+			case <-disk.C:
+				c.checkDisk()
+				c.Loads.Observe(c.ID, balance.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()})
+			}
+		}
+	}()
+	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
+	return c, nil
+}
+
+// Close stops membership, RPC and the managers, then closes the store.
+func (c *Core) Close() error {
+	if c.stop != nil {
+		close(c.stop)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	c.Users.Release(ctx)
+	cancel()
+	if c.Members != nil {
+		c.Members.Shutdown()
+	}
+	c.RPC.Stop()
+	c.Users.Close()
+	c.Peers.RPC.Close()
+	return c.DB.Close()
+}
+
+// listenRPC opens the RPC listener on the port this node used last time
+// (DATA/rpc.port), so peers that still hold the old address reach it again
+// after a restart; a new port is taken, and remembered, if that one is busy.
+func listenRPC(dataDir, host string) (net.Listener, error) {
+	path := filepath.Join(dataDir, "rpc.port")
+	if b, err := os.ReadFile(path); err == nil {
+		if l, err := net.Listen("tcp", net.JoinHostPort(host, strings.TrimSpace(string(b)))); err == nil {
+			return l, nil
+		}
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("rpc listener on %s: %w", host, err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	if err := os.WriteFile(path, []byte(port+"\n"), 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("rpc port %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// nextBoot increments and returns the node's boot incarnation, kept in the
+// data directory: it tells the other nodes that this process is a new life
+// of the node even if they never saw it die (Porcupine Fig. 6).
+func nextBoot(dataDir string) (uint64, error) {
+	path := filepath.Join(dataDir, "node.boot")
+	var boot uint64
+	if b, err := os.ReadFile(path); err == nil {
+		fmt.Sscanf(strings.TrimSpace(string(b)), "%d", &boot)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("boot counter %s: %w", path, err)
+	}
+	boot++
+	tmp := path + ".tmp"
+	os.Remove(tmp)
+	if err := writeFileSync(tmp, []byte(fmt.Sprintf("%d\n", boot))); err != nil {
+		return 0, fmt.Errorf("boot counter %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return 0, fmt.Errorf("boot counter %s: %w", path, err)
+	}
+	return boot, nil
+}
+
+// RPCAddr returns the address node-to-node RPC listens on ("" without
+// --cluster).
+func (c *Core) RPCAddr() string {
+	if c.rpcLn == nil {
+		return ""
+	}
+	return c.rpcLn.Addr().String()
+}
