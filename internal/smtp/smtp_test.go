@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	gosmtp "github.com/emersion/go-smtp"
-	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/smtp"
 )
