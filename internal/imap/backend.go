@@ -8,9 +8,9 @@ import (
 	"github.com/quillmail/quill/internal/userdb"
 )
 
-// Store is what the IMAP proxy needs of the mailbox manager. A
-// *mailbox.Manager is one; a cluster deployment can put in its place one that
-// reaches the user's fragments on other nodes.
+// Store is what the IMAP proxy needs of a user's mail. proxy.IMAPStore is
+// the one in use: it reaches the user's mailbox writer and the fragments on
+// every node, on one node or many.
 type Store interface {
 	EnsureUser(user string) error
 	Mailboxes(user string) ([]mailbox.Mailbox, error)
@@ -29,9 +29,7 @@ type Store interface {
 	Subscribe(user string) (<-chan mailbox.Change, func())
 }
 
-var _ Store = (*mailbox.Manager)(nil)
-
-// Authenticator checks a user's password; *proxy.Proxy is one.
+// Authenticator checks a user's password; proxy.IMAPAuth is the one in use.
 type Authenticator interface {
 	Login(ctx context.Context, user, password string) (*userdb.Profile, error)
 }

@@ -2,17 +2,17 @@
 // node's mailbox fragments (the messages stored here for each user) on
 // stable storage and serves them to the delivery and retrieval proxies.
 //
-// A user has several mailboxes (Porcupine's ⟨user, mailbox⟩ pairs); each
-// mailbox carries what IMAP needs (RFC 3501 §2.3.1, RFC 7162): UIDVALIDITY,
-// UIDNEXT, a strictly ascending UID per message that is never reused, and a
-// MODSEQ per change. All keys of a user sit under the user's bucket, so the
-// fragments of a whole bucket are found by one scan (§3.3, §6.1).
+// A user has several mailboxes (Porcupine's ⟨user, mailbox⟩ pairs). A
+// fragment holds, for each mailbox it has messages of, a record named by the
+// mailbox's UIDVALIDITY and the messages under the UIDs and MODSEQs the
+// mailbox's writer handed out (fragment.go; the writer is in usermgr). All
+// keys of a user sit under the user's bucket, so the fragments of a whole
+// bucket are found by one scan (§3.3, §6.1).
 //
 // Every change is one Pebble batch committed with fsync before the call
 // returns. Changes to one user are serialised by a per-user lock held across
-// the commit, so a UID becomes visible only after every smaller UID of its
-// mailbox; changes to different users commit concurrently and share WAL
-// fsyncs.
+// the commit; changes to different users commit concurrently and share WAL
+// fsyncs (group commit).
 package mailbox
 
 import (
@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -88,8 +87,7 @@ func (m *Message) HasFlag(flag string) bool { return hasFold(m.Flags, flag) }
 
 // userMeta holds per-user counters.
 type userMeta struct {
-	NextMailboxID   uint64 `json:"next_mailbox_id"`
-	LastUIDValidity uint32 `json:"last_uidvalidity"`
+	NextMailboxID uint64 `json:"next_mailbox_id"`
 }
 
 // Change tells subscribers that a mailbox of a user changed.
@@ -227,24 +225,6 @@ func getJSON(r pebble.Reader, key []byte, v any) (bool, error) {
 	return true, json.Unmarshal(b, v)
 }
 
-// Mailboxes returns the user's mailboxes sorted by name.
-func (m *Manager) Mailboxes(user string) ([]Mailbox, error) {
-	it, err := m.db.PrefixIter(nil, store.UserPrefix(store.KindMailbox, user))
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []Mailbox
-	for it.First(); it.Valid(); it.Next() {
-		var mb Mailbox
-		if err := json.Unmarshal(it.Value(), &mb); err != nil {
-			return nil, fmt.Errorf("user %s: corrupt mailbox record: %w", user, err)
-		}
-		out = append(out, mb)
-	}
-	return out, it.Error()
-}
-
 // Mailbox returns one mailbox record.
 func (m *Manager) Mailbox(user, name string) (*Mailbox, error) {
 	return m.getMailbox(m.db, user, name)
@@ -293,15 +273,6 @@ func (m *Manager) Body(user, id string) ([]byte, error) {
 	}
 	defer closer.Close()
 	return bytes.Clone(b), nil
-}
-
-// OpenBody returns a reader over the message bytes.
-func (m *Manager) OpenBody(user, id string) (io.ReadCloser, error) {
-	b, err := m.Body(user, id)
-	if err != nil {
-		return nil, err
-	}
-	return io.NopCloser(bytes.NewReader(b)), nil
 }
 
 // --- writes
@@ -368,183 +339,6 @@ func (t *tx) meta(user string) (*userMeta, error) {
 	return &um, nil
 }
 
-// createMailbox makes a mailbox record with a fresh ID and UIDVALIDITY.
-// UIDVALIDITY is the creation second, but strictly greater than any this
-// user had before, so a mailbox deleted and made again under the same name
-// never repeats one (RFC 3501 §2.3.1.1).
-func (t *tx) createMailbox(user, name, specialUse string) (*Mailbox, error) {
-	um, err := t.meta(user)
-	if err != nil {
-		return nil, err
-	}
-	um.NextMailboxID++
-	v := uint32(time.Now().Unix())
-	if v <= um.LastUIDValidity {
-		v = um.LastUIDValidity + 1
-	}
-	um.LastUIDValidity = v
-	if err := t.putJSON(userMetaKey(user), um); err != nil {
-		return nil, err
-	}
-	mb := &Mailbox{ID: um.NextMailboxID, Name: normName(name), UIDValidity: v, UIDNext: 1,
-		HighestModSeq: 1, Subscribed: true, SpecialUse: specialUse, Created: time.Now().UTC()}
-	t.touch(user, 0)
-	return mb, t.putMailbox(user, mb)
-}
-
-// ensureMailbox returns the mailbox, making it if it is INBOX or one of the
-// defaults (so delivery never fails for a user whose mailboxes were not yet
-// made on this node).
-func (t *tx) ensureMailbox(user, name string) (*Mailbox, error) {
-	mb, err := t.m.getMailbox(t.b, user, name)
-	if err == nil || !errors.Is(err, ErrNoMailbox) {
-		return mb, err
-	}
-	if normName(name) != Inbox {
-		return nil, err
-	}
-	return t.createMailbox(user, Inbox, "")
-}
-
-// addMessage writes a new message with the next UID of mb.
-func (t *tx) addMessage(user string, mb *Mailbox, id string, raw []byte, flags []string, date time.Time) (Message, error) {
-	if mb.UIDNext == 0 || mb.UIDNext == ^uint32(0) {
-		return Message{}, fmt.Errorf("user %s mailbox %q: UIDs exhausted", user, mb.Name)
-	}
-	mb.HighestModSeq++
-	msg := Message{UID: mb.UIDNext, ID: id, Size: int64(len(raw)), Date: date, Flags: cleanFlags(flags), ModSeq: mb.HighestModSeq}
-	mb.UIDNext++
-	if raw != nil {
-		if err := t.b.Set(bodyKey(user, id), raw, nil); err != nil {
-			return Message{}, err
-		}
-	}
-	if err := t.b.Set(messageKey(user, mb.ID, msg.UID), encodeMessage(&msg), nil); err != nil {
-		return Message{}, err
-	}
-	return msg, t.putMailbox(user, mb)
-}
-
-// EnsureUser makes the default mailboxes of a user that lacks them.
-func (m *Manager) EnsureUser(user string) error {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	for _, d := range DefaultMailboxes {
-		if _, err := m.getMailbox(t.b, user, d.Name); err == nil {
-			continue
-		} else if !errors.Is(err, ErrNoMailbox) {
-			t.abort()
-			return err
-		}
-		if _, err := t.createMailbox(user, d.Name, d.SpecialUse); err != nil {
-			t.abort()
-			return err
-		}
-	}
-	return t.commit()
-}
-
-// Delivered is the result of delivering to one recipient.
-type Delivered struct {
-	User    string
-	Mailbox uint64
-	Message Message
-}
-
-// Deliver stores one message into the INBOX of every recipient in a single
-// durable batch: when it returns nil, the message is fsync'd for all of them.
-// The body is stored once per recipient, since each recipient's fragment is
-// its own hard state (and may later move to other nodes alone).
-func (m *Manager) Deliver(users []string, raw []byte, date time.Time) ([]Delivered, error) {
-	defer m.lockUsers(users)()
-	t := m.newTx()
-	out := make([]Delivered, 0, len(users))
-	seen := map[string]bool{}
-	for _, u := range users {
-		if seen[u] {
-			continue
-		}
-		seen[u] = true
-		mb, err := t.ensureMailbox(u, Inbox)
-		if err != nil {
-			t.abort()
-			return nil, err
-		}
-		msg, err := t.addMessage(u, mb, m.NewMessageID(), raw, nil, date)
-		if err != nil {
-			t.abort()
-			return nil, err
-		}
-		out = append(out, Delivered{User: u, Mailbox: mb.ID, Message: msg})
-	}
-	if err := t.commit(); err != nil {
-		return nil, fmt.Errorf("deliver to %s: %w", strings.Join(users, ","), err)
-	}
-	return out, nil
-}
-
-// Append adds a message to a mailbox (IMAP APPEND, RFC 3501 §6.3.11).
-func (m *Manager) Append(user, name string, raw []byte, flags []string, date time.Time) (*Mailbox, Message, error) {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	mb, err := t.ensureMailbox(user, name)
-	if err != nil {
-		t.abort()
-		return nil, Message{}, err
-	}
-	msg, err := t.addMessage(user, mb, m.NewMessageID(), raw, flags, date)
-	if err != nil {
-		t.abort()
-		return nil, Message{}, err
-	}
-	return mb, msg, t.commit()
-}
-
-// CreateMailbox makes a mailbox (IMAP CREATE).
-func (m *Manager) CreateMailbox(user, name, specialUse string) (*Mailbox, error) {
-	if err := ValidateName(name); err != nil {
-		return nil, err
-	}
-	defer m.lockUser(user)()
-	t := m.newTx()
-	if _, err := m.getMailbox(t.b, user, name); err == nil {
-		t.abort()
-		return nil, fmt.Errorf("user %s mailbox %q: %w", user, name, ErrMailboxExists)
-	}
-	mb, err := t.createMailbox(user, name, specialUse)
-	if err != nil {
-		t.abort()
-		return nil, err
-	}
-	return mb, t.commit()
-}
-
-// DeleteMailbox removes a mailbox and its messages (IMAP DELETE). INBOX
-// cannot be deleted (RFC 3501 §6.3.4).
-func (m *Manager) DeleteMailbox(user, name string) error {
-	if normName(name) == Inbox {
-		return fmt.Errorf("user %s: INBOX cannot be deleted", user)
-	}
-	defer m.lockUser(user)()
-	t := m.newTx()
-	mb, err := m.getMailbox(t.b, user, name)
-	if err != nil {
-		t.abort()
-		return err
-	}
-	if err := t.dropMessages(user, mb.ID); err != nil {
-		t.abort()
-		return err
-	}
-	if err := t.b.Delete(mailboxKey(user, mb.Name), nil); err != nil {
-		t.abort()
-		return err
-	}
-	t.touch(user, 0)
-	t.touch(user, mb.ID)
-	return t.commit()
-}
-
 func (t *tx) dropMessages(user string, mbox uint64) error {
 	msgs, err := t.m.messagesIn(t.b, user, mbox)
 	if err != nil {
@@ -577,60 +371,6 @@ func (m *Manager) messagesIn(r pebble.Reader, user string, mbox uint64) ([]Messa
 	return out, it.Error()
 }
 
-// RenameMailbox renames a mailbox and every mailbox below it in the
-// hierarchy (RFC 3501 §6.3.5). Renaming INBOX moves its messages to the new
-// name and leaves an empty INBOX with a new UIDVALIDITY.
-func (m *Manager) RenameMailbox(user, from, to string) error {
-	if err := ValidateName(to); err != nil {
-		return err
-	}
-	from, to = normName(from), normName(to)
-	defer m.lockUser(user)()
-	t := m.newTx()
-	fail := func(err error) error { t.abort(); return err }
-	if _, err := m.getMailbox(t.b, user, to); err == nil {
-		return fail(fmt.Errorf("user %s mailbox %q: %w", user, to, ErrMailboxExists))
-	}
-	all, err := m.mailboxesIn(t.b, user)
-	if err != nil {
-		return fail(err)
-	}
-	found := false
-	for _, mb := range all {
-		var newName string
-		switch {
-		case mb.Name == from:
-			newName = to
-			found = true
-		case from != Inbox && strings.HasPrefix(mb.Name, from+Separator):
-			newName = to + mb.Name[len(from):]
-		default:
-			continue
-		}
-		if _, err := m.getMailbox(t.b, user, newName); err == nil {
-			return fail(fmt.Errorf("user %s mailbox %q: %w", user, newName, ErrMailboxExists))
-		}
-		if err := t.b.Delete(mailboxKey(user, mb.Name), nil); err != nil {
-			return fail(err)
-		}
-		mb := mb
-		mb.Name = newName
-		if err := t.putMailbox(user, &mb); err != nil {
-			return fail(err)
-		}
-	}
-	if !found {
-		return fail(fmt.Errorf("user %s mailbox %q: %w", user, from, ErrNoMailbox))
-	}
-	if from == Inbox {
-		if _, err := t.createMailbox(user, Inbox, ""); err != nil {
-			return fail(err)
-		}
-	}
-	t.touch(user, 0)
-	return t.commit()
-}
-
 func (m *Manager) mailboxesIn(r pebble.Reader, user string) ([]Mailbox, error) {
 	it, err := m.db.PrefixIter(r, store.UserPrefix(store.KindMailbox, user))
 	if err != nil {
@@ -648,23 +388,6 @@ func (m *Manager) mailboxesIn(r pebble.Reader, user string) ([]Mailbox, error) {
 	return out, it.Error()
 }
 
-// SetSubscribed changes a mailbox's subscription (IMAP SUBSCRIBE).
-func (m *Manager) SetSubscribed(user, name string, on bool) error {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	mb, err := m.getMailbox(t.b, user, name)
-	if err != nil {
-		t.abort()
-		return err
-	}
-	mb.Subscribed = on
-	if err := t.putMailbox(user, mb); err != nil {
-		t.abort()
-		return err
-	}
-	return t.commit()
-}
-
 // FlagOp says how StoreFlags changes flags (RFC 3501 §6.4.6).
 type FlagOp int
 
@@ -673,52 +396,6 @@ const (
 	FlagsAdd
 	FlagsRemove
 )
-
-// StoreFlags changes the flags of the given UIDs. With unchangedSince > 0
-// (CONDSTORE, RFC 7162 §3.1.3) a message whose MODSEQ is greater is left
-// alone and its UID returned in failed. Messages whose flags really change
-// get a new MODSEQ; updated holds the resulting records of all matched
-// messages.
-func (m *Manager) StoreFlags(user string, mbox uint64, uids []uint32, op FlagOp, flags []string, unchangedSince uint64) (updated []Message, failed []uint32, err error) {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	mb, err := t.m.mailboxByID(t.b, user, mbox)
-	if err != nil {
-		t.abort()
-		return nil, nil, err
-	}
-	flags = cleanFlags(flags)
-	for _, uid := range uids {
-		msg, ok, err := t.message(user, mbox, uid)
-		if err != nil {
-			t.abort()
-			return nil, nil, err
-		}
-		if !ok {
-			continue
-		}
-		if unchangedSince > 0 && msg.ModSeq > unchangedSince {
-			failed = append(failed, uid)
-			continue
-		}
-		nf := ApplyFlags(msg.Flags, op, flags)
-		if !SameFlags(nf, msg.Flags) {
-			mb.HighestModSeq++
-			msg.Flags = nf
-			msg.ModSeq = mb.HighestModSeq
-			if err := t.b.Set(messageKey(user, mbox, uid), encodeMessage(&msg), nil); err != nil {
-				t.abort()
-				return nil, nil, err
-			}
-		}
-		updated = append(updated, msg)
-	}
-	if err := t.putMailbox(user, mb); err != nil {
-		t.abort()
-		return nil, nil, err
-	}
-	return updated, failed, t.commit()
-}
 
 func (m *Manager) mailboxByID(r pebble.Reader, user string, id uint64) (*Mailbox, error) {
 	all, err := m.mailboxesIn(r, user)
@@ -733,12 +410,6 @@ func (m *Manager) mailboxByID(r pebble.Reader, user string, id uint64) (*Mailbox
 	return nil, fmt.Errorf("user %s mailbox id %d: %w", user, id, ErrNoMailbox)
 }
 
-// MailboxByID returns the record of a mailbox by its ID (which survives
-// renames).
-func (m *Manager) MailboxByID(user string, id uint64) (*Mailbox, error) {
-	return m.mailboxByID(m.db, user, id)
-}
-
 func (t *tx) message(user string, mbox uint64, uid uint32) (Message, bool, error) {
 	b, closer, err := t.b.Get(messageKey(user, mbox, uid))
 	if errors.Is(err, pebble.ErrNotFound) {
@@ -750,12 +421,6 @@ func (t *tx) message(user string, mbox uint64, uid uint32) (Message, bool, error
 	defer closer.Close()
 	msg := Message{UID: uid}
 	return msg, true, decodeMessage(b, &msg)
-}
-
-// Expunge removes messages by UID (POP3 DELE at QUIT) and returns the UIDs
-// that were present.
-func (m *Manager) Expunge(user string, mbox uint64, uids []uint32) ([]uint32, error) {
-	return m.expunge(user, mbox, uids, nil)
 }
 
 // expunge removes those of uids that exist and that keep accepts (all when
@@ -801,68 +466,6 @@ type CopyResult struct {
 	Dest    *Mailbox
 	SrcUIDs []uint32
 	DstUIDs []uint32
-}
-
-// Copy copies messages to another mailbox (IMAP COPY); with move set the
-// originals are expunged in the same batch (RFC 6851 MOVE is atomic for the
-// client).
-func (m *Manager) Copy(user string, src uint64, uids []uint32, dstName string, move bool) (*CopyResult, error) {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	fail := func(err error) (*CopyResult, error) { t.abort(); return nil, err }
-	dst, err := m.getMailbox(t.b, user, dstName)
-	if err != nil {
-		return fail(err)
-	}
-	srcBox, err := m.mailboxByID(t.b, user, src)
-	if err != nil {
-		return fail(err)
-	}
-	if srcBox.ID == dst.ID {
-		// A copy or move within one mailbox: one record, or the later
-		// write of srcBox would put UIDNEXT back and reuse UIDs.
-		srcBox = dst
-	}
-	res := &CopyResult{Dest: dst}
-	for _, uid := range uids {
-		msg, ok, err := t.message(user, src, uid)
-		if err != nil {
-			return fail(err)
-		}
-		if !ok {
-			continue
-		}
-		raw, closer, err := t.b.Get(bodyKey(user, msg.ID))
-		if err != nil {
-			return fail(fmt.Errorf("user %s message %s: body: %w", user, msg.ID, err))
-		}
-		body := bytes.Clone(raw)
-		closer.Close()
-		var nm Message
-		if move {
-			// A move keeps the message id: the body stays where it is.
-			nm, err = t.addMessage(user, dst, msg.ID, nil, msg.Flags, msg.Date)
-		} else {
-			nm, err = t.addMessage(user, dst, m.NewMessageID(), body, msg.Flags, msg.Date)
-		}
-		if err != nil {
-			return fail(err)
-		}
-		if move {
-			if err := t.b.Delete(messageKey(user, src, uid), nil); err != nil {
-				return fail(err)
-			}
-		}
-		res.SrcUIDs = append(res.SrcUIDs, uid)
-		res.DstUIDs = append(res.DstUIDs, nm.UID)
-	}
-	if move && len(res.SrcUIDs) > 0 {
-		srcBox.HighestModSeq++
-		if err := t.putMailbox(user, srcBox); err != nil {
-			return fail(err)
-		}
-	}
-	return res, t.commit()
 }
 
 // DeleteUser removes every mailbox and message of a user on this node.

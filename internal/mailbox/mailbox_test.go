@@ -21,213 +21,199 @@ func newManager(t testing.TB) (*Manager, string) {
 	return New(db), dir
 }
 
-func inbox(t *testing.T, m *Manager, user string) *Mailbox {
+const v1 = 1700000000 // a UIDVALIDITY
+
+func place(user, name string, v uint32, uid uint32, modseq uint64) Placed {
+	return Placed{User: user, Mailbox: name, UIDValidity: v, UID: uid, ModSeq: modseq}
+}
+
+func fragment(t *testing.T, m *Manager, user string, v uint32) *FragmentDigest {
 	t.Helper()
-	mb, err := m.Mailbox(user, "inbox")
+	d, err := m.Fragment(user, v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mb
+	return d
 }
 
-func TestDeliverAndRead(t *testing.T) {
-	m, _ := newManager(t)
-	raw := []byte("Subject: hi\r\n\r\n.dot line\r\n\xe9\r\n")
-	got, err := m.Deliver([]string{"a@x.org", "b@x.org", "a@x.org"}, raw, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 2 {
-		t.Fatalf("delivered %d copies, want 2 (duplicate recipient collapsed)", len(got))
-	}
-	for _, u := range []string{"a@x.org", "b@x.org"} {
-		mb := inbox(t, m, u)
-		msgs, err := m.Messages(u, mb.ID)
-		if err != nil || len(msgs) != 1 {
-			t.Fatalf("%s: %v %v", u, msgs, err)
-		}
-		body, err := m.Body(u, msgs[0].ID)
-		if err != nil || !bytes.Equal(body, raw) {
-			t.Fatalf("%s: body %q err %v", u, body, err)
-		}
-		if msgs[0].UID != 1 || mb.UIDNext != 2 {
-			t.Fatalf("uid %d uidnext %d", msgs[0].UID, mb.UIDNext)
-		}
-	}
-}
-
-func TestUIDsAscendAndNeverReused(t *testing.T) {
+func TestStoreAtAndRead(t *testing.T) {
 	m, dir := newManager(t)
-	u := "u@x.org"
-	if err := m.EnsureUser(u); err != nil {
+	raw := []byte("Subject: hi\r\n\r\n.dot line\r\n\xe9\r\n")
+	id := m.NewMessageID()
+	err := m.StoreAt([]Placed{place("a@x.org", "INBOX", v1, 7, 9), place("b@x.org", "INBOX", v1+1, 1, 2)}, id, raw, time.Now())
+	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	for i := 0; i < 50; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			if _, err := m.Deliver([]string{u}, []byte(fmt.Sprintf("n: %d\r\n\r\n", i)), time.Now()); err != nil {
-				t.Error(err)
-			}
-		}(i)
-	}
-	wg.Wait()
-	mb := inbox(t, m, u)
-	msgs, _ := m.Messages(u, mb.ID)
-	if len(msgs) != 50 {
-		t.Fatalf("%d messages", len(msgs))
-	}
-	for i, msg := range msgs {
-		if msg.UID != uint32(i+1) {
-			t.Fatalf("message %d has uid %d", i, msg.UID)
+	for _, c := range []struct {
+		user string
+		v    uint32
+		uid  uint32
+	}{{"a@x.org", v1, 7}, {"b@x.org", v1 + 1, 1}} {
+		d := fragment(t, m, c.user, c.v)
+		if len(d.Messages) != 1 || d.Messages[0].UID != c.uid || d.UIDNext != c.uid+1 {
+			t.Fatalf("%s: %+v", c.user, d)
+		}
+		body, err := m.Body(c.user, id)
+		if err != nil || !bytes.Equal(body, raw) {
+			t.Fatalf("%s: body %q err %v", c.user, body, err)
 		}
 	}
-	// Expunge the last message; the next delivery must not reuse its UID,
-	// also after a reopen of the store.
-	if _, err := m.Expunge(u, mb.ID, []uint32{50}); err != nil {
-		t.Fatal(err)
+	// Under the same name, INBOX is found by the POP3/SMTP readers too.
+	if mb, err := m.Mailbox("a@x.org", "inbox"); err != nil || mb.UIDValidity != v1 {
+		t.Fatalf("INBOX record %+v %v", mb, err)
 	}
+	// Durable across a reopen.
 	m.db.Close()
 	db, err := store.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m = New(db)
 	defer db.Close()
-	d, err := m.Deliver([]string{u}, []byte("x\r\n"), time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d[0].Message.UID != 51 {
-		t.Fatalf("uid after expunge+reopen = %d, want 51", d[0].Message.UID)
-	}
-	if inbox(t, m, u).UIDValidity != mb.UIDValidity {
-		t.Fatal("UIDVALIDITY changed across reopen")
+	m = New(db)
+	if d := fragment(t, m, "a@x.org", v1); len(d.Messages) != 1 || d.HighestModSeq != 9 {
+		t.Fatalf("after reopen %+v", d)
 	}
 }
 
-func TestFlagsModSeqAndCondStore(t *testing.T) {
+// A UID names one message for ever: storing another message under a UID
+// this fragment already holds is refused.
+func TestStoreAtRefusesTakenUID(t *testing.T) {
 	m, _ := newManager(t)
-	u := "u@x.org"
-	d, _ := m.Deliver([]string{u}, []byte("a\r\n"), time.Now())
-	mb := inbox(t, m, u)
-	ms0 := d[0].Message.ModSeq
-	up, failed, err := m.StoreFlags(u, mb.ID, []uint32{1}, FlagsAdd, []string{`\Seen`, "$Label", `\Recent`}, 0)
-	if err != nil || len(failed) != 0 || len(up) != 1 {
-		t.Fatal(up, failed, err)
+	p := place("a@x.org", "INBOX", v1, 3, 3)
+	if err := m.StoreAt([]Placed{p}, "id-1", []byte("one\r\n"), time.Now()); err != nil {
+		t.Fatal(err)
 	}
-	if !up[0].HasFlag(`\seen`) || !up[0].HasFlag("$label") || up[0].HasFlag(`\Recent`) {
-		t.Fatalf("flags %v", up[0].Flags)
+	// The same message again (a retried store) is fine.
+	if err := m.StoreAt([]Placed{p}, "id-1", []byte("one\r\n"), time.Now()); err != nil {
+		t.Fatalf("idempotent store refused: %v", err)
 	}
-	if up[0].ModSeq <= ms0 {
-		t.Fatal("modseq did not grow")
+	if err := m.StoreAt([]Placed{p}, "id-2", []byte("two\r\n"), time.Now()); !errors.Is(err, ErrUIDTaken) {
+		t.Fatalf("overwrite: %v", err)
 	}
-	// UNCHANGEDSINCE below the current modseq fails.
-	_, failed, _ = m.StoreFlags(u, mb.ID, []uint32{1}, FlagsRemove, []string{`\Seen`}, ms0)
-	if len(failed) != 1 {
-		t.Fatal("conditional store did not fail")
-	}
-	up, _, _ = m.StoreFlags(u, mb.ID, []uint32{1}, FlagsRemove, []string{`\SEEN`}, 0)
-	if up[0].HasFlag(`\Seen`) || len(up[0].Flags) != 1 {
-		t.Fatalf("flags after remove %v", up[0].Flags)
+	if b, _ := m.Body("a@x.org", "id-1"); string(b) != "one\r\n" {
+		t.Fatalf("first message changed: %q", b)
 	}
 }
 
-func TestMailboxLifecycle(t *testing.T) {
+// Out-of-order stores (concurrent deliveries) keep UIDNEXT at the highest.
+func TestStoreAtConcurrent(t *testing.T) {
 	m, _ := newManager(t)
-	u := "u@x.org"
-	if err := m.EnsureUser(u); err != nil {
-		t.Fatal(err)
+	var wg sync.WaitGroup
+	for i := 1; i <= 50; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			err := m.StoreAt([]Placed{place("u@x.org", "INBOX", v1, uint32(i), uint64(i))}, fmt.Sprintf("id-%02d", i), []byte("x\r\n"), time.Now())
+			if err != nil {
+				t.Error(err)
+			}
+		}(i)
 	}
-	boxes, _ := m.Mailboxes(u)
-	if len(boxes) != len(DefaultMailboxes) {
-		t.Fatalf("%d default mailboxes", len(boxes))
+	wg.Wait()
+	d := fragment(t, m, "u@x.org", v1)
+	if len(d.Messages) != 50 || d.UIDNext != 51 || d.HighestModSeq != 50 {
+		t.Fatalf("%d messages, uidnext %d, modseq %d", len(d.Messages), d.UIDNext, d.HighestModSeq)
 	}
-	if _, err := m.CreateMailbox(u, "Work", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.CreateMailbox(u, "Work/Projects", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.CreateMailbox(u, "Work", ""); !errors.Is(err, ErrMailboxExists) {
-		t.Fatalf("duplicate create: %v", err)
-	}
-	old, _ := m.Mailbox(u, "Work/Projects")
-	if err := m.RenameMailbox(u, "Work", "Job"); err != nil {
-		t.Fatal(err)
-	}
-	moved, err := m.Mailbox(u, "Job/Projects")
-	if err != nil || moved.ID != old.ID || moved.UIDValidity != old.UIDValidity {
-		t.Fatalf("child not renamed with its identity: %v %v", moved, err)
-	}
-	// Renaming INBOX moves its mail and leaves a fresh INBOX.
-	m.Deliver([]string{u}, []byte("a\r\n"), time.Now())
-	oldInbox := inbox(t, m, u)
-	if err := m.RenameMailbox(u, "INBOX", "Old"); err != nil {
-		t.Fatal(err)
-	}
-	ni := inbox(t, m, u)
-	if ni.ID == oldInbox.ID || ni.UIDValidity == oldInbox.UIDValidity {
-		t.Fatal("INBOX after rename keeps the old identity")
-	}
-	oldBox, _ := m.Mailbox(u, "Old")
-	if msgs, _ := m.Messages(u, oldBox.ID); len(msgs) != 1 {
-		t.Fatal("messages did not move with renamed INBOX")
-	}
-	if err := m.DeleteMailbox(u, "inbox"); err == nil {
-		t.Fatal("INBOX deleted")
-	}
-	if err := m.DeleteMailbox(u, "Old"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Mailbox(u, "Old"); !errors.Is(err, ErrNoMailbox) {
-		t.Fatal("deleted mailbox still there")
-	}
-	// Recreate: new UIDVALIDITY.
-	nb, _ := m.CreateMailbox(u, "Old", "")
-	if nb.UIDValidity == oldBox.UIDValidity {
-		t.Fatal("recreated mailbox reuses UIDVALIDITY")
+	for i, msg := range d.Messages {
+		if msg.UID != uint32(i+1) {
+			t.Fatalf("message %d has uid %d", i, msg.UID)
+		}
 	}
 }
 
-func TestCopyMove(t *testing.T) {
+func TestFlagsExpungeCopyDrop(t *testing.T) {
 	m, _ := newManager(t)
 	u := "u@x.org"
-	m.EnsureUser(u)
-	m.Deliver([]string{u}, []byte("one\r\n"), time.Now())
-	m.Deliver([]string{u}, []byte("two\r\n"), time.Now())
-	in := inbox(t, m, u)
-	res, err := m.Copy(u, in.ID, []uint32{1, 2}, "Archive", false)
-	if err != nil || len(res.DstUIDs) != 2 {
-		t.Fatal(res, err)
+	for i := uint32(1); i <= 3; i++ {
+		if err := m.StoreAt([]Placed{place(u, "INBOX", v1, i, uint64(i))}, fmt.Sprintf("m%d", i), []byte(fmt.Sprintf("body %d\r\n", i)), time.Now()); err != nil {
+			t.Fatal(err)
+		}
 	}
-	res, err = m.Copy(u, in.ID, []uint32{2}, "Trash", true)
-	if err != nil || len(res.DstUIDs) != 1 {
-		t.Fatal(res, err)
+	if err := m.SetFlagsAt(u, v1, []FlagChange{{UID: 2, Flags: []string{`\Seen`, `\Recent`, "$Label"}, ModSeq: 10}}); err != nil {
+		t.Fatal(err)
 	}
-	msgs, _ := m.Messages(u, in.ID)
-	if len(msgs) != 1 {
-		t.Fatalf("inbox has %d after move", len(msgs))
+	d := fragment(t, m, u, v1)
+	if !d.Messages[1].HasFlag(`\seen`) || !d.Messages[1].HasFlag("$label") || d.Messages[1].HasFlag(`\Recent`) || d.Messages[1].ModSeq != 10 || d.HighestModSeq != 10 {
+		t.Fatalf("after flags %+v", d)
 	}
-	tr, _ := m.Mailbox(u, "Trash")
-	tm, _ := m.Messages(u, tr.ID)
-	body, err := m.Body(u, tm[0].ID)
-	if err != nil || string(body) != "two\r\n" {
-		t.Fatalf("moved body %q %v", body, err)
+	gone, err := m.ExpungeAt(u, v1, []uint32{1, 99})
+	if err != nil || len(gone) != 1 || gone[0] != 1 {
+		t.Fatalf("expunge %v %v", gone, err)
+	}
+	if _, err := m.Body(u, "m1"); !errors.Is(err, ErrNoMessage) {
+		t.Fatal("expunged body still there")
+	}
+	// Copy 2 into Archive, move 3 into Trash; bodies stay here.
+	const arch, trash = v1 + 10, v1 + 11
+	if err := m.CopyAt(u, v1, []uint32{2}, []Placed{{User: u, Mailbox: "Archive", UIDValidity: arch, UID: 1, ModSeq: 11, ID: "copy-of-2"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CopyAt(u, v1, []uint32{3}, []Placed{{User: u, Mailbox: "Trash", UIDValidity: trash, UID: 5, ModSeq: 12}}, true); err != nil {
+		t.Fatal(err)
+	}
+	if d := fragment(t, m, u, v1); len(d.Messages) != 1 || d.Messages[0].UID != 2 {
+		t.Fatalf("inbox after copy and move %+v", d.Messages)
+	}
+	a := fragment(t, m, u, arch)
+	if len(a.Messages) != 1 || a.Messages[0].ID != "copy-of-2" || !a.Messages[0].HasFlag(`\Seen`) {
+		t.Fatalf("archive %+v", a.Messages)
+	}
+	if b, err := m.Body(u, "copy-of-2"); err != nil || string(b) != "body 2\r\n" {
+		t.Fatalf("copy body %q %v", b, err)
+	}
+	tr := fragment(t, m, u, trash)
+	if len(tr.Messages) != 1 || tr.Messages[0].UID != 5 || tr.Messages[0].ID != "m3" {
+		t.Fatalf("trash %+v", tr.Messages)
+	}
+	// A move within one mailbox (renumbering) keeps UIDNEXT past both.
+	if err := m.CopyAt(u, v1, []uint32{2}, []Placed{place(u, "INBOX", v1, 20, 13)}, true); err != nil {
+		t.Fatal(err)
+	}
+	if d := fragment(t, m, u, v1); len(d.Messages) != 1 || d.Messages[0].UID != 20 || d.UIDNext != 21 {
+		t.Fatalf("after renumbering %+v", d)
+	}
+	// A renamed mailbox keeps its UIDVALIDITY and gets its new name here
+	// at the next store into it.
+	if err := m.StoreAt([]Placed{place(u, "Old Trash", trash, 6, 14)}, "m4", []byte("x\r\n"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if mb, err := m.Mailbox(u, "Old Trash"); err != nil || mb.UIDValidity != trash {
+		t.Fatalf("renamed record %+v %v", mb, err)
+	}
+	if err := m.DropMailbox(u, trash); err != nil {
+		t.Fatal(err)
+	}
+	if d := fragment(t, m, u, trash); len(d.Messages) != 0 {
+		t.Fatal("dropped mailbox still has messages")
+	}
+	// A mailbox made again under an old name (new UIDVALIDITY) replaces
+	// the stale local record and its messages.
+	if err := m.StoreAt([]Placed{place(u, "Archive", arch+100, 1, 1)}, "m5", []byte("x\r\n"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if d := fragment(t, m, u, arch); len(d.Messages) != 0 {
+		t.Fatal("stale fragment of a deleted mailbox survived its name's reuse")
 	}
 	var users []string
 	m.FragmentUsers(-1, func(user string, n int) error { users = append(users, fmt.Sprint(user, n)); return nil })
-	if len(users) != 1 || users[0] != "u@x.org4" {
+	if len(users) != 1 || users[0] != "u@x.org2" {
 		t.Fatalf("fragment scan %v", users)
+	}
+	if err := m.DeleteUser(u); err != nil {
+		t.Fatal(err)
+	}
+	users = nil
+	m.FragmentUsers(-1, func(user string, n int) error { users = append(users, user); return nil })
+	if len(users) != 0 {
+		t.Fatalf("users after delete %v", users)
 	}
 }
 
-func TestSubscribe(t *testing.T) {
+func TestNotifier(t *testing.T) {
 	m, _ := newManager(t)
 	ch, cancel := m.Subscribe("u@x.org")
 	defer cancel()
-	m.Deliver([]string{"u@x.org"}, []byte("x\r\n"), time.Now())
+	m.StoreAt([]Placed{place("u@x.org", "INBOX", v1, 1, 1)}, "id", []byte("x\r\n"), time.Now())
 	select {
 	case c := <-ch:
 		if c.User != "u@x.org" {
@@ -235,5 +221,18 @@ func TestSubscribe(t *testing.T) {
 		}
 	case <-time.After(time.Second):
 		t.Fatal("no change event")
+	}
+}
+
+func TestFlagHelpers(t *testing.T) {
+	got := ApplyFlags([]string{`\Seen`}, FlagsAdd, []string{`\seen`, "$A", `\Recent`})
+	if len(got) != 2 || !SameFlags(got, []string{"$a", `\SEEN`}) {
+		t.Fatalf("add: %v", got)
+	}
+	if got := ApplyFlags(got, FlagsRemove, []string{`\SEEN`}); len(got) != 1 || got[0] != "$A" {
+		t.Fatalf("remove: %v", got)
+	}
+	if got := ApplyFlags(nil, FlagsSet, []string{"x", "X"}); len(got) != 1 {
+		t.Fatalf("set: %v", got)
 	}
 }

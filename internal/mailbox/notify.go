@@ -53,10 +53,3 @@ func (n *Notifier) Publish(c Change) {
 		}
 	}
 }
-
-// Subscribed reports whether anyone listens for the user's changes.
-func (n *Notifier) Subscribed(user string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.subs[user]) > 0
-}

@@ -145,6 +145,16 @@ func (c *testCluster) kill(id cluster.NodeID) {
 	c.mu.Unlock()
 }
 
+// storeFragment puts a message for user on node n's disk, outside the
+// writer: hard state the managers must find by scanning.
+func storeFragment(t *testing.T, n *testNode, user string) {
+	t.Helper()
+	p := mailbox.Placed{User: user, Mailbox: mailbox.Inbox, UIDValidity: 1, UID: 1, ModSeq: 1}
+	if err := n.boxes.StoreAt([]mailbox.Placed{p}, n.boxes.NewMessageID(), []byte("x\r\n"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func ctx(t *testing.T) context.Context {
 	cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
@@ -164,7 +174,7 @@ func TestSingleNodeRebuildFromHardState(t *testing.T) {
 	if _, err := n.mgr.AddUser(ctx(t), "alice@example.org", "x"); !errors.Is(err, userdb.ErrExists) {
 		t.Fatalf("duplicate add: %v", err)
 	}
-	n.boxes.Deliver([]string{"alice@example.org"}, []byte("hi\r\n"), time.Now())
+	storeFragment(t, n, "alice@example.org")
 	dir := n.dir
 	c.kill("n1")
 
@@ -229,7 +239,7 @@ func TestClusterSurvivesOneCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Mail for the user stored on b.
-		c.nodes["b"].boxes.Deliver([]string{u}, []byte("x\r\n"), time.Now())
+		storeFragment(t, c.nodes["b"], u)
 		if err := c.nodes["b"].mgr.NoteFragment(ctx(t), u, "b"); err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +296,7 @@ func TestRefreshFindsUnnotedFragments(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Stored on b with no note to the manager.
-	c.nodes["b"].boxes.Deliver([]string{u}, []byte("x\r\n"), time.Now())
+	storeFragment(t, c.nodes["b"], u)
 	if _, mm, _ := c.nodes["a"].mgr.Lookup(ctx(t), u); len(mm) != 0 {
 		t.Fatalf("mail map before refresh: %v", mm)
 	}
