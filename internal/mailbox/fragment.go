@@ -34,18 +34,38 @@ type Placed struct {
 }
 
 // fragmentByValidity returns the local record of the mailbox with the given
-// UIDVALIDITY, or nil.
+// UIDVALIDITY, or nil. The name it was last seen under is cached: a point
+// read by name is cheap, while a scan of the user's mailbox records walks
+// every version of them the memtable still holds (each store rewrites its
+// record), which made a store cost twice as much.
 func (m *Manager) fragmentByValidity(t *tx, user string, v uint32) (*Mailbox, error) {
+	key := validityKey{user, v}
+	if name, ok := m.names.Load(key); ok {
+		mb, err := m.getMailbox(t.b, user, name.(string))
+		if err == nil && mb.UIDValidity == v {
+			return mb, nil
+		}
+		if err != nil && !errors.Is(err, ErrNoMailbox) {
+			return nil, err
+		}
+	}
 	all, err := m.mailboxesIn(t.b, user)
 	if err != nil {
 		return nil, err
 	}
 	for i := range all {
 		if all[i].UIDValidity == v {
+			m.names.Store(key, all[i].Name)
 			return &all[i], nil
 		}
 	}
 	return nil, nil
+}
+
+// validityKey names a user's mailbox in the name cache.
+type validityKey struct {
+	user string
+	v    uint32
 }
 
 // fragmentFor returns the local record for a placed message, making it if
@@ -63,6 +83,8 @@ func (m *Manager) fragmentFor(t *tx, p *Placed) (*Mailbox, error) {
 				return nil, err
 			}
 			mb.Name = name
+			// A hint only: checked against the record on every use.
+			m.names.Store(validityKey{p.User, p.UIDValidity}, name)
 		}
 		return mb, nil
 	}
@@ -82,6 +104,7 @@ func (m *Manager) fragmentFor(t *tx, p *Placed) (*Mailbox, error) {
 		return nil, err
 	}
 	t.touch(p.User, 0)
+	m.names.Store(validityKey{p.User, p.UIDValidity}, name)
 	return &Mailbox{ID: um.NextMailboxID, Name: name, UIDValidity: p.UIDValidity, UIDNext: 1,
 		HighestModSeq: 1, Subscribed: true, Created: time.Now().UTC()}, nil
 }

@@ -103,6 +103,9 @@ type Manager struct {
 	// pending counts commits waiting for their fsync: the load measure of
 	// Porcupine §5 (pending disk operations).
 	pending atomic.Int64
+	// names caches, per (user, UIDVALIDITY), the name of the local
+	// mailbox record (fragment.go).
+	names sync.Map
 
 	Notifier
 }

@@ -18,6 +18,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble"
+	"github.com/cockroachdb/pebble/bloom"
 	"github.com/quillmail/quill/internal/cluster"
 )
 
@@ -66,6 +67,15 @@ func Open(dir string) (*DB, error) {
 		WALBytesPerSync: 512 << 10,
 		Logger:          quietLogger{},
 	}
+	// Bloom filters let a point read of a key that is not there (a UID
+	// checked before it is stored, a missing body) skip the table instead
+	// of reading and decompressing its blocks.
+	opts.Levels = make([]pebble.LevelOptions, 7)
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+		opts.Levels[i].FilterType = pebble.TableFilter
+	}
+	opts.EnsureDefaults()
 	db, err := pebble.Open(path, opts)
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", path, err)
