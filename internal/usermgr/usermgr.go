@@ -79,9 +79,12 @@ type Manager struct {
 	pulls   sync.WaitGroup
 
 	// verified caches, per user, a keyed MAC of the last password that
-	// passed the argon2id check for a profile version, so a client polling
+	// passed the argon2id check against a stored hash, so a client polling
 	// every minute does not pay 20 MiB and tens of milliseconds of hashing
-	// per login. The key is random per process: soft state.
+	// per login. It is keyed by the hash, not the profile version: the
+	// mailbox writer rewrites the profile for its UID reservations, which
+	// must not cost a user an argon2id check. The MAC key is random per
+	// process: soft state.
 	authMu    sync.Mutex
 	verified  map[string]verifiedPW
 	macKey    [32]byte
@@ -96,8 +99,8 @@ type Manager struct {
 }
 
 type verifiedPW struct {
-	version hlc.Timestamp
-	mac     [32]byte
+	hash string // the stored hash the password was checked against
+	mac  [32]byte
 }
 
 // bucket is the soft state of one bucket this node manages.
@@ -511,9 +514,6 @@ func (m *Manager) LocalUpdate(ctx context.Context, req *UpdateRequest) (*struct{
 		}
 	}
 	m.mu.Unlock()
-	m.authMu.Lock()
-	delete(m.verified, p.Address)
-	m.authMu.Unlock()
 	return &struct{}{}, nil
 }
 
@@ -687,14 +687,14 @@ func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*use
 	m.authMu.Lock()
 	v, hit := m.verified[addr]
 	m.authMu.Unlock()
-	if hit && v.version == p.Version && hmac.Equal(v.mac[:], mac[:]) {
+	if hit && v.hash == p.PasswordHash && hmac.Equal(v.mac[:], mac[:]) {
 		return p, nil
 	}
 	if err := userdb.CheckPassword(p.PasswordHash, password); err != nil {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
 	m.authMu.Lock()
-	m.verified[addr] = verifiedPW{version: p.Version, mac: mac}
+	m.verified[addr] = verifiedPW{hash: p.PasswordHash, mac: mac}
 	m.authMu.Unlock()
 	return p, nil
 }
