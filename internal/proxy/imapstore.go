@@ -154,17 +154,12 @@ func (s *IMAPStore) Append(user, name string, raw []byte, flags []string, date t
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
-	prof, mailMap, err := s.P.Users.Lookup(ctx, user)
-	if err != nil {
-		return nil, mailbox.Message{}, err
-	}
-	var got mailbox.Message
-	err = s.P.placeOne(ctx, user, target{mailMap: mailMap, spread: prof.Spread}, mb.Name, flags, raw, date, &got)
+	stored, err := s.P.place(ctx, []string{user}, mb.Name, flags, raw, date)
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
 	mb, err = s.Mailbox(user, name)
-	return mb, got, err
+	return mb, stored[user], err
 }
 
 // CreateMailbox implements imap.Store.

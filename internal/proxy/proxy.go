@@ -92,29 +92,23 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 }
 
 // Deliver stores one message for every recipient (Porcupine §2.3.1): for
-// each recipient ask the user's manager for the mail map, let the balancer
-// choose the storing node, get the message's UID from the mailbox's writer,
-// and hand the message to the storing node's mailbox manager; then confirm
-// to the writer, which records the node in the mail map. Recipients stored
-// on one node share one write and one fsync. It returns only once the
-// message is durable for every recipient.
+// each recipient the mailbox's writer on the user's manager hands out the
+// UID and says where the user's mail already is (the mail map); the
+// balancer chooses the storing node, whose mailbox manager stores the
+// message; then the writer is told, and records the node in the mail map.
+// Recipients stored on one node share one write and one fsync. It returns
+// only once the message is durable for every recipient.
 func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	start := time.Now()
-	holders := map[string]target{}
 	var users []string
+	seen := map[string]bool{}
 	for _, r := range rcpts {
-		u := userdb.Normalize(r)
-		if _, ok := holders[u]; ok {
-			continue
+		if u := userdb.Normalize(r); !seen[u] {
+			seen[u] = true
+			users = append(users, u)
 		}
-		prof, mm, err := p.Users.Lookup(ctx, u)
-		if err != nil {
-			return err
-		}
-		holders[u] = target{mailMap: mm, spread: prof.Spread}
-		users = append(users, u)
 	}
-	if err := p.place(ctx, users, holders, mailbox.Inbox, nil, raw, start); err != nil {
+	if _, err := p.place(ctx, users, mailbox.Inbox, nil, raw, start); err != nil {
 		return err
 	}
 	metrics.DeliverySeconds.Observe(time.Since(start).Seconds())
@@ -122,32 +116,28 @@ func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	return nil
 }
 
-// target is what placement needs of a user: where its mail is and how far
-// it may spread.
-type target struct {
-	mailMap []cluster.NodeID
-	spread  int
-}
-
 // place stores raw into mailbox name of every user, choosing a node per
-// user and retrying on other nodes when one fails (Porcupine §4.1).
-func (p *Proxy) place(ctx context.Context, users []string, holders map[string]target, name string, flags []string, raw []byte, date time.Time) error {
+// user and retrying on other nodes when one fails (Porcupine §4.1). It
+// returns the index record stored for each user.
+func (p *Proxy) place(ctx context.Context, users []string, name string, flags []string, raw []byte, date time.Time) (map[string]mailbox.Message, error) {
 	pending := users
 	failed := map[cluster.NodeID]bool{}
 	id := p.Boxes.NewMessageID()
+	stored := map[string]mailbox.Message{}
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == storeAttempts {
-			return fmt.Errorf("deliver to %v: no node could store the message after %d attempts", pending, attempt)
+			return nil, fmt.Errorf("deliver to %v: no node could store the message after %d attempts", pending, attempt)
 		}
 		groups := map[cluster.NodeID][]mailbox.Placed{}
 		for _, u := range pending {
-			n, ok := p.choose(holders[u].mailMap, holders[u].spread, failed)
-			if !ok {
-				return fmt.Errorf("deliver to %s: no live node with disk space", u)
-			}
 			a, err := usermgr.Writer(ctx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
 			if err != nil {
-				return err
+				return nil, err
+			}
+			n, ok := p.choose(a.MailMap, a.Spread, failed)
+			if !ok {
+				p.confirm(ctx, &usermgr.ConfirmRequest{Place: a.Place, Cancel: true})
+				return nil, fmt.Errorf("deliver to %s: no live node with disk space", u)
 			}
 			a.Place.Flags = flags
 			groups[n] = append(groups[n], a.Place)
@@ -158,6 +148,9 @@ func (p *Proxy) place(ctx context.Context, users []string, holders map[string]ta
 			for _, pl := range places {
 				msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: pl.Flags, ModSeq: pl.ModSeq}
 				p.confirm(ctx, &usermgr.ConfirmRequest{Place: pl, Message: msg, Node: n, Cancel: err != nil})
+				if err == nil {
+					stored[pl.User] = msg
+				}
 			}
 			if err != nil {
 				failed[n] = true
@@ -167,26 +160,7 @@ func (p *Proxy) place(ctx context.Context, users []string, holders map[string]ta
 			}
 		}
 	}
-	return nil
-}
-
-// placeOne stores one message for one user into a named mailbox and
-// returns its index record.
-func (p *Proxy) placeOne(ctx context.Context, user string, t target, name string, flags []string, raw []byte, date time.Time, got *mailbox.Message) error {
-	n, ok := p.choose(t.mailMap, t.spread, nil)
-	if !ok {
-		return fmt.Errorf("append for %s: no live node with disk space", user)
-	}
-	a, err := usermgr.Writer(ctx, p.Users, user, "writer.Alloc", &usermgr.AllocRequest{User: user, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
-	if err != nil {
-		return err
-	}
-	a.Place.Flags = flags
-	id := p.Boxes.NewMessageID()
-	serr := p.storeOn(ctx, n, []mailbox.Placed{a.Place}, id, raw, date)
-	*got = mailbox.Message{UID: a.Place.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: flags, ModSeq: a.Place.ModSeq}
-	p.confirm(ctx, &usermgr.ConfirmRequest{Place: a.Place, Message: *got, Node: n, Cancel: serr != nil})
-	return serr
+	return stored, nil
 }
 
 // confirmAttempts and confirmBackoff bound how hard a proxy tries to tell

@@ -156,15 +156,6 @@ func (d *DB) PutIfNewer(p *Profile) (bool, error) {
 	return true, d.Put(p)
 }
 
-// Delete removes a profile durably.
-func (d *DB) Delete(addr string) error {
-	addr = Normalize(addr)
-	if err := d.db.Delete(key(addr), store.Sync); err != nil {
-		return fmt.Errorf("user %s: delete profile: %w", addr, err)
-	}
-	return nil
-}
-
 // Scan calls fn for every profile in the given bucket, or in every bucket
 // when bucket < 0. It is the scan the user manager rebuilds its profile soft
 // state from (Porcupine §3.3).

@@ -632,14 +632,6 @@ func (m *Manager) Lookup(ctx context.Context, addr string) (*userdb.Profile, []c
 	return rep.Profile, rep.MailMap, nil
 }
 
-// NoteFragment records that node n now stores mail of the user (Porcupine
-// §2.3.1 step 8: the storing node makes its participation known).
-func (m *Manager) NoteFragment(ctx context.Context, addr string, n cluster.NodeID) error {
-	addr = userdb.Normalize(addr)
-	_, err := callManager(ctx, m, addr, "usermgr.Note", &NoteRequest{User: addr, Node: n}, m.LocalNote)
-	return err
-}
-
 // ServesDomain reports whether any user lives in the domain, anywhere in the
 // cluster: the domains of the users are the domains we accept mail for.
 func (m *Manager) ServesDomain(domain string) bool {

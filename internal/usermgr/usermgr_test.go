@@ -155,6 +155,13 @@ func storeFragment(t *testing.T, n *testNode, user string) {
 	}
 }
 
+// note tells the user's manager that node n stores mail of the user, as a
+// writer confirmation does.
+func note(t *testing.T, m *Manager, user string, n cluster.NodeID) error {
+	_, err := Writer(ctx(t), m, user, "usermgr.Note", &NoteRequest{User: user, Node: n}, m.LocalNote)
+	return err
+}
+
 func ctx(t *testing.T) context.Context {
 	cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
@@ -240,7 +247,7 @@ func TestClusterSurvivesOneCrash(t *testing.T) {
 		}
 		// Mail for the user stored on b.
 		storeFragment(t, c.nodes["b"], u)
-		if err := c.nodes["b"].mgr.NoteFragment(ctx(t), u, "b"); err != nil {
+		if err := note(t, c.nodes["b"].mgr, u, "b"); err != nil {
 			t.Fatal(err)
 		}
 	}

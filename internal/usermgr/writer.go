@@ -235,9 +235,13 @@ type AllocRequest struct {
 	From cluster.Member `json:"from"`
 }
 
-// AllocReply is an allocated place.
+// AllocReply is an allocated place, with what the delivering proxy needs to
+// choose the storing node: the user's mail map and spread. Answering them
+// here spares the delivery a separate lookup at the same manager.
 type AllocReply struct {
-	Place mailbox.Placed `json:"place"`
+	Place   mailbox.Placed   `json:"place"`
+	MailMap []cluster.NodeID `json:"mail_map"`
+	Spread  int              `json:"spread,omitempty"`
 }
 
 // LocalAlloc hands out the next UID and MODSEQ of a mailbox.
@@ -272,6 +276,8 @@ func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocRepl
 		b.modseq++
 		b.inflight[uid] = allocation{at: time.Now(), from: req.From}
 		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}
+		out.Spread = p.Spread
+		_, out.MailMap, _ = m.lookupLocked(p.Address)
 		return nil
 	})
 	return out, err

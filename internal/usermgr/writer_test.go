@@ -127,7 +127,9 @@ func TestWriterRenumbersClashingUIDs(t *testing.T) {
 	// The same place stored on b too, as a writer cut off from the
 	// reservation might have done.
 	b.boxes.StoreAt([]mailbox.Placed{pl}, b.boxes.NewMessageID(), []byte("Subject: on b\r\n\r\n"), time.Now())
-	b.mgr.NoteFragment(ctx(t), u, "b")
+	if err := note(t, b.mgr, u, "b"); err != nil {
+		t.Fatal(err)
+	}
 	c.setAlive("a", "b") // reconcile: views reload
 	got := inbox(t, mgr.mgr, u)
 	if len(got.Messages) != 2 {
