@@ -43,6 +43,11 @@ func init() {
 func printStatus(st admin.ClusterStatus) {
 	fmt.Printf("user map epoch %d, %d users; this node manages %d buckets, %d with soft state rebuilt\n\n",
 		st.Epoch, st.Users, st.Managed, st.Ready)
+	if r := st.Replication; r != nil {
+		fmt.Printf("replication on this node: %d copies per message by default, write policy %s; holds %d messages, %d under-replicated;\n"+
+			"  update log: %d pending, %d waiting for absent nodes, %d done (retiring)\n\n",
+			r.Replicas, r.WritePolicy, r.Objects, r.UnderReplicated, r.Pending, r.Waiting, r.Done)
+	}
 	letter := map[string]byte{}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tGOSSIP")

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 )
@@ -64,6 +65,18 @@ type NodeInfo struct {
 	Load    func() int        // pending disk operations
 	UserMap func() cluster.UserMap
 	Members func() []cluster.MemberInfo
+	// Replication reports the replication manager's state.
+	Replication func() ReplicationStatus
+}
+
+// ReplicationStatus is the JSON of GET /api/replication: this node's update
+// log and what its last repair scan found (Porcupine §4.4).
+type ReplicationStatus struct {
+	Node        cluster.NodeID `json:"node"`
+	Replicas    int            `json:"replicas"`
+	WritePolicy string         `json:"write_policy"`
+	replica.LogStats
+	replica.RepairStats
 }
 
 // Server is the admin HTTP handler.
@@ -100,6 +113,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
 	mux.HandleFunc("GET /cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
+	mux.HandleFunc("GET /api/replication", s.replication)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", s.dashboard)
 	// Go's profiler, for operators chasing a slow node (behind the token
@@ -224,6 +238,8 @@ type ClusterStatus struct {
 	Members []MemberStatus `json:"members"`
 	Buckets []BucketStatus `json:"buckets"`
 	Users   int            `json:"users"`
+	// Replication is this node's update log and repair state.
+	Replication *ReplicationStatus `json:"replication,omitempty"`
 }
 
 // MemberStatus is one node in the cluster view.
@@ -266,7 +282,19 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 		}
 		st.Members = append(st.Members, ms)
 	}
+	if s.Node.Replication != nil {
+		r := s.Node.Replication()
+		st.Replication = &r
+	}
 	return st
+}
+
+func (s *Server) replication(w http.ResponseWriter, r *http.Request) {
+	if s.Node.Replication == nil {
+		writeError(w, http.StatusNotFound, errors.New("no replication manager on this node"))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.Node.Replication())
 }
 
 func (s *Server) clusterStatus(w http.ResponseWriter, r *http.Request) {

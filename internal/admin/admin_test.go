@@ -15,7 +15,7 @@ import (
 )
 
 func newServer(t *testing.T, token string) *httptest.Server {
-	c, err := core.New(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
+	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
@@ -81,6 +82,12 @@ const (
 	diskCheckInterval = 2 * time.Second
 )
 
+// aliveInterval is how often the node notes in its data directory that it
+// is alive, so a node that was away longer than the update log keeps
+// entries for (a week) knows at its next start that it must rejoin as a new
+// node (Porcupine §4.4).
+const aliveInterval = time.Minute
+
 // releaseTimeout bounds giving back reserved UIDs at shutdown.
 const releaseTimeout = 5 * time.Second
 
@@ -88,6 +95,7 @@ const releaseTimeout = 5 * time.Second
 // membership, RPC and the proxies' shared half. Tests use it alone; Start
 // adds the listeners.
 type Core struct {
+	Opts    Options
 	ID      cluster.NodeID
 	Boot    uint64
 	DB      *store.DB
@@ -98,6 +106,7 @@ type Core struct {
 	Peers   *cluster.Peers
 	RPC     *rpc.Server
 	Loads   *balance.Tracker
+	Repl    *replica.Manager
 	log     *slog.Logger
 	rpcLn   net.Listener
 	stop    chan struct{}
@@ -114,17 +123,64 @@ func (c *Core) checkDisk() {
 	if err := syscall.Statfs(c.dataDir, &st); err != nil {
 		return
 	}
-	full := st.Bavail*uint64(st.Bsize) < diskFullBelow
+	full := int64(st.Bavail*uint64(st.Bsize)) < c.Opts.MinFree
 	if full != c.full.Swap(full) {
 		c.log.Warn("disk space", "data", c.dataDir, "full", full, "free_bytes", st.Bavail*uint64(st.Bsize))
 	}
 }
 
-// New opens the data directory and starts the managers. clusterAddr
-// empty makes a cluster of one, with no gossip and no RPC listener.
-func New(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Core, error) {
+// Options configure a node's managers.
+type Options struct {
+	DataDir string
+	// ClusterAddr empty makes a cluster of one, with no gossip and no RPC
+	// listener.
+	ClusterAddr string
+	Join        []string
+	Log         *slog.Logger
+	// MinFree is the free space under which the node declares its disk
+	// full (0: diskFullBelow).
+	MinFree int64
+	// Replicas and WritePolicy are the defaults for users who set none
+	// (0 and "": 2 and one, as Porcupine).
+	Replicas    int
+	WritePolicy replica.Policy
+	// ReplaceAfter is how long a node may be away before its replicas are
+	// made elsewhere; LogMaxAge how long update log entries wait for an
+	// absent node (0: the replica package's defaults).
+	ReplaceAfter time.Duration
+	LogMaxAge    time.Duration
+	// ClockSkew shifts this node's clock, to test that skew loses no
+	// update (BLUEPRINT invariant 6).
+	ClockSkew time.Duration
+}
+
+// DefaultReplicas is how many copies of each message a cluster keeps unless
+// told otherwise (Porcupine's two-way replication).
+const DefaultReplicas = 2
+
+// New opens the data directory and starts the managers.
+func New(o Options) (*Core, error) {
+	if o.MinFree <= 0 {
+		o.MinFree = diskFullBelow
+	}
+	if o.Replicas <= 0 {
+		o.Replicas = DefaultReplicas
+	}
+	if o.WritePolicy == "" {
+		o.WritePolicy = replica.One
+	}
+	if o.LogMaxAge <= 0 {
+		o.LogMaxAge = replica.DefaultMaxAge
+	}
+	if o.ReplaceAfter <= 0 {
+		o.ReplaceAfter = replica.DefaultReplaceAfter
+	}
+	dataDir, clusterAddr, join, log := o.DataDir, o.ClusterAddr, o.Join, o.Log
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dataDir, err)
+	}
+	if err := renewIfAway(dataDir, o.LogMaxAge, log); err != nil {
+		return nil, err
 	}
 	id, err := LoadNodeID(dataDir)
 	if err != nil {
@@ -138,18 +194,33 @@ func New(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Core, e
 	if err != nil {
 		return nil, err
 	}
-	c := &Core{ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker(), dataDir: dataDir}
+	c := &Core{Opts: o, ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker(), dataDir: dataDir}
 	c.checkDisk()
+	clock := hlc.NewSkewed(o.ClockSkew)
 	c.Boxes = mailbox.New(db)
-	c.Users = usermgr.New(id, userdb.New(db), c.Boxes, hlc.New(), log)
+	c.Boxes.Self, c.Boxes.Log = id, log
+	c.Repl, err = replica.New(id, db, clock, log)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	c.Repl.MaxAge, c.Repl.ReplaceAfter = o.LogMaxAge, o.ReplaceAfter
+	c.Repl.Handle(mailbox.ObjectKind, c.Boxes)
+	profiles := userdb.New(db)
+	c.Repl.Handle(userdb.ProfileKind, profiles)
+	c.Users = usermgr.New(id, profiles, c.Boxes, clock, log)
+	c.Users.SetReplicator(c.Repl)
 	client := rpc.NewClient()
 	c.Peers = &cluster.Peers{RPC: client}
 	c.Users.SetPeers(c.Peers)
+	c.Repl.SetPeers(c.Peers)
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
-		Spread: balance.DefaultSpread}
+		Spread: balance.DefaultSpread, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
+	c.Repl.SetRepair(c.Users.Rehome, c.Proxy.ChooseReplicas)
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC)
 	c.Proxy.Register(c.RPC)
+	c.Repl.Register(c.RPC)
 
 	rpcAddr := ""
 	if clusterAddr != "" {
@@ -190,6 +261,7 @@ func New(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Core, e
 				c.Loads.Observe(mi.ID, balance.Load{Pending: mi.Load, DiskFull: mi.DiskFull})
 			}
 			c.Users.Reconcile(*new, c.Members.Alive())
+			c.Repl.Kick() // a node may be back: catch it up (§4.4)
 		},
 		Deferred: true,
 	})
@@ -200,16 +272,22 @@ func New(dataDir, clusterAddr string, join []string, log *slog.Logger) (*Core, e
 	c.Members = m
 	c.Peers.SetMembership(m)
 	m.Start()
+	c.Repl.Start()
 	c.stop = make(chan struct{})
+	c.noteAlive()
 	go func() {
 		t := time.NewTicker(usermgr.RefreshInterval)
 		defer t.Stop()
 		disk := time.NewTicker(diskCheckInterval)
 		defer disk.Stop()
+		alive := time.NewTicker(min(aliveInterval, o.LogMaxAge/4))
+		defer alive.Stop()
 		for {
 			select {
 			case <-c.stop:
 				return
+			case <-alive.C:
+				c.noteAlive()
 			case <-t.C:
 				c.Users.Refresh(c.Members.Alive())
 			case <-disk.C:
@@ -233,10 +311,52 @@ func (c *Core) Close() error {
 	if c.Members != nil {
 		c.Members.Shutdown()
 	}
+	if c.Repl != nil {
+		c.Repl.Close()
+	}
 	c.RPC.Stop()
 	c.Users.Close()
 	c.Peers.RPC.Close()
 	return c.DB.Close()
+}
+
+// aliveFile is where the node notes when it was last alive.
+const aliveFile = "node.alive"
+
+// noteAlive records that the node is alive now (not forced to disk: a
+// minute's error does not matter against a week).
+func (c *Core) noteAlive() {
+	path := filepath.Join(c.dataDir, aliveFile)
+	if err := os.WriteFile(path, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600); err != nil {
+		c.log.Warn("could not note that the node is alive", "path", path, "err", err)
+	}
+}
+
+// renewIfAway wipes the data directory of a node that was last alive longer
+// ago than its peers keep update log entries: it missed updates it can no
+// longer get, so it rejoins as a new node with no hard state (Porcupine
+// §4.4); its messages have replicas elsewhere, which repair re-homes.
+func renewIfAway(dataDir string, maxAge time.Duration, log *slog.Logger) error {
+	b, err := os.ReadFile(filepath.Join(dataDir, aliveFile))
+	if err != nil {
+		return nil // a new node, or one from before this note existed
+	}
+	last, err := time.Parse(time.RFC3339, strings.TrimSpace(string(b)))
+	if err != nil || time.Since(last) <= maxAge {
+		return nil
+	}
+	log.Warn("node was away longer than the update log keeps entries: rejoining as a new node, its hard state wiped",
+		"data", dataDir, "last_alive", last, "max_age", maxAge)
+	entries, err := os.ReadDir(dataDir)
+	if err != nil {
+		return fmt.Errorf("data directory %s: %w", dataDir, err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dataDir, e.Name())); err != nil {
+			return fmt.Errorf("wipe %s: %w", dataDir, err)
+		}
+	}
+	return nil
 }
 
 // listenRPC opens the RPC listener on the port this node used last time

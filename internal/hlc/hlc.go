@@ -30,6 +30,15 @@ type Clock struct {
 // New returns a clock on the system time.
 func New() *Clock { return &Clock{now: time.Now} }
 
+// NewSkewed returns a clock on the system time shifted by skew: a test of a
+// cluster whose wall clocks disagree.
+func NewSkewed(skew time.Duration) *Clock {
+	if skew == 0 {
+		return New()
+	}
+	return &Clock{now: func() time.Time { return time.Now().Add(skew) }}
+}
+
 // Now returns a timestamp greater than every one issued or observed before.
 func (c *Clock) Now() Timestamp {
 	c.mu.Lock()

@@ -45,7 +45,7 @@ type env struct {
 // mailbox writer over the node's fragments) in dir, with the test user.
 func openCore(tb testing.TB, dir string) *core.Core {
 	tb.Helper()
-	c, err := core.New(dir, "", nil, slog.New(slog.DiscardHandler))
+	c, err := core.New(core.Options{DataDir: dir, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		tb.Fatal(err)
 	}

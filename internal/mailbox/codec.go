@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/replica"
 )
 
 // Message records are encoded by hand rather than as JSON: they are read in
@@ -12,6 +16,7 @@ import (
 // few dozen bytes with no reflection.
 //
 //	version(1) | len(id) id | size | date(unix ns, zig-zag) | modseq | nflags { len(f) f }
+//	  | stamp clock | len(node) node | want | nreplicas { len(n) n }   (replication; absent in old records)
 
 const recordVersion = 1
 
@@ -27,6 +32,16 @@ func encodeMessage(m *Message) []byte {
 	for _, f := range m.Flags {
 		b = binary.AppendUvarint(b, uint64(len(f)))
 		b = append(b, f...)
+	}
+	// Replication (appended, so records written before it still decode).
+	b = binary.AppendUvarint(b, uint64(m.Version.Clock))
+	b = binary.AppendUvarint(b, uint64(len(m.Version.Node)))
+	b = append(b, m.Version.Node...)
+	b = binary.AppendUvarint(b, uint64(m.Want))
+	b = binary.AppendUvarint(b, uint64(len(m.Replicas)))
+	for _, n := range m.Replicas {
+		b = binary.AppendUvarint(b, uint64(len(n)))
+		b = append(b, n...)
 	}
 	return b
 }
@@ -87,6 +102,38 @@ func decodeMessage(b []byte, m *Message) error {
 			return err
 		}
 		m.Flags = append(m.Flags, f)
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	c, err := uv()
+	if err != nil {
+		return err
+	}
+	node, err := str()
+	if err != nil {
+		return err
+	}
+	m.Version = replica.Stamp{Clock: hlc.Timestamp(c), Node: cluster.NodeID(node)}
+	want, err := uv()
+	if err != nil {
+		return err
+	}
+	m.Want = int(want)
+	nr, err := uv()
+	if err != nil {
+		return err
+	}
+	if nr > uint64(len(b)) {
+		return errShort
+	}
+	m.Replicas = make([]cluster.NodeID, 0, nr)
+	for i := uint64(0); i < nr; i++ {
+		n, err := str()
+		if err != nil {
+			return err
+		}
+		m.Replicas = append(m.Replicas, cluster.NodeID(n))
 	}
 	return nil
 }

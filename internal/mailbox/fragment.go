@@ -1,10 +1,13 @@
 package mailbox
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/replica"
 )
 
 // Fragment operations. In a cluster a ⟨user, mailbox⟩ is one IMAP mailbox
@@ -118,48 +121,31 @@ func (t *tx) follow(mb *Mailbox, uid uint32, modseq uint64) {
 	}
 }
 
-// StoreAt stores one message for several placements (recipients) in one
-// durable batch, each under the UID its writer allocated.
+// StoreAt stores one message for several placements (recipients) as
+// objects held only here, in one durable batch: the path of tests and
+// benchmarks of this package; a node stores mail through the replication
+// manager, which calls Apply.
 func (m *Manager) StoreAt(places []Placed, id string, raw []byte, date time.Time) error {
-	users := make([]string, len(places))
-	for i := range places {
-		users[i] = places[i].User
-	}
-	defer m.lockUsers(users)()
-	t := m.newTx()
-	for i := range places {
-		p := &places[i]
-		mb, err := m.fragmentFor(t, p)
+	stamp := replica.Stamp{Clock: hlc.Timestamp(time.Now().UnixMilli()) << 16, Node: m.Self}
+	ups := make([]*replica.Update, len(places))
+	for i, p := range places {
+		o := &Object{User: p.User, ID: id, Mailbox: p.Mailbox, UIDValidity: p.UIDValidity, UID: p.UID, ModSeq: p.ModSeq,
+			Flags: p.Flags, Size: int64(len(raw)), Date: date, Replicas: []cluster.NodeID{m.Self}, Want: 1}
+		u, err := o.Update(stamp, o.Replicas, raw)
 		if err != nil {
-			t.abort()
 			return err
 		}
-		// A UID names one message for ever: a writer that lost track of
-		// its reservations must not overwrite another message here.
-		if old, ok, err := t.message(p.User, mb.ID, p.UID); err != nil {
-			t.abort()
-			return err
-		} else if ok && old.ID != id {
-			t.abort()
+		ups[i] = u
+	}
+	outs, err := m.Apply(ups, nil)
+	if err != nil {
+		return fmt.Errorf("store message %s: %w", id, err)
+	}
+	for i, o := range outs {
+		if o == replica.Failed {
+			p := places[i]
 			return fmt.Errorf("user %s mailbox %q uid %d: %w", p.User, p.Mailbox, p.UID, ErrUIDTaken)
 		}
-		msg := Message{UID: p.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: cleanFlags(p.Flags), ModSeq: p.ModSeq}
-		if err := t.b.Set(bodyKey(p.User, id), raw, nil); err != nil {
-			t.abort()
-			return err
-		}
-		if err := t.b.Set(messageKey(p.User, mb.ID, p.UID), encodeMessage(&msg), nil); err != nil {
-			t.abort()
-			return err
-		}
-		t.follow(mb, p.UID, p.ModSeq)
-		if err := t.putMailbox(p.User, mb); err != nil {
-			t.abort()
-			return err
-		}
-	}
-	if err := t.commit(); err != nil {
-		return fmt.Errorf("store message %s: %w", id, err)
 	}
 	return nil
 }
@@ -185,119 +171,6 @@ func (m *Manager) Fragment(user string, v uint32) (*FragmentDigest, error) {
 		return nil, err
 	}
 	return &FragmentDigest{UIDNext: mb.UIDNext, HighestModSeq: mb.HighestModSeq, Messages: msgs}, nil
-}
-
-// FlagChange sets one message's flags to exactly Flags under ModSeq.
-type FlagChange struct {
-	UID    uint32   `json:"uid"`
-	Flags  []string `json:"flags"`
-	ModSeq uint64   `json:"modseq"`
-}
-
-// SetFlagsAt applies flag changes decided by the mailbox's writer.
-func (m *Manager) SetFlagsAt(user string, v uint32, changes []FlagChange) error {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	mb, err := m.fragmentByValidity(t, user, v)
-	if err != nil || mb == nil {
-		t.abort()
-		return err
-	}
-	for _, c := range changes {
-		msg, ok, err := t.message(user, mb.ID, c.UID)
-		if err != nil {
-			t.abort()
-			return err
-		}
-		if !ok {
-			continue
-		}
-		msg.Flags, msg.ModSeq = cleanFlags(c.Flags), c.ModSeq
-		if err := t.b.Set(messageKey(user, mb.ID, c.UID), encodeMessage(&msg), nil); err != nil {
-			t.abort()
-			return err
-		}
-		t.follow(mb, 0, c.ModSeq)
-	}
-	if err := t.putMailbox(user, mb); err != nil {
-		t.abort()
-		return err
-	}
-	return t.commit()
-}
-
-// ExpungeAt removes messages of the mailbox with UIDVALIDITY v.
-func (m *Manager) ExpungeAt(user string, v uint32, uids []uint32) ([]uint32, error) {
-	t := &tx{m: m, b: m.db.NewIndexedBatch()}
-	mb, err := m.fragmentByValidity(t, user, v)
-	t.abort()
-	if err != nil || mb == nil {
-		return nil, err
-	}
-	return m.expunge(user, mb.ID, uids, nil)
-}
-
-// CopyAt copies (or moves) messages of this fragment into another cluster
-// mailbox under the UIDs its writer allocated; bodies stay on this node.
-func (m *Manager) CopyAt(user string, srcV uint32, uids []uint32, dst []Placed, move bool) error {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	fail := func(err error) error { t.abort(); return err }
-	src, err := m.fragmentByValidity(t, user, srcV)
-	if err != nil {
-		return fail(err)
-	}
-	if src == nil {
-		return fail(fmt.Errorf("user %s mailbox uidvalidity %d: %w", user, srcV, ErrNoMailbox))
-	}
-	for i, uid := range uids {
-		msg, ok, err := t.message(user, src.ID, uid)
-		if err != nil {
-			return fail(err)
-		}
-		if !ok {
-			continue
-		}
-		d := &dst[i]
-		mb, err := m.fragmentFor(t, d)
-		if err != nil {
-			return fail(err)
-		}
-		nm := Message{UID: d.UID, ID: msg.ID, Size: msg.Size, Date: msg.Date, Flags: msg.Flags, ModSeq: d.ModSeq}
-		if !move {
-			raw, closer, err := t.b.Get(bodyKey(user, msg.ID))
-			if err != nil {
-				return fail(fmt.Errorf("user %s message %s: body: %w", user, msg.ID, err))
-			}
-			body := bytes.Clone(raw)
-			closer.Close()
-			nm.ID = d.ID
-			if nm.ID == "" {
-				nm.ID = m.NewMessageID()
-			}
-			if err := t.b.Set(bodyKey(user, nm.ID), body, nil); err != nil {
-				return fail(err)
-			}
-		} else if err := t.b.Delete(messageKey(user, src.ID, uid), nil); err != nil {
-			return fail(err)
-		}
-		if err := t.b.Set(messageKey(user, mb.ID, d.UID), encodeMessage(&nm), nil); err != nil {
-			return fail(err)
-		}
-		t.follow(mb, d.UID, d.ModSeq)
-		if mb.ID == src.ID {
-			src = mb
-		}
-		if err := t.putMailbox(user, mb); err != nil {
-			return fail(err)
-		}
-	}
-	if move {
-		if err := t.putMailbox(user, src); err != nil {
-			return fail(err)
-		}
-	}
-	return t.commit()
 }
 
 // DropMailbox removes this node's fragment of a mailbox deleted cluster-wide.

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -31,6 +32,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble"
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
 )
 
@@ -79,6 +82,12 @@ type Message struct {
 	Date   time.Time // IMAP INTERNALDATE
 	Flags  []string
 	ModSeq uint64
+	// Version is the stamp of the update that made this replica, Replicas
+	// the nodes meant to hold the message and Want how many copies its
+	// user asked for (Porcupine §4.3: the mail map records replica sets).
+	Version  replica.Stamp
+	Replicas []cluster.NodeID
+	Want     int
 }
 
 // HasFlag reports whether the message carries flag (case-insensitive, RFC
@@ -106,6 +115,10 @@ type Manager struct {
 	// names caches, per (user, UIDVALIDITY), the name of the local
 	// mailbox record (fragment.go).
 	names sync.Map
+	// Self is this node: a replica of a message whose replica set no
+	// longer names it drops its copy.
+	Self cluster.NodeID
+	Log  *slog.Logger
 
 	Notifier
 }
@@ -426,44 +439,6 @@ func (t *tx) message(user string, mbox uint64, uid uint32) (Message, bool, error
 	return msg, true, decodeMessage(b, &msg)
 }
 
-// expunge removes those of uids that exist and that keep accepts (all when
-// keep is nil), in one durable batch that also bumps HIGHESTMODSEQ.
-func (m *Manager) expunge(user string, mbox uint64, uids []uint32, keep func(*Message) bool) ([]uint32, error) {
-	defer m.lockUser(user)()
-	t := m.newTx()
-	fail := func(err error) ([]uint32, error) { t.abort(); return nil, err }
-	mb, err := m.mailboxByID(t.b, user, mbox)
-	if err != nil {
-		return fail(err)
-	}
-	var gone []uint32
-	for _, uid := range uids {
-		msg, ok, err := t.message(user, mbox, uid)
-		if err != nil {
-			return fail(err)
-		}
-		if !ok || (keep != nil && !keep(&msg)) {
-			continue
-		}
-		if err := t.b.Delete(messageKey(user, mbox, uid), nil); err != nil {
-			return fail(err)
-		}
-		if err := t.b.Delete(bodyKey(user, msg.ID), nil); err != nil {
-			return fail(err)
-		}
-		gone = append(gone, uid)
-	}
-	if len(gone) == 0 {
-		t.abort()
-		return nil, nil
-	}
-	mb.HighestModSeq++
-	if err := t.putMailbox(user, mb); err != nil {
-		return fail(err)
-	}
-	return gone, t.commit()
-}
-
 // CopyResult pairs a source UID with the UID of its copy (RFC 4315 COPYUID).
 type CopyResult struct {
 	Dest    *Mailbox
@@ -476,7 +451,7 @@ func (m *Manager) DeleteUser(user string) error {
 	defer m.lockUser(user)()
 	b := m.db.NewBatch()
 	defer b.Close()
-	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta} {
+	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject} {
 		p := store.UserPrefix(kind, user)
 		if err := b.DeleteRange(p, store.UpperBound(p), nil); err != nil {
 			return err

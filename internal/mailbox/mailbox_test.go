@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
 )
 
@@ -18,7 +21,9 @@ func newManager(t testing.TB) (*Manager, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return New(db), dir
+	m := New(db)
+	m.Self = "n-test"
+	return m, dir
 }
 
 const v1 = 1700000000 // a UIDVALIDITY
@@ -129,27 +134,63 @@ func TestFlagsExpungeCopyDrop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := m.SetFlagsAt(u, v1, []FlagChange{{UID: 2, Flags: []string{`\Seen`, `\Recent`, "$Label"}, ModSeq: 10}}); err != nil {
-		t.Fatal(err)
+	// Messages change as replicated objects: each change is a new whole
+	// version with a newer stamp.
+	clock := hlc.Timestamp(time.Now().UnixMilli()) << 16
+	apply := func(o *Object, body []byte) replica.Outcome {
+		t.Helper()
+		clock++
+		o.User, o.Replicas = u, []cluster.NodeID{m.Self}
+		up, err := o.Update(replica.Stamp{Clock: clock}, o.Replicas, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs, err := m.Apply([]*replica.Update{up}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return outs[0]
 	}
 	d := fragment(t, m, u, v1)
+	m2 := d.Messages[1]
+	m2.Flags, m2.ModSeq = []string{`\Seen`, `\Recent`, "$Label"}, 10
+	if o := apply(ObjectFrom(u, "INBOX", v1, &m2), nil); o != replica.Applied {
+		t.Fatalf("flags: outcome %d", o)
+	}
+	d = fragment(t, m, u, v1)
 	if !d.Messages[1].HasFlag(`\seen`) || !d.Messages[1].HasFlag("$label") || d.Messages[1].HasFlag(`\Recent`) || d.Messages[1].ModSeq != 10 || d.HighestModSeq != 10 {
 		t.Fatalf("after flags %+v", d)
 	}
-	gone, err := m.ExpungeAt(u, v1, []uint32{1, 99})
-	if err != nil || len(gone) != 1 || gone[0] != 1 {
-		t.Fatalf("expunge %v %v", gone, err)
+	// An older version arriving late changes nothing.
+	stale := d.Messages[1]
+	stale.Flags = nil
+	up, _ := ObjectFrom(u, "INBOX", v1, &stale).Update(replica.Stamp{Clock: 1}, []cluster.NodeID{m.Self}, nil)
+	if outs, err := m.Apply([]*replica.Update{up}, nil); err != nil || outs[0] != replica.Stale {
+		t.Fatalf("older update: %v %v", outs, err)
+	}
+	if o := apply(&Object{ID: "m1", Deleted: true, ModSeq: 11}, nil); o != replica.Applied {
+		t.Fatalf("expunge: outcome %d", o)
 	}
 	if _, err := m.Body(u, "m1"); !errors.Is(err, ErrNoMessage) {
 		t.Fatal("expunged body still there")
 	}
-	// Copy 2 into Archive, move 3 into Trash; bodies stay here.
-	const arch, trash = v1 + 10, v1 + 11
-	if err := m.CopyAt(u, v1, []uint32{2}, []Placed{{User: u, Mailbox: "Archive", UIDValidity: arch, UID: 1, ModSeq: 11, ID: "copy-of-2"}}, false); err != nil {
-		t.Fatal(err)
+	// A create that arrives after the expunge does not bring it back.
+	up, _ = (&Object{User: u, ID: "m1", Mailbox: "INBOX", UIDValidity: v1, UID: 1, Replicas: []cluster.NodeID{m.Self}}).Update(replica.Stamp{Clock: 2}, nil, []byte("x"))
+	if outs, _ := m.Apply([]*replica.Update{up}, nil); outs[0] != replica.Stale {
+		t.Fatal("expunged message came back")
 	}
-	if err := m.CopyAt(u, v1, []uint32{3}, []Placed{{User: u, Mailbox: "Trash", UIDValidity: trash, UID: 5, ModSeq: 12}}, true); err != nil {
-		t.Fatal(err)
+	// Copy 2 into Archive (its bytes from m2 here), move 3 into Trash.
+	const arch, trash = v1 + 10, v1 + 11
+	if o := apply(&Object{ID: "copy-of-2", Mailbox: "Archive", UIDValidity: arch, UID: 1, ModSeq: 11, Flags: []string{`\Seen`}, BodyFrom: "m2"}, nil); o != replica.Applied {
+		t.Fatalf("copy: outcome %d", o)
+	}
+	if o := apply(&Object{ID: "copy-missing", Mailbox: "Archive", UIDValidity: arch, UID: 2, ModSeq: 12}, nil); o != replica.NeedContent {
+		t.Fatalf("an object without its bytes: outcome %d", o)
+	}
+	m3 := d.Messages[2]
+	m3.UID, m3.ModSeq = 5, 12
+	if o := apply(ObjectFrom(u, "Trash", trash, &m3), nil); o != replica.Applied {
+		t.Fatalf("move: outcome %d", o)
 	}
 	if d := fragment(t, m, u, v1); len(d.Messages) != 1 || d.Messages[0].UID != 2 {
 		t.Fatalf("inbox after copy and move %+v", d.Messages)
@@ -166,11 +207,25 @@ func TestFlagsExpungeCopyDrop(t *testing.T) {
 		t.Fatalf("trash %+v", tr.Messages)
 	}
 	// A move within one mailbox (renumbering) keeps UIDNEXT past both.
-	if err := m.CopyAt(u, v1, []uint32{2}, []Placed{place(u, "INBOX", v1, 20, 13)}, true); err != nil {
-		t.Fatal(err)
+	m2 = fragment(t, m, u, v1).Messages[0]
+	m2.UID, m2.ModSeq = 20, 13
+	if o := apply(ObjectFrom(u, "INBOX", v1, &m2), nil); o != replica.Applied {
+		t.Fatalf("renumber: outcome %d", o)
 	}
 	if d := fragment(t, m, u, v1); len(d.Messages) != 1 || d.Messages[0].UID != 20 || d.UIDNext != 21 {
 		t.Fatalf("after renumbering %+v", d)
+	}
+	// A replica set that no longer names this node: the copy goes.
+	m2 = fragment(t, m, u, v1).Messages[0]
+	o2 := ObjectFrom(u, "INBOX", v1, &m2)
+	clock++
+	o2.Replicas = []cluster.NodeID{"elsewhere"}
+	up, _ = o2.Update(replica.Stamp{Clock: clock}, nil, nil)
+	if outs, err := m.Apply([]*replica.Update{up}, nil); err != nil || outs[0] != replica.Applied {
+		t.Fatalf("re-homed away: %v %v", outs, err)
+	}
+	if d := fragment(t, m, u, v1); len(d.Messages) != 0 {
+		t.Fatalf("copy kept after its replica set left this node: %+v", d.Messages)
 	}
 	// A renamed mailbox keeps its UIDVALIDITY and gets its new name here
 	// at the next store into it.
@@ -196,7 +251,7 @@ func TestFlagsExpungeCopyDrop(t *testing.T) {
 	}
 	var users []string
 	m.FragmentUsers(-1, func(user string, n int) error { users = append(users, fmt.Sprint(user, n)); return nil })
-	if len(users) != 1 || users[0] != "u@x.org2" {
+	if len(users) != 1 || users[0] != "u@x.org1" {
 		t.Fatalf("fragment scan %v", users)
 	}
 	if err := m.DeleteUser(u); err != nil {

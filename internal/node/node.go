@@ -21,6 +21,7 @@ import (
 	"github.com/quillmail/quill/internal/imap"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/smtp"
 )
 
@@ -45,7 +46,21 @@ type Config struct {
 	// AuthFailDelay is how long a wrong password waits before its error,
 	// slowing password guessing (--auth-fail-delay).
 	AuthFailDelay time.Duration
-	Logger        *slog.Logger
+	// MinFree is the free disk space under which the node takes no new
+	// mail (--min-free).
+	MinFree int64
+	// Replicas and WritePolicy are the cluster defaults for users who set
+	// none (--replicas, --write-policy).
+	Replicas    int
+	WritePolicy string
+	// ReplaceAfter is how long a node may be away before its messages get
+	// replicas elsewhere (--replace-after); LogMaxAge how long the update
+	// log waits for an absent node (--log-max-age).
+	ReplaceAfter time.Duration
+	LogMaxAge    time.Duration
+	// ClockSkew shifts this node's clock (--clock-skew, for tests).
+	ClockSkew time.Duration
+	Logger    *slog.Logger
 }
 
 // DefaultConfig is a single node on loopback with the ports of the README.
@@ -63,6 +78,11 @@ func DefaultConfig() Config {
 		Hostname:        host,
 		MaxMessageBytes: 25 << 20,
 		AuthFailDelay:   time.Second,
+		MinFree:         256 << 20,
+		Replicas:        core.DefaultReplicas,
+		WritePolicy:     string(replica.One),
+		ReplaceAfter:    replica.DefaultReplaceAfter,
+		LogMaxAge:       replica.DefaultMaxAge,
 		Logger:          slog.Default(),
 	}
 }
@@ -84,7 +104,13 @@ type Node struct {
 // Start opens the node's storage, starts the managers and the listeners.
 // It returns once every listener accepts connections.
 func Start(cfg Config) (*Node, error) {
-	c, err := core.New(cfg.DataDir, cfg.ClusterAddr, cfg.Join, cfg.Logger)
+	policy, err := replica.ParsePolicy(cfg.WritePolicy)
+	if err != nil {
+		return nil, err
+	}
+	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
+		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
+		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew})
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +183,10 @@ func (n *Node) startListeners() error {
 	as := &admin.Server{Users: n.Users, Token: token, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
+		Replication: func() admin.ReplicationStatus {
+			return admin.ReplicationStatus{Node: n.ID, Replicas: n.Opts.Replicas, WritePolicy: string(n.Opts.WritePolicy),
+				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats()}
+		},
 	}}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)

@@ -24,7 +24,7 @@ type IMAPStore struct {
 	mu sync.Mutex
 	// where remembers, per user, the node of each message id from the last
 	// view the writer sent: bodies are fetched there without asking it.
-	where map[string]map[string]cluster.NodeID
+	where map[string]map[string][]cluster.NodeID
 }
 
 // opTimeout bounds one IMAP operation's round trips to the writer and the
@@ -105,16 +105,16 @@ func (s *IMAPStore) Messages(user string, id uint64) ([]mailbox.Message, error) 
 	out := make([]mailbox.Message, len(rep.Messages))
 	s.mu.Lock()
 	if s.where == nil {
-		s.where = map[string]map[string]cluster.NodeID{}
+		s.where = map[string]map[string][]cluster.NodeID{}
 	}
 	w := s.where[user]
 	if w == nil {
-		w = map[string]cluster.NodeID{}
+		w = map[string][]cluster.NodeID{}
 		s.where[user] = w
 	}
 	for i, m := range rep.Messages {
 		out[i] = m.Message
-		w[m.ID] = m.Node
+		w[m.ID] = m.Holders
 	}
 	s.mu.Unlock()
 	return out, nil
@@ -137,7 +137,7 @@ func (s *IMAPStore) Body(user, id string) ([]byte, error) {
 		return nil, err
 	}
 	for _, n := range mailMap {
-		if b, err := s.P.body(ctx, n, user, id); err == nil {
+		if b, err := s.P.body(ctx, []cluster.NodeID{n}, user, id); err == nil {
 			return b, nil
 		}
 	}

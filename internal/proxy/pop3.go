@@ -43,8 +43,8 @@ type maildrop struct {
 
 // location is where a message of the maildrop lives.
 type location struct {
-	node cluster.NodeID
-	uid  uint32
+	nodes []cluster.NodeID
+	uid   uint32
 }
 
 func (d *maildrop) List(ctx context.Context) ([]pop3.Message, error) {
@@ -57,7 +57,7 @@ func (d *maildrop) List(ctx context.Context) ([]pop3.Message, error) {
 	d.at = make(map[string]location, len(rep.Messages))
 	out := make([]pop3.Message, 0, len(rep.Messages))
 	for _, m := range rep.Messages {
-		d.at[m.ID] = location{node: m.Node, uid: m.UID}
+		d.at[m.ID] = location{nodes: m.Holders, uid: m.UID}
 		out = append(out, pop3.Message{UID: m.ID, Size: m.Size})
 	}
 	return out, nil
@@ -68,7 +68,7 @@ func (d *maildrop) Open(ctx context.Context, uid string) (io.ReadCloser, error) 
 	if !ok {
 		return nil, fmt.Errorf("message %s: not in this maildrop", uid)
 	}
-	return d.p.openBody(ctx, loc.node, d.user, uid)
+	return d.p.openBody(ctx, loc.nodes, d.user, uid)
 }
 
 func (d *maildrop) Delete(ctx context.Context, uids []string) error {

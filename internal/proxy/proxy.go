@@ -10,7 +10,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 )
@@ -50,6 +53,11 @@ type Proxy struct {
 	Loads *balance.Tracker
 	// Spread is how many nodes a user's mail may spread over.
 	Spread int
+	// Repl is the node's replication manager; Replicas and Policy are the
+	// cluster's defaults for users who set none.
+	Repl     *replica.Manager
+	Replicas int
+	Policy   replica.Policy
 
 	rndMu sync.Mutex
 	rnd   *rand.Rand
@@ -116,51 +124,167 @@ func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	return nil
 }
 
-// place stores raw into mailbox name of every user, choosing a node per
-// user and retrying on other nodes when one fails (Porcupine §4.1). It
-// returns the index record stored for each user.
+// place stores raw into mailbox name of every user (Porcupine §4.3): for
+// each user the writer allocates the UID, the balancer chooses the user's
+// replica set (R nodes), and one node of the set coordinates the update
+// through its replication manager, answering once the user's write policy
+// is met. Users with the same replica set share one update and one fsync per
+// replica. When the coordinator fails, or the policy cannot be met, the
+// message is placed again as a new object on a new set (§4.4: duplicates
+// are possible, loss is not). It returns the index record stored for each
+// user.
 func (p *Proxy) place(ctx context.Context, users []string, name string, flags []string, raw []byte, date time.Time) (map[string]mailbox.Message, error) {
 	pending := users
 	failed := map[cluster.NodeID]bool{}
-	id := p.Boxes.NewMessageID()
 	stored := map[string]mailbox.Message{}
+	var lastErr error
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == storeAttempts {
-			return nil, fmt.Errorf("deliver to %v: no node could store the message after %d attempts", pending, attempt)
+			return nil, fmt.Errorf("deliver to %v: no replica set could store the message after %d attempts: %w", pending, attempt, lastErr)
 		}
-		groups := map[cluster.NodeID][]mailbox.Placed{}
+		// A new object id per attempt: a failed attempt may still have
+		// stored its object somewhere, and it stays a message of its own.
+		id := p.Boxes.NewMessageID()
+		type group struct {
+			set    []cluster.NodeID
+			policy replica.Policy
+			places []mailbox.Placed
+			objs   []*mailbox.Object
+		}
+		groups := map[string]*group{}
+		var order []string
 		for _, u := range pending {
 			a, err := usermgr.Writer(ctx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
 			if err != nil {
 				return nil, err
 			}
-			n, ok := p.choose(a.MailMap, a.Spread, failed)
-			if !ok {
+			want := a.Replicas
+			if want <= 0 {
+				want = p.Replicas
+			}
+			policy := a.Policy
+			if policy == "" {
+				policy = p.Policy
+			}
+			set := p.chooseSet(a.MailMap, a.Spread, max(want, 1), failed)
+			if len(set) == 0 {
 				p.confirm(ctx, &usermgr.ConfirmRequest{Place: a.Place, Cancel: true})
 				return nil, fmt.Errorf("deliver to %s: no live node with disk space", u)
 			}
 			a.Place.Flags = flags
-			groups[n] = append(groups[n], a.Place)
+			o := &mailbox.Object{User: a.Place.User, ID: id, Mailbox: a.Place.Mailbox, UIDValidity: a.Place.UIDValidity,
+				UID: a.Place.UID, ModSeq: a.Place.ModSeq, Flags: flags, Size: int64(len(raw)), Date: date,
+				Replicas: set, Want: want}
+			key := string(policy) + "|" + fmt.Sprint(set)
+			g := groups[key]
+			if g == nil {
+				g = &group{set: set, policy: policy}
+				groups[key] = g
+				order = append(order, key)
+			}
+			g.places = append(g.places, a.Place)
+			g.objs = append(g.objs, o)
 		}
 		pending = nil
-		for n, places := range groups {
-			err := p.storeOn(ctx, n, places, id, raw, date)
-			for _, pl := range places {
-				msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: pl.Flags, ModSeq: pl.ModSeq}
-				p.confirm(ctx, &usermgr.ConfirmRequest{Place: pl, Message: msg, Node: n, Cancel: err != nil})
-				if err == nil {
-					stored[pl.User] = msg
+		for _, key := range order {
+			g := groups[key]
+			stamp := p.Repl.Now()
+			req := &replica.WriteRequest{Policy: g.policy}
+			for _, o := range g.objs {
+				u, err := o.Update(stamp, g.set, raw)
+				if err != nil {
+					return nil, err
+				}
+				req.Updates = append(req.Updates, u)
+			}
+			coord := g.set[0]
+			if slices.Contains(g.set, p.Self) {
+				coord = p.Self
+			}
+			rep, err := p.write(ctx, coord, req)
+			if err != nil {
+				lastErr = err
+				failed[coord] = true
+				for _, n := range g.set {
+					if rep == nil || !slices.Contains(rep.Acked, n) {
+						failed[n] = true
+					}
 				}
 			}
-			if err != nil {
-				failed[n] = true
-				for _, pl := range places {
+			for i, pl := range g.places {
+				msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), Date: date, Flags: pl.Flags, ModSeq: pl.ModSeq,
+					Version: stamp, Replicas: g.set, Want: g.objs[i].Want}
+				// A write that missed its policy may still have stored the
+				// object: it is confirmed as a message (a duplicate of the
+				// retry to come) rather than hidden until a reload.
+				var acked []cluster.NodeID
+				if rep != nil {
+					acked = rep.Acked
+				}
+				p.confirm(ctx, &usermgr.ConfirmRequest{Place: pl, Message: msg, Nodes: acked, Cancel: len(acked) == 0})
+				if err == nil {
+					stored[pl.User] = msg
+				} else {
 					pending = append(pending, pl.User)
 				}
 			}
 		}
 	}
 	return stored, nil
+}
+
+// write sends updates to their coordinator.
+func (p *Proxy) write(ctx context.Context, coord cluster.NodeID, req *replica.WriteRequest) (*replica.WriteReply, error) {
+	if coord == p.Self {
+		return p.Repl.Write(ctx, req)
+	}
+	var rep replica.WriteReply
+	if err := p.Peers.Call(ctx, coord, "replica.Write", req, &rep); err != nil {
+		return nil, err
+	}
+	if rep.Short != "" {
+		return &rep, fmt.Errorf("%s: %w", rep.Short, replica.ErrPolicy)
+	}
+	return &rep, nil
+}
+
+// chooseSet picks the r nodes of a new message's replica set, least loaded
+// first (the first coordinates), within the user's spread where it can.
+func (p *Proxy) chooseSet(holders []cluster.NodeID, spread, r int, exclude map[cluster.NodeID]bool) []cluster.NodeID {
+	if spread <= 0 {
+		spread = p.Spread
+	}
+	spread = max(spread, r)
+	var set []cluster.NodeID
+	ex := maps.Clone(exclude)
+	if ex == nil {
+		ex = map[cluster.NodeID]bool{}
+	}
+	for len(set) < r {
+		var hs []cluster.NodeID
+		for _, h := range holders {
+			if !ex[h] {
+				hs = append(hs, h)
+			}
+		}
+		n, ok := p.choose(hs, spread-len(set), ex)
+		if !ok {
+			break
+		}
+		set = append(set, n)
+		ex[n] = true
+	}
+	return set
+}
+
+// ChooseReplicas picks n live nodes outside exclude for new replicas of
+// existing messages (the replication manager's repair).
+func (p *Proxy) ChooseReplicas(exclude []cluster.NodeID, n int) []cluster.NodeID {
+	ex := map[cluster.NodeID]bool{}
+	for _, e := range exclude {
+		ex[e] = true
+	}
+	return p.chooseSet(nil, n, n, ex)
 }
 
 // confirmAttempts and confirmBackoff bound how hard a proxy tries to tell
@@ -195,13 +319,6 @@ func (p *Proxy) member(n cluster.NodeID) cluster.Member {
 		}
 	}
 	return cluster.Member{}
-}
-
-func (p *Proxy) storeOn(ctx context.Context, n cluster.NodeID, places []mailbox.Placed, id string, raw []byte, date time.Time) error {
-	if n == p.Self {
-		return p.Boxes.StoreAt(places, id, raw, date)
-	}
-	return p.Peers.Call(ctx, n, "fragment.StoreAt", &mailbox.StoreAtRequest{Places: places, ID: id, Raw: raw, Date: date}, &mailbox.Empty{})
 }
 
 // Login authenticates a user for a retrieval session.

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
+	"sort"
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
@@ -34,21 +37,38 @@ func (p *Proxy) LocalBody(ctx context.Context, req *BodyRequest) (*BodyReply, er
 	return &BodyReply{Raw: b}, nil
 }
 
-// body fetches a message from the node that stores it (Porcupine §2.3.2:
-// the proxy fetches each message from the appropriate node).
-func (p *Proxy) body(ctx context.Context, n cluster.NodeID, user, id string) ([]byte, error) {
-	if n == p.Self {
-		return p.Boxes.Body(user, id)
+// body fetches a message from one of the nodes that hold it (Porcupine
+// §4.3: the retrieval proxy reads the least loaded live replica), trying the
+// others if it fails.
+func (p *Proxy) body(ctx context.Context, nodes []cluster.NodeID, user, id string) ([]byte, error) {
+	if slices.Contains(nodes, p.Self) {
+		if b, err := p.Boxes.Body(user, id); err == nil {
+			return b, nil
+		}
 	}
-	var rep BodyReply
-	if err := p.Peers.Call(ctx, n, "mailbox.Body", &BodyRequest{User: user, ID: id}, &rep); err != nil {
-		return nil, err
+	alive := map[cluster.NodeID]bool{}
+	for _, mi := range p.Peers.Alive() {
+		alive[mi.ID] = true
 	}
-	return rep.Raw, nil
+	var cand []cluster.NodeID
+	for _, n := range nodes {
+		if n != p.Self && alive[n] {
+			cand = append(cand, n)
+		}
+	}
+	sort.SliceStable(cand, func(i, j int) bool { return p.Loads.Get(cand[i]).Pending < p.Loads.Get(cand[j]).Pending })
+	err := fmt.Errorf("user %s message %s: no live replica among %v: %w", user, id, nodes, mailbox.ErrNoMessage)
+	for _, n := range cand {
+		var rep BodyReply
+		if err = p.Peers.Call(ctx, n, "mailbox.Body", &BodyRequest{User: user, ID: id}, &rep); err == nil {
+			return rep.Raw, nil
+		}
+	}
+	return nil, err
 }
 
-func (p *Proxy) openBody(ctx context.Context, n cluster.NodeID, user, id string) (io.ReadCloser, error) {
-	b, err := p.body(ctx, n, user, id)
+func (p *Proxy) openBody(ctx context.Context, nodes []cluster.NodeID, user, id string) (io.ReadCloser, error) {
+	b, err := p.body(ctx, nodes, user, id)
 	if err != nil {
 		return nil, err
 	}

@@ -18,7 +18,7 @@ import (
 
 func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
 	t.Helper()
-	c, err := core.New(t.TempDir(), "", nil, slog.New(slog.DiscardHandler))
+	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

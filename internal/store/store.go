@@ -30,6 +30,8 @@ const (
 	KindBody     byte = 'D' // mailbox: D bucket user 0 msgid -> message bytes
 	KindUserMeta byte = 'S' // mailbox: S bucket user -> per-user counters
 	KindNode     byte = 'N' // node: N name -> node-wide values
+	KindObject   byte = 'O' // mailbox: O bucket user 0 msgid -> where the message object is, its stamp, or its tombstone
+	KindLog      byte = 'L' // replica: L object 0 stamp -> update log entry
 )
 
 // Sync is the write option for every commit that acknowledges something to a

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/pebble"
 	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
 )
 
@@ -45,6 +46,11 @@ type Profile struct {
 	// Spread is how many nodes this user's mail may spread over (Porcupine
 	// §5); 0 means the cluster default.
 	Spread int `json:"spread,omitempty"`
+	// Replicas is how many nodes keep each of the user's messages and
+	// WritePolicy how many must have it before delivery is acknowledged
+	// (one, quorum, all); zero and empty take the cluster's defaults.
+	Replicas    int    `json:"replicas,omitempty"`
+	WritePolicy string `json:"write_policy,omitempty"`
 	// LastUIDValidity is the highest UIDVALIDITY given to any mailbox of the
 	// user, so a mailbox made again never repeats one (RFC 3501 §2.3.1.1).
 	LastUIDValidity uint32 `json:"last_uidvalidity,omitempty"`
@@ -99,7 +105,9 @@ func (p *Profile) Domain() string { return Domain(p.Address) }
 // DB is the node's replica of the user profile database.
 type DB struct {
 	db *store.DB
-	mu sync.Mutex // orders PutIfNewer's read and write
+	mu sync.Mutex // orders PutIfNewer's and Apply's reads and writes
+	// OnApply hears of each profile a replication update wrote.
+	OnApply func(*Profile)
 }
 
 // New returns the profile database on top of the node's store.
@@ -155,6 +163,66 @@ func (d *DB) PutIfNewer(p *Profile) (bool, error) {
 	}
 	return true, d.Put(p)
 }
+
+// ProfileKind is the replication manager's name for profile objects.
+const ProfileKind = "p"
+
+// ObjectName names a profile for the replication manager.
+func ObjectName(addr string) string { return ProfileKind + "/" + addr }
+
+// Apply implements replica.Handler: profiles are replicated like messages
+// (Porcupine §4.1), each update a whole profile ordered by its HLC version.
+// OnApply, if set, hears of every profile applied.
+func (d *DB) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.db.NewIndexedBatch()
+	defer b.Close()
+	outs := make([]replica.Outcome, len(ups))
+	var applied []*Profile
+	for i, u := range ups {
+		var p Profile
+		if err := json.Unmarshal(u.Data, &p); err != nil {
+			return nil, fmt.Errorf("profile object %s: %w", u.Object, err)
+		}
+		var cur Profile
+		v, closer, err := b.Get(key(p.Address))
+		if err == nil {
+			err = json.Unmarshal(v, &cur)
+			closer.Close()
+			if err != nil {
+				return nil, fmt.Errorf("user %s: corrupt profile: %w", p.Address, err)
+			}
+			if cur.Version >= p.Version {
+				outs[i] = replica.Stale
+				continue
+			}
+		} else if !errors.Is(err, pebble.ErrNotFound) {
+			return nil, fmt.Errorf("user %s: read profile: %w", p.Address, err)
+		}
+		if err := b.Set(key(p.Address), u.Data, nil); err != nil {
+			return nil, err
+		}
+		applied = append(applied, &p)
+	}
+	if logw != nil {
+		if err := logw(b, outs); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.Commit(store.Sync); err != nil {
+		return nil, fmt.Errorf("write %d profiles: %w", len(ups), err)
+	}
+	if d.OnApply != nil {
+		for _, p := range applied {
+			d.OnApply(p)
+		}
+	}
+	return outs, nil
+}
+
+// Fill implements replica.Handler: a profile update carries all of it.
+func (d *DB) Fill(u *replica.Update) error { return nil }
 
 // Scan calls fn for every profile in the given bucket, or in every bucket
 // when bucket < 0. It is the scan the user manager rebuilds its profile soft

@@ -18,6 +18,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
 )
@@ -71,6 +73,7 @@ type Manager struct {
 	clock *hlc.Clock
 	peers Peers
 	log   *slog.Logger
+	repl  Replicator
 
 	mu      sync.RWMutex
 	buckets [cluster.Buckets]*bucket
@@ -722,39 +725,53 @@ func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAc
 	if len(ranked) > ProfileReplicas {
 		ranked = ranked[:ProfileReplicas]
 	}
-	req := &UpdateRequest{Profile: *p}
-	acks := 0
-	var firstErr error
-	for _, r := range ranked {
-		var err error
-		if r.ID == m.self {
-			_, err = m.LocalPut(ctx, req)
-		} else {
-			err = m.peers.Call(ctx, r.ID, "usermgr.Put", req, &struct{}{})
-		}
-		if err != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("user %s: store profile on %s: %w", p.Address, r.ID, err)
-			}
-			continue
-		}
-		acks++
+	targets := make([]cluster.NodeID, len(ranked))
+	for i, r := range ranked {
+		targets[i] = r.ID
+	}
+	data, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	// The profile's replicas are written through the replication manager
+	// (Porcupine §4.1: profiles are replicated like messages), stamped with
+	// the profile's own HLC version so the two orders agree.
+	policy := replica.One
+	if minAcks >= ProfileReplicas {
+		policy = replica.All
+	}
+	u := &replica.Update{Object: userdb.ObjectName(p.Address), Stamp: replica.Stamp{Clock: p.Version, Node: m.self},
+		Targets: targets, Data: data}
+	rep, err := m.repl.Write(ctx, &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: policy})
+	if rep != nil {
 		m.mu.Lock()
 		if bk := m.buckets[cluster.Bucket(p.Address)]; bk != nil {
 			if cur, ok := bk.profiles[p.Address]; ok && cur.Version == p.Version {
 				if bk.holders[p.Address] == nil {
 					bk.holders[p.Address] = map[cluster.NodeID]bool{}
 				}
-				bk.holders[p.Address][r.ID] = true
+				for _, n := range rep.Acked {
+					bk.holders[p.Address][n] = true
+				}
 			}
 		}
 		m.mu.Unlock()
 	}
-	if acks < min(minAcks, len(ranked)) {
-		return firstErr
+	if err != nil {
+		return fmt.Errorf("user %s: store profile: %w", p.Address, err)
 	}
-	_, err := callManager(ctx, m, p.Address, "usermgr.Update", req, m.LocalUpdate)
+	req := &UpdateRequest{Profile: *p}
+	_, err = callManager(ctx, m, p.Address, "usermgr.Update", req, m.LocalUpdate)
 	return err
+}
+
+// profileApplied hears of a profile the replication manager wrote here.
+func (m *Manager) profileApplied(p *userdb.Profile) {
+	m.clock.Observe(p.Version)
+	m.domMu.Lock()
+	m.domainsGood = false
+	m.domMu.Unlock()
+	m.LocalUpdate(context.Background(), &UpdateRequest{Profile: *p})
 }
 
 // AddUser creates a user: its manager writes the profile, with the default

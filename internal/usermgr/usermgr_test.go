@@ -13,6 +13,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
@@ -35,6 +36,7 @@ type testNode struct {
 	dir   string
 	db    *store.DB
 	boxes *mailbox.Manager
+	repl  *replica.Manager
 	mgr   *Manager
 	srv   *rpc.Server
 	addr  string
@@ -79,6 +81,7 @@ func newTestCluster(t *testing.T) *testCluster {
 	c := &testCluster{t: t, nodes: map[cluster.NodeID]*testNode{}, client: rpc.NewClient()}
 	t.Cleanup(func() {
 		for _, n := range c.nodes {
+			n.repl.Close()
 			n.mgr.Close()
 			n.srv.Stop()
 			n.db.Close()
@@ -97,11 +100,23 @@ func (c *testCluster) start(id cluster.NodeID, dir string, boot uint64) *testNod
 		c.t.Fatal(err)
 	}
 	n := &testNode{id: id, dir: dir, db: db, boxes: mailbox.New(db), boot: boot}
-	n.mgr = New(id, userdb.New(db), n.boxes, hlc.New(), slog.New(slog.DiscardHandler))
+	n.boxes.Self = id
+	clock, log := hlc.New(), slog.New(slog.DiscardHandler)
+	if n.repl, err = replica.New(id, db, clock, log); err != nil {
+		c.t.Fatal(err)
+	}
+	n.repl.Handle(mailbox.ObjectKind, n.boxes)
+	n.repl.SetPeers(peers{c, id})
+	profiles := userdb.New(db)
+	n.repl.Handle(userdb.ProfileKind, profiles)
+	n.mgr = New(id, profiles, n.boxes, clock, log)
 	n.mgr.SetPeers(peers{c, id})
+	n.mgr.SetReplicator(n.repl)
 	n.srv = rpc.NewServer(func() rpc.Load { return rpc.Load{} })
 	n.mgr.Register(n.srv)
 	n.boxes.Register(n.srv)
+	n.repl.Register(n.srv)
+	n.repl.Start()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)
@@ -137,6 +152,7 @@ func (c *testCluster) setAlive(ids ...cluster.NodeID) {
 
 func (c *testCluster) kill(id cluster.NodeID) {
 	n := c.nodes[id]
+	n.repl.Close()
 	n.mgr.Close()
 	n.srv.Stop()
 	n.db.Close()

@@ -16,6 +16,7 @@ package usermgr
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
 )
@@ -52,10 +54,11 @@ var (
 	ErrMailboxExists = mailbox.ErrMailboxExists
 )
 
-// ViewMsg is a message of a mailbox view and the node that stores it.
+// ViewMsg is a message of a mailbox view and the nodes found holding it
+// (its replicas that answered; Porcupine §4.3: retrieval reads any one).
 type ViewMsg struct {
 	mailbox.Message
-	Node cluster.NodeID `json:"node"`
+	Holders []cluster.NodeID `json:"holders"`
 }
 
 type boxView struct {
@@ -242,6 +245,10 @@ type AllocReply struct {
 	Place   mailbox.Placed   `json:"place"`
 	MailMap []cluster.NodeID `json:"mail_map"`
 	Spread  int              `json:"spread,omitempty"`
+	// Replicas and Policy are the user's replication settings (zero: the
+	// cluster's defaults).
+	Replicas int            `json:"replicas,omitempty"`
+	Policy   replica.Policy `json:"policy,omitempty"`
 }
 
 // LocalAlloc hands out the next UID and MODSEQ of a mailbox.
@@ -276,7 +283,7 @@ func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocRepl
 		b.modseq++
 		b.inflight[uid] = allocation{at: time.Now(), from: req.From}
 		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}
-		out.Spread = p.Spread
+		out.Spread, out.Replicas, out.Policy = p.Spread, p.Replicas, replica.Policy(p.WritePolicy)
 		_, out.MailMap, _ = m.lookupLocked(p.Address)
 		return nil
 	})
@@ -287,7 +294,9 @@ func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocRepl
 type ConfirmRequest struct {
 	Place   mailbox.Placed  `json:"place"`
 	Message mailbox.Message `json:"message"`
-	Node    cluster.NodeID  `json:"node"`
+	// Nodes are the replicas that acknowledged it (the others get it from
+	// the coordinator's update log).
+	Nodes []cluster.NodeID `json:"nodes"`
 	// Cancel says the message could not be stored: the UID is given up,
 	// and stops hiding the UIDs above it.
 	Cancel bool `json:"cancel,omitempty"`
@@ -297,8 +306,13 @@ type ConfirmRequest struct {
 func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struct{}, error) {
 	user := userdb.Normalize(req.Place.User)
 	if !req.Cancel {
-		if _, err := m.LocalNote(ctx, &NoteRequest{User: user, Node: req.Node}); err != nil {
-			return nil, err
+		for _, n := range uniq(append(slices.Clone(req.Nodes), req.Message.Replicas...)) {
+			if _, err := m.LocalNote(ctx, &NoteRequest{User: user, Node: n}); err != nil {
+				return nil, err
+			}
+		}
+		if m.repl != nil {
+			m.repl.Observe(req.Message.Version)
 		}
 	}
 	w, err := m.writer(ctx, user)
@@ -315,7 +329,7 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 		}
 		if b.loaded && !req.Cancel {
 			msg := req.Message
-			b.msgs[msg.UID] = &ViewMsg{Message: msg, Node: req.Node}
+			b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: uniq(req.Nodes)}
 		}
 	}
 	w.changed(m, user, v)
@@ -443,13 +457,24 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 			b.markUsed(d.UIDNext-1, d.HighestModSeq)
 		}
 		for i := range d.Messages {
-			vm := &ViewMsg{Message: d.Messages[i], Node: n}
-			if old, ok := msgs[vm.UID]; ok && old.ID != vm.ID {
-				clash = append(clash, old, vm)
-				delete(msgs, vm.UID)
-				continue
+			msg := d.Messages[i]
+			if m.repl != nil {
+				m.repl.Observe(msg.Version)
 			}
-			msgs[vm.UID] = vm
+			old, ok := msgs[msg.UID]
+			switch {
+			case !ok:
+				msgs[msg.UID] = &ViewMsg{Message: msg, Holders: []cluster.NodeID{n}}
+			case old.ID == msg.ID:
+				// Another replica: the newest version wins (total update).
+				old.Holders = uniq(append(old.Holders, n))
+				if old.Version.Less(msg.Version) {
+					old.Message = msg
+				}
+			default:
+				clash = append(clash, old, &ViewMsg{Message: msg, Holders: []cluster.NodeID{n}})
+				delete(msgs, msg.UID)
+			}
 		}
 	}
 	b.msgs, b.loaded, b.gen, b.partial, b.loadedAt = msgs, true, gen, partial, time.Now()
@@ -477,18 +502,17 @@ func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, 
 		return err
 	}
 	b.modseq++
-	dst := mailbox.Placed{User: user, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: b.uidNext, ModSeq: b.modseq}
-	b.uidNext++
-	req := &mailbox.CopyAtRequest{User: user, UIDValidity: def.UIDValidity, UIDs: []uint32{vm.UID}, Dest: []mailbox.Placed{dst}, Move: true}
-	if err := m.onNode(ctx, vm.Node, "fragment.Copy", req, func() error {
-		return m.boxes.CopyAt(user, def.UIDValidity, req.UIDs, req.Dest, true)
-	}); err != nil {
-		return err
-	}
 	nv := *vm
-	nv.UID, nv.ModSeq = dst.UID, dst.ModSeq
+	nv.UID, nv.ModSeq = b.uidNext, b.modseq
+	b.uidNext++
+	c := &change{obj: mailbox.ObjectFrom(user, def.Name, def.UIDValidity, &nv.Message), holders: vm.Holders}
+	m.replicate(ctx, []*change{c})
+	if c.err != nil {
+		return c.err
+	}
+	nv.Replicas = c.obj.Replicas
 	b.msgs[nv.UID] = &nv
-	b.markUsed(dst.UID, dst.ModSeq)
+	b.markUsed(nv.UID, nv.ModSeq)
 	return nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
@@ -268,7 +267,7 @@ func (m *Manager) LocalStoreFlags(ctx context.Context, req *FlagsRequest) (*Flag
 		if err := m.reserve(ctx, p, def, b, 0, len(req.UIDs)); err != nil {
 			return err
 		}
-		byNode := map[cluster.NodeID][]mailbox.FlagChange{}
+		var changes []*change
 		var changed []*ViewMsg
 		for _, uid := range req.UIDs {
 			vm := b.msgs[uid]
@@ -287,23 +286,28 @@ func (m *Manager) LocalStoreFlags(ctx context.Context, req *FlagsRequest) (*Flag
 			b.modseq++
 			nv := *vm
 			nv.Flags, nv.ModSeq = nf, b.modseq
-			byNode[vm.Node] = append(byNode[vm.Node], mailbox.FlagChange{UID: uid, Flags: nf, ModSeq: b.modseq})
+			changes = append(changes, &change{obj: mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &nv.Message), holders: vm.Holders})
 			changed = append(changed, &nv)
 		}
-		for n, chs := range byNode {
-			req := &mailbox.SetFlagsRequest{User: p.Address, UIDValidity: def.UIDValidity, Changes: chs}
-			if err := m.onNode(ctx, n, "fragment.SetFlags", req, func() error {
-				return m.boxes.SetFlagsAt(p.Address, def.UIDValidity, chs)
-			}); err != nil {
-				// The writer's view stays as it was for that node's
-				// messages; the session gets an error.
-				return fmt.Errorf("user %s: flags on %s: %w", p.Address, n, err)
+		m.replicate(ctx, changes)
+		var firstErr error
+		for i, nv := range changed {
+			if err := changes[i].err; err != nil {
+				// The view stays as it was for this message; the session
+				// gets an error.
+				if firstErr == nil {
+					firstErr = err
+				}
+				continue
 			}
-		}
-		for _, nv := range changed {
+			nv.Replicas = changes[i].obj.Replicas
 			b.msgs[nv.UID] = nv
 			b.markUsed(0, nv.ModSeq)
 			out.Updated = append(out.Updated, nv.Message)
+		}
+		if firstErr != nil {
+			w.changed(m, p.Address, def.UIDValidity)
+			return firstErr
 		}
 		if len(changed) > 0 {
 			w.changed(m, p.Address, def.UIDValidity)
@@ -327,33 +331,34 @@ func (m *Manager) LocalExpunge(ctx context.Context, req *FlagsRequest) (*UIDsRep
 		if err != nil {
 			return err
 		}
-		byNode := map[cluster.NodeID][]uint32{}
+		var gone []*ViewMsg
 		for _, uid := range req.UIDs {
 			vm := b.msgs[uid]
 			if vm == nil || (req.OnlyDeleted && !vm.HasFlag(`\Deleted`)) {
 				continue
 			}
-			byNode[vm.Node] = append(byNode[vm.Node], uid)
+			gone = append(gone, vm)
 		}
-		if len(byNode) == 0 {
+		if len(gone) == 0 {
 			return nil
 		}
 		if err := m.reserve(ctx, p, def, b, 0, 1); err != nil {
 			return err
 		}
-		for n, uids := range byNode {
-			r := &mailbox.UIDsRequest{User: p.Address, UIDValidity: def.UIDValidity, UIDs: uids}
-			if err := m.onNode(ctx, n, "fragment.Expunge", r, func() error {
-				_, err := m.boxes.ExpungeAt(p.Address, def.UIDValidity, uids)
-				return err
-			}); err != nil {
-				m.log.Warn("expunge on a fragment failed", "user", p.Address, "node", n, "err", err)
+		changes := make([]*change, len(gone))
+		for i, vm := range gone {
+			o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
+			o.Deleted, o.ModSeq = true, b.modseq+1
+			changes[i] = &change{obj: o, holders: vm.Holders}
+		}
+		m.replicate(ctx, changes)
+		for i, vm := range gone {
+			if err := changes[i].err; err != nil {
+				m.log.Warn("expunge not replicated", "user", p.Address, "uid", vm.UID, "err", err)
 				continue
 			}
-			for _, uid := range uids {
-				delete(b.msgs, uid)
-				out.UIDs = append(out.UIDs, uid)
-			}
+			delete(b.msgs, vm.UID)
+			out.UIDs = append(out.UIDs, vm.UID)
 		}
 		b.modseq++
 		b.markUsed(0, b.modseq)
@@ -401,54 +406,48 @@ func (m *Manager) LocalCopy(ctx context.Context, req *CopyRequest) (*CopyReply, 
 				return err
 			}
 		}
-		type batch struct {
-			uids []uint32
-			dest []mailbox.Placed
-			msgs []*ViewMsg
-		}
-		byNode := map[cluster.NodeID]*batch{}
-		var order []cluster.NodeID
+		var changes []*change
+		var srcs []*ViewMsg
 		for _, uid := range req.UIDs {
 			vm := sb.msgs[uid]
 			if vm == nil {
 				continue
 			}
 			db.modseq++
-			pl := mailbox.Placed{User: p.Address, Mailbox: dst.Name, UIDValidity: dst.UIDValidity, UID: db.uidNext, ModSeq: db.modseq}
-			if !req.Move {
-				pl.ID = m.boxes.NewMessageID()
-			}
+			nv := *vm
+			nv.UID, nv.ModSeq = db.uidNext, db.modseq
 			db.uidNext++
-			bt := byNode[vm.Node]
-			if bt == nil {
-				bt = &batch{}
-				byNode[vm.Node] = bt
-				order = append(order, vm.Node)
+			o := mailbox.ObjectFrom(p.Address, dst.Name, dst.UIDValidity, &nv.Message)
+			if !req.Move {
+				// A copy is a new object whose bytes are the source's,
+				// on the same replicas.
+				o.ID, o.BodyFrom = m.boxes.NewMessageID(), vm.ID
 			}
-			bt.uids, bt.dest, bt.msgs = append(bt.uids, uid), append(bt.dest, pl), append(bt.msgs, vm)
+			changes = append(changes, &change{obj: o, holders: vm.Holders})
+			srcs = append(srcs, vm)
 		}
-		for _, n := range order {
-			bt := byNode[n]
-			r := &mailbox.CopyAtRequest{User: p.Address, UIDValidity: src.UIDValidity, UIDs: bt.uids, Dest: bt.dest, Move: req.Move}
-			if err := m.onNode(ctx, n, "fragment.Copy", r, func() error {
-				return m.boxes.CopyAt(p.Address, src.UIDValidity, bt.uids, bt.dest, req.Move)
-			}); err != nil {
-				return fmt.Errorf("user %s: copy on %s: %w", p.Address, n, err)
-			}
-			for i, vm := range bt.msgs {
-				nv := *vm
-				nv.UID, nv.ModSeq = bt.dest[i].UID, bt.dest[i].ModSeq
-				if bt.dest[i].ID != "" {
-					nv.ID = bt.dest[i].ID
+		m.replicate(ctx, changes)
+		var firstErr error
+		for i, vm := range srcs {
+			c := changes[i]
+			if c.err != nil {
+				if firstErr == nil {
+					firstErr = c.err
 				}
-				db.msgs[nv.UID] = &nv
-				db.markUsed(nv.UID, nv.ModSeq)
-				if req.Move {
-					delete(sb.msgs, vm.UID)
-				}
-				out.SrcUIDs = append(out.SrcUIDs, vm.UID)
-				out.DstUIDs = append(out.DstUIDs, nv.UID)
+				continue
 			}
+			nv := *vm
+			nv.UID, nv.ModSeq, nv.ID, nv.Replicas = c.obj.UID, c.obj.ModSeq, c.obj.ID, c.obj.Replicas
+			db.msgs[nv.UID] = &nv
+			db.markUsed(nv.UID, nv.ModSeq)
+			if req.Move {
+				delete(sb.msgs, vm.UID)
+			}
+			out.SrcUIDs = append(out.SrcUIDs, vm.UID)
+			out.DstUIDs = append(out.DstUIDs, nv.UID)
+		}
+		if firstErr != nil && len(out.SrcUIDs) == 0 {
+			return firstErr
 		}
 		if req.Move {
 			sb.modseq++
@@ -493,6 +492,7 @@ func (m *Manager) registerWriter(s *rpc.Server) {
 	s.Handle("writer.Expunge", rpc.Method(m.LocalExpunge))
 	s.Handle("writer.Copy", rpc.Method(m.LocalCopy))
 	s.Handle("writer.Version", rpc.Method(m.LocalVersion))
+	s.Handle("writer.Rehome", rpc.Method(m.LocalRehome))
 }
 
 // --- any node's side

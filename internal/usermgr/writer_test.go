@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 )
 
@@ -29,7 +30,7 @@ func storeAndConfirmTo(t *testing.T, n *testNode, mgr *Manager, pl mailbox.Place
 		t.Fatal(err)
 	}
 	msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), ModSeq: pl.ModSeq}
-	if _, err := mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: pl, Message: msg, Node: n.id}); err != nil {
+	if _, err := mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: pl, Message: msg, Nodes: []cluster.NodeID{n.id}}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,0 +1,301 @@
+package mailbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble"
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/store"
+)
+
+// Messages as replicated objects (Porcupine §4.1: the unit of replication is
+// a mail message, named ⟨type, user, message id⟩, updated totally). The
+// object's content is where the message is in the cluster mailbox (its
+// mailbox's UIDVALIDITY, UID and MODSEQ, as the writer decided), its flags
+// and its replica set; its bytes travel as the update's blob. A flag change,
+// a move, an expunge and a new replica set are each a new version of the
+// whole object, applied on a replica only if its stamp is newer than the
+// stamp the replica holds. An expunged message leaves a tombstone with its
+// stamp, so an older update that arrives late cannot bring it back.
+
+// ObjectKind is the replication manager's name for message objects.
+const ObjectKind = "m"
+
+// Object is a message's replicated content.
+type Object struct {
+	User        string           `json:"user"`
+	ID          string           `json:"id"`
+	Mailbox     string           `json:"mailbox,omitempty"`
+	UIDValidity uint32           `json:"uidvalidity,omitempty"`
+	UID         uint32           `json:"uid,omitempty"`
+	ModSeq      uint64           `json:"modseq,omitempty"`
+	Flags       []string         `json:"flags,omitempty"`
+	Size        int64            `json:"size,omitempty"`
+	Date        time.Time        `json:"date,omitzero"`
+	Replicas    []cluster.NodeID `json:"replicas"`
+	Want        int              `json:"want,omitempty"`
+	Deleted     bool             `json:"deleted,omitempty"`
+	// BodyFrom names another message of the user whose bytes this one
+	// shares (an IMAP COPY): a replica that holds it copies them locally.
+	BodyFrom string `json:"body_from,omitempty"`
+}
+
+// ObjectName names a message object for the replication manager.
+func ObjectName(user, id string) string { return ObjectKind + "/" + id + "/" + user }
+
+// ParseObjectName splits an object name into user and message id.
+func ParseObjectName(name string) (user, id string, ok bool) {
+	rest, ok := strings.CutPrefix(name, ObjectKind+"/")
+	if !ok {
+		return "", "", false
+	}
+	id, user, ok = strings.Cut(rest, "/")
+	return user, id, ok && user != "" && id != ""
+}
+
+// Update returns the replication update that makes o the message's content.
+func (o *Object) Update(stamp replica.Stamp, targets []cluster.NodeID, body []byte) (*replica.Update, error) {
+	data, err := json.Marshal(o)
+	if err != nil {
+		return nil, err
+	}
+	return &replica.Update{Object: ObjectName(o.User, o.ID), Stamp: stamp, Targets: targets, Data: data, Blob: body}, nil
+}
+
+// ObjectFrom returns the object a message of a mailbox is.
+func ObjectFrom(user, mailbox string, v uint32, msg *Message) *Object {
+	return &Object{User: user, ID: msg.ID, Mailbox: mailbox, UIDValidity: v, UID: msg.UID, ModSeq: msg.ModSeq,
+		Flags: msg.Flags, Size: msg.Size, Date: msg.Date, Replicas: msg.Replicas, Want: msg.Want}
+}
+
+// objectRecord says where this node keeps a message object, and its stamp.
+type objectRecord struct {
+	Stamp       replica.Stamp `json:"stamp"`
+	UIDValidity uint32        `json:"v,omitempty"`
+	UID         uint32        `json:"uid,omitempty"`
+	Deleted     bool          `json:"deleted,omitempty"`
+}
+
+func objectKey(user, id string) []byte {
+	return append(store.UserPrefix(store.KindObject, user), id...)
+}
+
+func (t *tx) objectRecord(user, id string) (*objectRecord, error) {
+	var rec objectRecord
+	ok, err := getJSON(t.b, objectKey(user, id), &rec)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+func (t *tx) has(key []byte) (bool, error) {
+	_, closer, err := t.b.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	closer.Close()
+	return true, nil
+}
+
+// Apply implements replica.Handler: each update newer than the replica here
+// becomes it, all in one durable batch with the log entries logw writes.
+func (m *Manager) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
+	objs := make([]*Object, len(ups))
+	users := make([]string, len(ups))
+	for i, u := range ups {
+		objs[i] = &Object{}
+		if err := json.Unmarshal(u.Data, objs[i]); err != nil {
+			return nil, fmt.Errorf("message object %s: %w", u.Object, err)
+		}
+		users[i] = objs[i].User
+	}
+	defer m.lockUsers(users)()
+	t := m.newTx()
+	outs := make([]replica.Outcome, len(ups))
+	for i, o := range objs {
+		out, err := t.applyObject(o, ups[i])
+		if errors.Is(err, ErrUIDTaken) {
+			// Two messages under one UID (a partition let two writers
+			// hand it out): refused here; the writer renumbers one of
+			// them when it loads the mailbox.
+			m.logf("message object %s not applied: %v", ups[i].Object, err)
+			out, err = replica.Failed, nil
+		}
+		if err != nil {
+			t.abort()
+			return nil, err
+		}
+		outs[i] = out
+	}
+	if logw != nil {
+		if err := logw(t.b, outs); err != nil {
+			t.abort()
+			return nil, err
+		}
+	}
+	if err := t.commit(); err != nil {
+		return nil, fmt.Errorf("apply %d message objects: %w", len(ups), err)
+	}
+	return outs, nil
+}
+
+func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) {
+	rec, err := t.objectRecord(o.User, o.ID)
+	if err != nil {
+		return 0, err
+	}
+	if rec != nil && !rec.Stamp.Less(u.Stamp) {
+		return replica.Stale, nil
+	}
+	// A node that is no longer among the replicas drops its copy (it was
+	// replaced while away, repair.go).
+	drop := o.Deleted || (len(o.Replicas) > 0 && !slices.Contains(o.Replicas, t.m.Self))
+	if !drop {
+		have, err := t.has(bodyKey(o.User, o.ID))
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case u.Blob != nil:
+			if err := t.b.Set(bodyKey(o.User, o.ID), u.Blob, nil); err != nil {
+				return 0, err
+			}
+		case have:
+		case o.BodyFrom != "":
+			raw, closer, err := t.b.Get(bodyKey(o.User, o.BodyFrom))
+			if errors.Is(err, pebble.ErrNotFound) {
+				return replica.NeedContent, nil
+			}
+			if err != nil {
+				return 0, err
+			}
+			err = t.b.Set(bodyKey(o.User, o.ID), raw, nil)
+			closer.Close()
+			if err != nil {
+				return 0, err
+			}
+		default:
+			return replica.NeedContent, nil
+		}
+	}
+	var mb *Mailbox
+	if !drop {
+		if mb, err = t.m.fragmentFor(t, &Placed{User: o.User, Mailbox: o.Mailbox, UIDValidity: o.UIDValidity}); err != nil {
+			return 0, err
+		}
+		if old, ok, err := t.message(o.User, mb.ID, o.UID); err != nil {
+			return 0, err
+		} else if ok && old.ID != o.ID {
+			return 0, fmt.Errorf("user %s mailbox %q uid %d: %w", o.User, o.Mailbox, o.UID, ErrUIDTaken)
+		}
+	}
+	// Take the message from where this replica had it.
+	if rec != nil && !rec.Deleted && (drop || rec.UIDValidity != o.UIDValidity || rec.UID != o.UID) {
+		old, err := t.m.fragmentByValidity(t, o.User, rec.UIDValidity)
+		if err != nil {
+			return 0, err
+		}
+		if old != nil {
+			if err := t.b.Delete(messageKey(o.User, old.ID, rec.UID), nil); err != nil {
+				return 0, err
+			}
+			t.follow(old, 0, o.ModSeq)
+			if mb != nil && mb.ID == old.ID {
+				mb = old
+			}
+			if err := t.putMailbox(o.User, old); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if drop {
+		if err := t.b.Delete(bodyKey(o.User, o.ID), nil); err != nil {
+			return 0, err
+		}
+		return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, Deleted: true})
+	}
+	msg := Message{UID: o.UID, ID: o.ID, Size: o.Size, Date: o.Date, Flags: cleanFlags(o.Flags), ModSeq: o.ModSeq,
+		Version: u.Stamp, Replicas: o.Replicas, Want: o.Want}
+	if err := t.b.Set(messageKey(o.User, mb.ID, o.UID), encodeMessage(&msg), nil); err != nil {
+		return 0, err
+	}
+	t.follow(mb, o.UID, o.ModSeq)
+	if err := t.putMailbox(o.User, mb); err != nil {
+		return 0, err
+	}
+	return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, UIDValidity: o.UIDValidity, UID: o.UID})
+}
+
+// Fill implements replica.Handler: it adds the message's bytes to an update
+// of it, if this replica still holds that version.
+func (m *Manager) Fill(u *replica.Update) error {
+	user, id, ok := ParseObjectName(u.Object)
+	if !ok {
+		return fmt.Errorf("object %q: not a message", u.Object)
+	}
+	var o Object
+	if err := json.Unmarshal(u.Data, &o); err != nil {
+		return err
+	}
+	if o.Deleted {
+		return nil
+	}
+	var rec objectRecord
+	if ok, err := getJSON(m.db, objectKey(user, id), &rec); err != nil {
+		return err
+	} else if !ok || rec.Stamp != u.Stamp {
+		return fmt.Errorf("message object %s: replica here is another version", u.Object)
+	}
+	body, err := m.Body(user, id)
+	if err != nil {
+		return err
+	}
+	u.Blob = body
+	return nil
+}
+
+// Scan implements replica.Scanner: every message this node holds, with its
+// replica set.
+func (m *Manager) Scan(fn func(h replica.Held) error) error {
+	it, err := m.db.PrefixIter(nil, store.KindPrefix(store.KindMessage))
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()[2:]
+		i := bytes.IndexByte(k, 0)
+		if i < 0 {
+			continue
+		}
+		var msg Message
+		if err := decodeMessage(it.Value(), &msg); err != nil {
+			continue
+		}
+		if len(msg.Replicas) == 0 {
+			continue // stored before replication: its node is its only copy
+		}
+		user := string(k[:i])
+		if err := fn(replica.Held{Object: ObjectName(user, msg.ID), User: user, Replicas: msg.Replicas, Want: msg.Want}); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+func (m *Manager) logf(format string, args ...any) {
+	if m.Log != nil {
+		m.Log.Warn(fmt.Sprintf(format, args...))
+	}
+}

@@ -1,0 +1,195 @@
+package replica
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+)
+
+// Repair brings objects back to their number of replicas. Porcupine's update
+// log only reaches replicas that come back; a node that never returns (a
+// wiped disk comes back as a new node) would leave its objects one copy
+// short for ever. So each node scans the objects it holds, and for those
+// with fewer live replicas than wanted, the lowest-named live replica asks
+// for new ones once the missing nodes have been away for ReplaceAfter. The
+// new replica set is written by the object's ordered writer (the user's
+// mailbox writer), so it is ordered with every other change of the object.
+
+// DefaultReplaceAfter is how long a replica may be away before its objects
+// get a replica elsewhere: longer than a restart or a pause, so a node that
+// comes back quickly catches up from the logs instead of being copied anew.
+const DefaultReplaceAfter = time.Minute
+
+// repairInterval is how often a node scans what it holds.
+const repairInterval = 5 * time.Second
+
+// repairBatch bounds the objects re-homed in one round, so a node that
+// lost a peer with much mail spreads the copying over rounds.
+const repairBatch = 2000
+
+// Held is an object this node holds a replica of.
+type Held struct {
+	Object   string
+	User     string
+	Replicas []cluster.NodeID
+	Want     int
+}
+
+// Scanner is a Handler that can list what this node holds.
+type Scanner interface {
+	Scan(fn func(h Held) error) error
+}
+
+// Move gives an object a new replica set; Gone are replicas it leaves (they
+// drop their copy if they ever return).
+type Move struct {
+	Object   string           `json:"object"`
+	Replicas []cluster.NodeID `json:"replicas"`
+	Gone     []cluster.NodeID `json:"gone,omitempty"`
+}
+
+type repairState struct {
+	// Rehome asks the writer of a user's objects to move them to new
+	// replica sets. Choose picks n live nodes outside exclude for new
+	// replicas (the load balancer).
+	Rehome func(ctx context.Context, user string, moves []Move) error
+	Choose func(exclude []cluster.NodeID, n int) []cluster.NodeID
+
+	lastSeen map[cluster.NodeID]time.Time
+	started  time.Time
+	stats    RepairStats
+}
+
+// RepairStats is what the last repair scan found.
+type RepairStats struct {
+	Objects         int       `json:"objects"`
+	UnderReplicated int       `json:"under_replicated"`
+	Rehomed         int       `json:"rehomed"`
+	LastRepair      time.Time `json:"last_repair,omitzero"`
+}
+
+// SetRepair installs the writer and balancer hooks repair needs.
+func (m *Manager) SetRepair(rehome func(ctx context.Context, user string, moves []Move) error,
+	choose func(exclude []cluster.NodeID, n int) []cluster.NodeID) {
+	m.mu.Lock()
+	m.repair.Rehome, m.repair.Choose = rehome, choose
+	m.mu.Unlock()
+}
+
+// RepairStats returns the last scan's figures.
+func (m *Manager) RepairStats() RepairStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.repair.stats
+}
+
+func (m *Manager) repairLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(repairInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.RepairOnce(context.Background())
+	}
+}
+
+// RepairOnce scans the objects held here once and re-homes those whose
+// missing replicas have been away long enough.
+func (m *Manager) RepairOnce(ctx context.Context) {
+	peers := m.getPeers()
+	m.mu.Lock()
+	rehome, choose := m.repair.Rehome, m.repair.Choose
+	if m.repair.lastSeen == nil {
+		m.repair.lastSeen = map[cluster.NodeID]time.Time{}
+		m.repair.started = time.Now()
+	}
+	m.mu.Unlock()
+	if peers == nil || rehome == nil {
+		return
+	}
+	now := time.Now()
+	alive := map[cluster.NodeID]bool{}
+	for _, mi := range peers.Alive() {
+		if mi.State == "alive" {
+			alive[mi.ID] = true
+		}
+	}
+	m.mu.Lock()
+	for n := range alive {
+		m.repair.lastSeen[n] = now
+	}
+	away := func(n cluster.NodeID) time.Duration {
+		if t, ok := m.repair.lastSeen[n]; ok {
+			return now.Sub(t)
+		}
+		return now.Sub(m.repair.started)
+	}
+	m.mu.Unlock()
+
+	var st RepairStats
+	byUser := map[string][]Move{}
+	planned := 0
+	for kind, h := range m.handlers {
+		sc, ok := h.(Scanner)
+		if !ok {
+			continue
+		}
+		err := sc.Scan(func(o Held) error {
+			st.Objects++
+			var live, gone []cluster.NodeID
+			for _, n := range o.Replicas {
+				if alive[n] {
+					live = append(live, n)
+				} else {
+					gone = append(gone, n)
+				}
+			}
+			want := min(max(o.Want, 1), len(alive))
+			if len(live) >= want {
+				return nil
+			}
+			st.UnderReplicated++
+			if !slices.Contains(live, m.self) || slices.Min(live) != m.self || planned >= repairBatch {
+				return nil // another live replica repairs it
+			}
+			for _, n := range gone {
+				if away(n) < m.ReplaceAfter {
+					return nil // may still come back and catch up
+				}
+			}
+			add := choose(o.Replicas, want-len(live))
+			if len(add) == 0 {
+				return nil
+			}
+			set := append(slices.Clone(live), add...)
+			sort.Slice(set, func(i, j int) bool { return set[i] < set[j] })
+			byUser[o.User] = append(byUser[o.User], Move{Object: o.Object, Replicas: set, Gone: gone})
+			planned++
+			return nil
+		})
+		if err != nil {
+			m.log.Warn("repair scan failed", "kind", kind, "err", err)
+		}
+	}
+	for user, moves := range byUser {
+		if err := rehome(ctx, user, moves); err != nil {
+			m.log.Warn("repair: could not re-home objects", "user", user, "objects", len(moves), "err", err)
+			continue
+		}
+		st.Rehomed += len(moves)
+	}
+	if st.Rehomed > 0 || st.UnderReplicated > 0 {
+		m.log.Info("repair", "objects", st.Objects, "under_replicated", st.UnderReplicated, "rehomed", st.Rehomed)
+	}
+	st.LastRepair = now
+	m.mu.Lock()
+	m.repair.stats = st
+	m.mu.Unlock()
+}

@@ -1,0 +1,305 @@
+package replica_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/internal/store"
+)
+
+// A cluster of replication managers over real RPC, each with a real mailbox
+// manager as the handler of message objects.
+type testCluster struct {
+	t      *testing.T
+	mu     sync.Mutex
+	nodes  map[cluster.NodeID]*node
+	alive  map[cluster.NodeID]bool
+	client *rpc.Client
+}
+
+type node struct {
+	id    cluster.NodeID
+	dir   string
+	db    *store.DB
+	boxes *mailbox.Manager
+	repl  *replica.Manager
+	srv   *rpc.Server
+	addr  string
+}
+
+type peers struct{ c *testCluster }
+
+func (p peers) Alive() []cluster.MemberInfo {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	var out []cluster.MemberInfo
+	for id, ok := range p.c.alive {
+		if ok {
+			out = append(out, cluster.MemberInfo{Member: cluster.Member{ID: id}, State: "alive"})
+		}
+	}
+	return out
+}
+
+func (p peers) Call(ctx context.Context, id cluster.NodeID, method string, req, resp any) error {
+	p.c.mu.Lock()
+	n, up := p.c.nodes[id], p.c.alive[id]
+	p.c.mu.Unlock()
+	if n == nil || !up {
+		return rpc.ErrUnavailable
+	}
+	return p.c.client.Call(ctx, n.addr, method, req, resp)
+}
+
+func newCluster(t *testing.T) *testCluster {
+	c := &testCluster{t: t, nodes: map[cluster.NodeID]*node{}, alive: map[cluster.NodeID]bool{}, client: rpc.NewClient()}
+	t.Cleanup(func() {
+		for id := range c.nodes {
+			c.stop(id)
+		}
+		c.client.Close()
+	})
+	return c
+}
+
+func (c *testCluster) start(id cluster.NodeID, dir string) *node {
+	if dir == "" {
+		dir = c.t.TempDir()
+	}
+	db, err := store.Open(dir)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n := &node{id: id, dir: dir, db: db, boxes: mailbox.New(db)}
+	n.boxes.Self = id
+	if n.repl, err = replica.New(id, db, hlc.New(), slog.New(slog.DiscardHandler)); err != nil {
+		c.t.Fatal(err)
+	}
+	n.repl.Handle(mailbox.ObjectKind, n.boxes)
+	n.repl.SetPeers(peers{c})
+	n.srv = rpc.NewServer(func() rpc.Load { return rpc.Load{} })
+	n.repl.Register(n.srv)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n.addr = l.Addr().String()
+	go n.srv.Serve(l)
+	n.repl.Start()
+	c.mu.Lock()
+	c.nodes[id], c.alive[id] = n, true
+	c.mu.Unlock()
+	return n
+}
+
+// stop ends a node as a crash would: nothing is flushed beyond what its
+// writes already forced.
+func (c *testCluster) stop(id cluster.NodeID) {
+	c.mu.Lock()
+	n := c.nodes[id]
+	delete(c.nodes, id)
+	c.alive[id] = false
+	c.mu.Unlock()
+	if n == nil {
+		return
+	}
+	n.repl.Close()
+	n.srv.Stop()
+	n.db.Close()
+}
+
+func (c *testCluster) setAlive(id cluster.NodeID, up bool) {
+	c.mu.Lock()
+	c.alive[id] = up
+	c.mu.Unlock()
+}
+
+const user = "r@example.org"
+
+func message(id string, uid uint32, replicas ...cluster.NodeID) *mailbox.Object {
+	return &mailbox.Object{User: user, ID: id, Mailbox: "INBOX", UIDValidity: 1700000000, UID: uid, ModSeq: uint64(uid),
+		Size: 5, Date: time.Now().UTC(), Replicas: replicas, Want: len(replicas)}
+}
+
+func write(t *testing.T, n *node, policy replica.Policy, o *mailbox.Object, body []byte) (*replica.WriteReply, error) {
+	t.Helper()
+	u, err := o.Update(n.repl.Now(), o.Replicas, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.repl.Write(context.Background(), &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: policy})
+}
+
+func has(n *node, id string) bool {
+	b, err := n.boxes.Body(user, id)
+	return err == nil && string(b) == "body\n"
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestWriteAllReachesEveryReplica(t *testing.T) {
+	c := newCluster(t)
+	a, b, d := c.start("a", ""), c.start("b", ""), c.start("d", "")
+	rep, err := write(t, a, replica.All, message("m1", 1, "a", "b", "d"), []byte("body\n"))
+	if err != nil || len(rep.Acked) != 3 {
+		t.Fatalf("write: %+v %v", rep, err)
+	}
+	for _, n := range []*node{a, b, d} {
+		if !has(n, "m1") {
+			t.Fatalf("%s lacks the message after an ALL write", n.id)
+		}
+	}
+	waitFor(t, "the entry to complete", func() bool { s := a.repl.Stats(); return s.Pending == 0 && s.Done == 1 })
+}
+
+// A replica that is down when the message arrives gets it from the
+// coordinator's log when it is back (Porcupine §4.4), and the policy says
+// when the writer is answered.
+func TestCatchUpFromTheLog(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", ""), c.start("b", "")
+	c.setAlive("b", false)
+	if _, err := write(t, a, replica.All, message("m0", 1, "a", "b"), []byte("body\n")); !errors.Is(err, replica.ErrPolicy) {
+		t.Fatalf("ALL with a replica down: %v", err)
+	}
+	rep, err := write(t, a, replica.One, message("m1", 2, "a", "b"), []byte("body\n"))
+	if err != nil || !slices.Equal(rep.Acked, []cluster.NodeID{"a"}) {
+		t.Fatalf("ONE with a replica down: %+v %v", rep, err)
+	}
+	if s := a.repl.Stats(); s.Waiting != 2 {
+		t.Fatalf("log %+v, want 2 entries waiting for b", s)
+	}
+	// The coordinator restarts (its log is on disk), then b comes back.
+	dir := a.dir
+	c.stop("a")
+	a = c.start("a", dir)
+	c.setAlive("b", true)
+	waitFor(t, "b to catch up", func() bool { return has(b, "m0") && has(b, "m1") })
+	waitFor(t, "the log to drain", func() bool { return a.repl.Stats().Pending == 0 })
+}
+
+// When the coordinator dies after one replica got the update, that replica
+// finishes it for the others (§4.4).
+func TestRemainingReplicaTakesOver(t *testing.T) {
+	c := newCluster(t)
+	a, b, d := c.start("a", ""), c.start("b", ""), c.start("d", "")
+	c.setAlive("d", false)
+	if _, err := write(t, a, replica.Quorum, message("m1", 1, "a", "b", "d"), []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	if !has(b, "m1") || has(d, "m1") {
+		t.Fatal("setup: b should have it, d not")
+	}
+	if s := b.repl.Stats(); s.Waiting != 1 {
+		t.Fatalf("b's log %+v: b must log an update others still miss", s)
+	}
+	c.stop("a")
+	c.setAlive("d", true)
+	waitFor(t, "d to get the update from b", func() bool { return has(d, "m1") })
+}
+
+// Updates are total and ordered by stamp: an older one arriving late
+// changes nothing, a newer one replaces the replica.
+func TestNewestUpdateWins(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", ""), c.start("b", "")
+	o := message("m1", 1, "a", "b")
+	if _, err := write(t, a, replica.All, o, []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	old := a.repl.Now()
+	o.Flags = []string{`\Seen`}
+	if _, err := write(t, b, replica.All, o, nil); err != nil { // no body: both have it
+		t.Fatal(err)
+	}
+	o.Flags = []string{`\Deleted`}
+	u, _ := o.Update(old, o.Replicas, nil)
+	if _, err := a.repl.Write(context.Background(), &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: replica.All}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*node{a, b} {
+		d, _ := n.boxes.Fragment(user, 1700000000)
+		if len(d.Messages) != 1 || !d.Messages[0].HasFlag(`\Seen`) || d.Messages[0].HasFlag(`\Deleted`) {
+			t.Fatalf("%s: %+v", n.id, d.Messages)
+		}
+	}
+}
+
+// A replica that lacks the message's bytes (it was not a replica before)
+// is sent them.
+func TestNewReplicaIsSentTheBytes(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", ""), c.start("b", "")
+	o := message("m1", 1, "a")
+	if _, err := write(t, a, replica.One, o, []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	o.Replicas = []cluster.NodeID{"a", "b"}
+	if _, err := write(t, a, replica.All, o, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !has(b, "m1") {
+		t.Fatal("new replica did not get the bytes")
+	}
+}
+
+// Repair asks for new replicas of objects whose replica has been away for
+// longer than ReplaceAfter, and only then.
+func TestRepairReplacesAnAbsentReplica(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", ""), c.start("b", "")
+	c.start("d", "")
+	if _, err := write(t, a, replica.All, message("m1", 1, "a", "b"), []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var moves []replica.Move
+	a.repl.ReplaceAfter = 300 * time.Millisecond
+	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {
+		mu.Lock()
+		moves = append(moves, ms...)
+		mu.Unlock()
+		return nil
+	}, func(exclude []cluster.NodeID, n int) []cluster.NodeID {
+		if slices.Contains(exclude, "d") {
+			return nil
+		}
+		return []cluster.NodeID{"d"}
+	})
+	a.repl.RepairOnce(context.Background())
+	if st := a.repl.RepairStats(); st.Objects != 1 || st.UnderReplicated != 0 {
+		t.Fatalf("all replicas up: %+v", st)
+	}
+	c.stop("b")
+	_ = b
+	a.repl.RepairOnce(context.Background())
+	if st := a.repl.RepairStats(); st.UnderReplicated != 1 || len(moves) != 0 {
+		t.Fatalf("just gone: %+v, moves %v", st, moves)
+	}
+	time.Sleep(400 * time.Millisecond)
+	a.repl.RepairOnce(context.Background())
+	if len(moves) != 1 || !slices.Equal(moves[0].Replicas, []cluster.NodeID{"a", "d"}) || !slices.Equal(moves[0].Gone, []cluster.NodeID{"b"}) {
+		t.Fatalf("moves %+v", moves)
+	}
+}

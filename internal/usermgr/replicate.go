@@ -1,0 +1,211 @@
+package usermgr
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/userdb"
+)
+
+// The writer changes messages through the replication manager (Porcupine
+// §4.4: the retrieval agent's update is the deletion or modification of a
+// message): every flag change, expunge, copy, move and new replica set is a
+// new whole version of the message object, stamped by the writer's clock so
+// its changes to one object are ordered, and sent to one live replica that
+// coordinates it.
+
+// Replicator is the node's replication manager, as the writer uses it.
+type Replicator interface {
+	Write(ctx context.Context, req *replica.WriteRequest) (*replica.WriteReply, error)
+	Now() replica.Stamp
+	Observe(replica.Stamp)
+}
+
+// SetReplicator gives the writer the node's replication manager; profiles
+// the replication manager applies here reach the soft state.
+func (m *Manager) SetReplicator(r Replicator) {
+	m.repl = r
+	m.users.OnApply = m.profileApplied
+}
+
+// change is a new version of one message object decided by the writer.
+type change struct {
+	obj *mailbox.Object
+	// holders are the nodes known to hold the message's bytes: one of the
+	// live ones coordinates the update.
+	holders []cluster.NodeID
+	// leaving are replicas the object leaves: they get the update too, so
+	// they drop their copy when they come back.
+	leaving []cluster.NodeID
+	err     error
+}
+
+// replicate writes each change through a coordinator, grouping changes that
+// share coordinator and targets into one call, and sets each change's err.
+func (m *Manager) replicate(ctx context.Context, changes []*change) {
+	alive := map[cluster.NodeID]bool{}
+	for _, mi := range m.peers.Alive() {
+		alive[mi.ID] = true
+	}
+	type group struct {
+		coord   cluster.NodeID
+		targets []cluster.NodeID
+		members []*change
+	}
+	groups := map[string]*group{}
+	var order []string
+	for _, c := range changes {
+		if len(c.obj.Replicas) == 0 { // stored before replication
+			c.obj.Replicas = slices.Clone(c.holders)
+		}
+		targets := uniq(append(slices.Clone(c.obj.Replicas), c.leaving...))
+		coord := cluster.NodeID("")
+		for _, n := range c.holders {
+			if !alive[n] || !slices.Contains(targets, n) {
+				continue
+			}
+			if n == m.self {
+				coord = n
+				break
+			}
+			if coord == "" {
+				coord = n
+			}
+		}
+		if coord == "" {
+			c.err = fmt.Errorf("user %s message %s: no live replica (holders %v)", c.obj.User, c.obj.ID, c.holders)
+			continue
+		}
+		key := string(coord) + "|" + joinIDs(targets)
+		g := groups[key]
+		if g == nil {
+			g = &group{coord: coord, targets: targets}
+			groups[key] = g
+			order = append(order, key)
+		}
+		g.members = append(g.members, c)
+	}
+	for _, key := range order {
+		g := groups[key]
+		stamp := m.repl.Now()
+		req := &replica.WriteRequest{Policy: replica.One}
+		for _, c := range g.members {
+			u, err := c.obj.Update(stamp, g.targets, nil)
+			if err != nil {
+				c.err = err
+				continue
+			}
+			req.Updates = append(req.Updates, u)
+		}
+		var err error
+		if g.coord == m.self {
+			_, err = m.repl.Write(ctx, req)
+		} else {
+			err = m.peers.Call(ctx, g.coord, "replica.Write", req, &replica.WriteReply{})
+		}
+		for _, c := range g.members {
+			if c.err == nil && err != nil {
+				c.err = fmt.Errorf("user %s message %s: update through %s: %w", c.obj.User, c.obj.ID, g.coord, err)
+			}
+		}
+	}
+}
+
+func uniq(ns []cluster.NodeID) []cluster.NodeID {
+	out := make([]cluster.NodeID, 0, len(ns))
+	for _, n := range ns {
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func joinIDs(ns []cluster.NodeID) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = string(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// RehomeRequest asks the writer to give messages new replica sets (repair).
+type RehomeRequest struct {
+	User  string         `json:"user"`
+	Moves []replica.Move `json:"moves"`
+}
+
+// LocalRehome writes each moved message's current version with its new
+// replica set, so the new replicas get it and the ones left drop theirs
+// when they return. The writer's view is the newest version it knows, and
+// any flag change is ordered with this one by the writer's lock.
+func (m *Manager) LocalRehome(ctx context.Context, req *RehomeRequest) (*struct{}, error) {
+	want := map[string]replica.Move{}
+	for _, mv := range req.Moves {
+		if _, id, ok := mailbox.ParseObjectName(mv.Object); ok {
+			want[id] = mv
+		}
+	}
+	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
+		var changes []*change
+		var views []*ViewMsg
+		for i := range p.Mailboxes {
+			def := &p.Mailboxes[i]
+			_, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: uint64(def.UIDValidity)})
+			if err != nil {
+				return err
+			}
+			for _, vm := range b.msgs {
+				mv, ok := want[vm.ID]
+				if !ok {
+					continue
+				}
+				delete(want, vm.ID)
+				o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
+				o.Replicas = mv.Replicas
+				changes = append(changes, &change{obj: o, holders: vm.Holders, leaving: mv.Gone})
+				views = append(views, vm)
+			}
+		}
+		m.replicate(ctx, changes)
+		var firstErr error
+		for i, c := range changes {
+			if c.err != nil {
+				if firstErr == nil {
+					firstErr = c.err
+				}
+				continue
+			}
+			views[i].Replicas = c.obj.Replicas
+			views[i].Holders = uniq(append(views[i].Holders, c.obj.Replicas...))
+			for _, n := range c.obj.Replicas {
+				m.noteUser(p.Address, n)
+			}
+		}
+		return firstErr
+	})
+	return &struct{}{}, err
+}
+
+// noteUser records a node in the mail map of a user this node manages.
+func (m *Manager) noteUser(user string, n cluster.NodeID) {
+	m.mu.Lock()
+	if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
+		noteLocked(bk, user, n)
+	}
+	m.mu.Unlock()
+}
+
+// Rehome asks a user's writer to move messages to new replica sets; the
+// replication manager's repair calls it.
+func (m *Manager) Rehome(ctx context.Context, user string, moves []replica.Move) error {
+	_, err := Writer(ctx, m, user, "writer.Rehome", &RehomeRequest{User: user, Moves: moves}, m.LocalRehome)
+	return err
+}
