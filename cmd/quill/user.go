@@ -112,7 +112,8 @@ func readPassword(flag string, confirm bool) (string, error) {
 
 func init() {
 	var c adminClient
-	var password string
+	var password, policy string
+	var replicas int
 	cmd := &cobra.Command{Use: "user", Short: "Manage users on a running node"}
 	c.flags(cmd)
 
@@ -123,7 +124,8 @@ func init() {
 			if err != nil {
 				return err
 			}
-			if err := c.do("POST", "/api/users", map[string]string{"address": args[0], "password": pw}, nil); err != nil {
+			body := map[string]any{"address": args[0], "password": pw, "replicas": replicas, "write_policy": policy}
+			if err := c.do("POST", "/api/users", body, nil); err != nil {
 				return err
 			}
 			fmt.Printf("added %s\n", args[0])
@@ -131,6 +133,24 @@ func init() {
 		},
 	}
 	add.Flags().StringVar(&password, "password", "", "the password (default: read from stdin or prompt)")
+	replFlags := func(cmd *cobra.Command) {
+		cmd.Flags().IntVar(&replicas, "replicas", 0, "copies of each of the user's messages (0: the cluster's --replicas)")
+		cmd.Flags().StringVar(&policy, "write-policy", "", "replicas durable before delivery is acknowledged: one, quorum or all (empty: the cluster's --write-policy)")
+	}
+	replFlags(add)
+
+	set := &cobra.Command{
+		Use: "set ADDRESS", Short: "Change a user's replication settings (--replicas, --write-policy)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body := map[string]any{"replicas": replicas, "write_policy": policy}
+			if err := c.do("PUT", "/api/users/"+url.PathEscape(args[0])+"/replication", body, nil); err != nil {
+				return err
+			}
+			fmt.Printf("%s: replicas %s, write policy %s\n", args[0], orDefault(replicas), policyOrDefault(policy))
+			return nil
+		},
+	}
+	replFlags(set)
 
 	passwd := &cobra.Command{
 		Use: "passwd ADDRESS", Short: "Change a user's password", Args: cobra.ExactArgs(1),
@@ -163,20 +183,36 @@ func init() {
 		Use: "list", Short: "List users", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var users []struct {
-				Address string    `json:"address"`
-				Created time.Time `json:"created"`
+				Address     string    `json:"address"`
+				Created     time.Time `json:"created"`
+				Replicas    int       `json:"replicas"`
+				WritePolicy string    `json:"write_policy"`
 			}
 			if err := c.do("GET", "/api/users", nil, &users); err != nil {
 				return err
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ADDRESS\tCREATED")
+			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY")
 			for _, u := range users {
-				fmt.Fprintf(w, "%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas), policyOrDefault(u.WritePolicy))
 			}
 			return w.Flush()
 		},
 	}
-	cmd.AddCommand(add, passwd, del, list)
+	cmd.AddCommand(add, passwd, set, del, list)
 	rootCmd.AddCommand(cmd)
+}
+
+func orDefault(n int) string {
+	if n == 0 {
+		return "default"
+	}
+	return fmt.Sprint(n)
+}
+
+func policyOrDefault(p string) string {
+	if p == "" {
+		return "default"
+	}
+	return p
 }

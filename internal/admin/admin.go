@@ -110,6 +110,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/users", s.listUsers)
 	mux.HandleFunc("POST /api/users", s.addUser)
 	mux.HandleFunc("PUT /api/users/{address}/password", s.setPassword)
+	mux.HandleFunc("PUT /api/users/{address}/replication", s.setReplication)
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
 	mux.HandleFunc("GET /cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
@@ -141,6 +142,10 @@ type userJSON struct {
 	Address  string    `json:"address"`
 	Password string    `json:"password,omitempty"`
 	Created  time.Time `json:"created,omitzero"`
+	// Replicas and WritePolicy are the user's replication settings (0 and
+	// "": the cluster's defaults).
+	Replicas    int    `json:"replicas,omitempty"`
+	WritePolicy string `json:"write_policy,omitempty"`
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -183,7 +188,7 @@ func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]userJSON, len(ps))
 	for i, p := range ps {
-		out[i] = userJSON{Address: p.Address, Created: p.Created}
+		out[i] = userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas, WritePolicy: p.WritePolicy}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -194,10 +199,20 @@ func (s *Server) addUser(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
+	if _, err := replica.ParsePolicy(u.WritePolicy); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	p, err := s.Users.AddUser(r.Context(), u.Address, u.Password)
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return
+	}
+	if u.Replicas != 0 || u.WritePolicy != "" {
+		if err := s.Users.SetReplication(r.Context(), p.Address, u.Replicas, u.WritePolicy); err != nil {
+			writeError(w, statusOf(err), err)
+			return
+		}
 	}
 	s.Logger.Info("user added", "user", p.Address)
 	writeJSON(w, http.StatusCreated, userJSON{Address: p.Address, Created: p.Created})
@@ -215,6 +230,21 @@ func (s *Server) setPassword(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Logger.Info("password changed", "user", addr)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setReplication(w http.ResponseWriter, r *http.Request) {
+	var u userJSON
+	if err := readJSON(r, &u); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	addr := r.PathValue("address")
+	if err := s.Users.SetReplication(r.Context(), addr, u.Replicas, u.WritePolicy); err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("replication settings changed", "user", addr, "replicas", u.Replicas, "write_policy", u.WritePolicy)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -148,6 +148,7 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 		type group struct {
 			set    []cluster.NodeID
 			policy replica.Policy
+			want   int
 			places []mailbox.Placed
 			objs   []*mailbox.Object
 		}
@@ -167,18 +168,23 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 				policy = p.Policy
 			}
 			set := p.chooseSet(a.MailMap, a.Spread, max(want, 1), failed)
-			if len(set) == 0 {
+			if len(set) == 0 || len(set) < policy.Need(want) {
 				p.confirm(ctx, &usermgr.ConfirmRequest{Place: a.Place, Cancel: true})
-				return nil, fmt.Errorf("deliver to %s: no live node with disk space", u)
+				why := "no earlier attempt"
+				if lastErr != nil {
+					why = "last attempt: " + lastErr.Error()
+				}
+				return nil, fmt.Errorf("deliver to %s: write policy %s needs %d of %d replicas, %d live nodes with disk space to choose from (%s)",
+					u, policy, policy.Need(want), want, len(set), why)
 			}
 			a.Place.Flags = flags
 			o := &mailbox.Object{User: a.Place.User, ID: id, Mailbox: a.Place.Mailbox, UIDValidity: a.Place.UIDValidity,
 				UID: a.Place.UID, ModSeq: a.Place.ModSeq, Flags: flags, Size: int64(len(raw)), Date: date,
 				Replicas: set, Want: want}
-			key := string(policy) + "|" + fmt.Sprint(set)
+			key := fmt.Sprint(policy, want, set)
 			g := groups[key]
 			if g == nil {
-				g = &group{set: set, policy: policy}
+				g = &group{set: set, policy: policy, want: want}
 				groups[key] = g
 				order = append(order, key)
 			}
@@ -189,7 +195,7 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 		for _, key := range order {
 			g := groups[key]
 			stamp := p.Repl.Now()
-			req := &replica.WriteRequest{Policy: g.policy}
+			req := &replica.WriteRequest{Policy: g.policy, Want: g.want}
 			for _, o := range g.objs {
 				u, err := o.Update(stamp, g.set, raw)
 				if err != nil {
@@ -204,7 +210,6 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 			rep, err := p.write(ctx, coord, req)
 			if err != nil {
 				lastErr = err
-				failed[coord] = true
 				for _, n := range g.set {
 					if rep == nil || !slices.Contains(rep.Acked, n) {
 						failed[n] = true

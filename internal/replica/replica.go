@@ -326,6 +326,9 @@ var ErrPolicy = errors.New("write policy not met")
 type WriteRequest struct {
 	Updates []*Update `json:"updates"`
 	Policy  Policy    `json:"policy"`
+	// Want is the number of replicas the policy counts from (the user's
+	// R), when more than the targets; 0 counts the targets.
+	Want int `json:"want,omitempty"`
 }
 
 // WriteReply says which targets hold the updates durably.
@@ -417,7 +420,7 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 	m.mu.Unlock()
 
 	push := ups
-	need := req.Policy.Need(len(targets))
+	need := req.Policy.Need(max(len(targets), req.Want))
 	if len(remaining) == 0 {
 		if len(acked) < need {
 			return &WriteReply{Acked: acked}, fmt.Errorf("update of %s: %d of %d targets: %w", ups[0].Object, len(acked), need, ErrPolicy)

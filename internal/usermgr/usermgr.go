@@ -799,6 +799,26 @@ func (m *Manager) SetPassword(ctx context.Context, addr, password string) error 
 	return err
 }
 
+// maxReplicas bounds a user's replica count: more copies than this cost
+// disk and delivery time for no availability a cluster of this kind needs.
+const maxReplicas = 5
+
+// SetReplication sets how many copies of a user's messages the cluster
+// keeps and how many must be durable before delivery is acknowledged; 0 and
+// "" go back to the cluster's defaults. New mail follows the new settings.
+func (m *Manager) SetReplication(ctx context.Context, addr string, replicas int, policy string) error {
+	addr = userdb.Normalize(addr)
+	if replicas < 0 || replicas > maxReplicas {
+		return fmt.Errorf("user %s: replicas %d: want 0 (cluster default) to %d", addr, replicas, maxReplicas)
+	}
+	pol, err := replica.ParsePolicy(policy)
+	if err != nil {
+		return fmt.Errorf("user %s: %w", addr, err)
+	}
+	_, err = Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "replication", Address: addr, Replicas: replicas, Policy: string(pol)}, m.LocalApply)
+	return err
+}
+
 // DeleteUser replaces a user's profile by a tombstone and removes the
 // user's fragments from every node in the mail map.
 func (m *Manager) DeleteUser(ctx context.Context, addr string) error {

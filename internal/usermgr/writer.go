@@ -341,9 +341,13 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 
 // ApplyRequest changes a user's profile.
 type ApplyRequest struct {
-	Op      string `json:"op"` // add, passwd, delete
+	Op      string `json:"op"` // add, passwd, replication, delete
 	Address string `json:"address"`
 	Hash    string `json:"hash,omitempty"`
+	// Replicas and Policy are the user's replication settings (op
+	// replication; 0 and "" restore the cluster defaults).
+	Replicas int    `json:"replicas,omitempty"`
+	Policy   string `json:"policy,omitempty"`
 }
 
 // LocalApply runs a profile change at the user's manager.
@@ -379,6 +383,12 @@ func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Pr
 			return nil, err
 		}
 		p.PasswordHash = req.Hash
+		return p, m.saveProfile(ctx, p, ProfileReplicas)
+	case "replication":
+		if err != nil {
+			return nil, err
+		}
+		p.Replicas, p.WritePolicy = req.Replicas, req.Policy
 		return p, m.saveProfile(ctx, p, ProfileReplicas)
 	case "delete":
 		if err != nil {
