@@ -38,12 +38,16 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzSession -fuzztime=$(FUZZTIME) ./internal/pop3/
 	for f in FuzzCommands FuzzMessage FuzzAddressList FuzzMatchMailbox FuzzResolveSets; do \
 		$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./internal/imap/ || exit 1; done
+	$(GO) test -run='^$$' -fuzz=FuzzPush -fuzztime=$(FUZZTIME) ./internal/replica/
+	$(GO) test -run='^$$' -fuzz=FuzzMessageRecord -fuzztime=$(FUZZTIME) ./internal/mailbox/
 
-# The long fault run: SIGKILL and SIGSTOP of random nodes under a delivery
-# stream, then a check that no acknowledged message is missing.
+# The long fault runs under a delivery stream: SIGKILL and SIGSTOP of random
+# nodes on loopback; then (as root, else skipped) kill -9, SIGSTOP, network
+# partitions, full disks and wiped nodes of nodes in network namespaces. Each
+# ends with a check that no acknowledged message is missing.
 FAULTS ?= 40
 faults:
-	QUILL_FAULTS=$(FAULTS) $(GO) test -count=1 -timeout 60m -run TestFaultsLoseNoAcknowledgedMail -v ./tests/cluster/
+	QUILL_FAULTS=$(FAULTS) $(GO) test -count=1 -timeout 60m -run 'TestFaults(LoseNoAcknowledgedMail|Netns)$$' -v ./tests/cluster/
 
 clean:
 	rm -rf bin

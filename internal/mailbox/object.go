@@ -125,10 +125,10 @@ func (m *Manager) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs [
 	outs := make([]replica.Outcome, len(ups))
 	for i, o := range objs {
 		out, err := t.applyObject(o, ups[i])
-		if errors.Is(err, ErrUIDTaken) {
+		if errors.Is(err, ErrUIDTaken) || errors.Is(err, errBadObject) || errors.Is(err, ErrBadName) {
 			// Two messages under one UID (a partition let two writers
 			// hand it out): refused here; the writer renumbers one of
-			// them when it loads the mailbox.
+			// them when it loads the mailbox. Or bad input: refused.
 			m.logf("message object %s not applied: %v", ups[i].Object, err)
 			out, err = replica.Failed, nil
 		}
@@ -150,7 +150,29 @@ func (m *Manager) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs [
 	return outs, nil
 }
 
+// errBadObject marks an update whose content cannot be a message (bad
+// input from the network: refused, nothing written).
+var errBadObject = errors.New("not a valid message object")
+
+func validObject(o *Object, u *replica.Update) error {
+	user, id, ok := ParseObjectName(u.Object)
+	switch {
+	case !ok || user != o.User || id != o.ID:
+		return fmt.Errorf("object %q holds message %s of %s: %w", u.Object, o.ID, o.User, errBadObject)
+	case strings.ContainsRune(o.User, 0) || strings.ContainsAny(o.ID, "\x00/"):
+		return fmt.Errorf("object %q: %w: NUL or slash in a name", u.Object, errBadObject)
+	case o.Deleted:
+		return nil
+	case o.UID == 0 || o.UIDValidity == 0:
+		return fmt.Errorf("object %q: %w: UID %d, UIDVALIDITY %d", u.Object, errBadObject, o.UID, o.UIDValidity)
+	}
+	return ValidateName(o.Mailbox)
+}
+
 func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) {
+	if err := validObject(o, u); err != nil {
+		return 0, err
+	}
 	rec, err := t.objectRecord(o.User, o.ID)
 	if err != nil {
 		return 0, err

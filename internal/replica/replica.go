@@ -583,6 +583,10 @@ func (m *Manager) Push(ctx context.Context, req *PushRequest) (*PushReply, error
 	out := &PushReply{Outcomes: make([]Outcome, len(req.Entries))}
 	byKind := map[string][]int{}
 	for i, e := range req.Entries {
+		if e == nil {
+			out.Outcomes[i] = Failed
+			continue
+		}
 		m.Observe(e.Stamp)
 		byKind[e.Kind()] = append(byKind[e.Kind()], i)
 	}

@@ -2,6 +2,7 @@ package replica_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/userdb"
 )
 
 // A cluster of replication managers over real RPC, each with a real mailbox
@@ -302,4 +304,40 @@ func TestRepairReplacesAnAbsentReplica(t *testing.T) {
 	if len(moves) != 1 || !slices.Equal(moves[0].Replicas, []cluster.NodeID{"a", "d"}) || !slices.Equal(moves[0].Gone, []cluster.NodeID{"b"}) {
 		t.Fatalf("moves %+v", moves)
 	}
+}
+
+// Pushes are input from the network: whatever they hold, a node answers
+// with outcomes or an error and never crashes, and never stores a message
+// under a name that is not its own.
+func FuzzPush(f *testing.F) {
+	o := message("m1", 1, "a")
+	good, _ := o.Update(replica.Stamp{Clock: 1 << 20, Node: "b"}, o.Replicas, []byte("body\n"))
+	seed, _ := json.Marshal(&replica.PushRequest{Entries: []*replica.Entry{{Update: *good}}})
+	f.Add(seed)
+	f.Add([]byte(`{"entries":[{"object":"m/x/","data":"bnVsbA=="}]}`))
+	f.Add([]byte(`{"entries":[{"object":"p/a@b","data":"e30="},{"object":"zz/1"}]}`))
+	f.Add([]byte(`{"entries":[null]}`))
+	db, err := store.Open(f.TempDir())
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer db.Close()
+	boxes := mailbox.New(db)
+	boxes.Self = "a"
+	m, err := replica.New("a", db, hlc.New(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		f.Fatal(err)
+	}
+	m.Handle(mailbox.ObjectKind, boxes)
+	m.Handle(userdb.ProfileKind, userdb.New(db))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req replica.PushRequest
+		if json.Unmarshal(b, &req) != nil {
+			return
+		}
+		rep, err := m.Push(context.Background(), &req)
+		if err == nil && len(rep.Outcomes) != len(req.Entries) {
+			t.Fatalf("%d outcomes for %d entries", len(rep.Outcomes), len(req.Entries))
+		}
+	})
 }

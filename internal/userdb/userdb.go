@@ -185,6 +185,10 @@ func (d *DB) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs []repl
 		if err := json.Unmarshal(u.Data, &p); err != nil {
 			return nil, fmt.Errorf("profile object %s: %w", u.Object, err)
 		}
+		if u.Object != ObjectName(p.Address) || ValidateAddress(p.Address) != nil || p.Version == 0 {
+			outs[i] = replica.Failed // bad input from the network: refused
+			continue
+		}
 		var cur Profile
 		v, closer, err := b.Get(key(p.Address))
 		if err == nil {
