@@ -32,6 +32,10 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #d
 {{range .Members}}<tr><td><span class="sw" style="background:{{color .ID}}"></span>{{.ID}}</td><td>{{.State}}</td><td>{{.Buckets}}</td>
 <td><span class="bar" style="width:{{.Load}}px"></span> {{.Load}}</td><td>{{range $k, $v := .Addrs}}{{$k}} {{$v}} {{end}}</td></tr>{{end}}
 </table>
+{{with .Replication}}<h2>Replication on this node</h2>
+<p>{{.Replicas}} copies per message by default, write policy {{.WritePolicy}} ·
+holds {{.Objects}} message(s){{if .UnderReplicated}}, <b>{{.UnderReplicated}} with fewer live copies than wanted</b>{{else}}, all with their copies{{end}} ·
+update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done}} done and retiring</p>{{end}}
 <h2>User map (256 buckets)</h2>
 <div class="grid">{{range .Buckets}}<div class="b" title="bucket {{.Bucket}}: {{.Node}} (epoch {{.Epoch}})" style="background:{{color .Node}}">{{.Bucket}}</div>{{end}}</div>
 <p><a href="/cluster">JSON</a> · <a href="/metrics">metrics</a></p>
