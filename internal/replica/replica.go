@@ -413,11 +413,7 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 		}
 		b.Close()
 	}
-	m.mu.Lock()
-	for _, e := range logged {
-		m.entries[e.Object] = e
-	}
-	m.mu.Unlock()
+	m.install(logged)
 
 	push := ups
 	need := req.Policy.Need(max(len(targets), req.Want))
@@ -457,6 +453,22 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 		return &WriteReply{Acked: acked}, fmt.Errorf("update of %s: %d of %d targets: %w: %w", ups[0].Object, len(acked), need, ErrPolicy, errors.Join(errs...))
 	}
 	return &WriteReply{Acked: acked}, nil
+}
+
+// install makes committed log entries current, unless a newer entry of the
+// same object got there first; an entry with no stamp removes the object's.
+func (m *Manager) install(entries []*Entry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range entries {
+		cur := m.entries[e.Object]
+		switch {
+		case e.Stamp.IsZero():
+			delete(m.entries, e.Object)
+		case cur == nil || cur.Stamp.Less(e.Stamp):
+			m.entries[e.Object] = e
+		}
+	}
 }
 
 func setEntry(b *pebble.Batch, e *Entry) error {
@@ -644,15 +656,7 @@ func (m *Manager) Push(ctx context.Context, req *PushRequest) (*PushReply, error
 		for j, i := range idx {
 			out.Outcomes[i] = outs[j]
 		}
-		m.mu.Lock()
-		for _, e := range logged {
-			if e.Stamp.IsZero() {
-				delete(m.entries, e.Object)
-			} else {
-				m.entries[e.Object] = e
-			}
-		}
-		m.mu.Unlock()
+		m.install(logged)
 	}
 	return out, nil
 }
