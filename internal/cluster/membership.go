@@ -91,6 +91,8 @@ type Membership struct {
 	meta    NodeMeta
 	live    string              // signature of the live (node, boot) set
 	domains map[NodeID][]string // domains gossiped by each node
+	// changedAt is when the live set last changed.
+	changedAt time.Time
 }
 
 // StartMembership starts gossip (when cfg.Bind is set) and computes the
@@ -167,6 +169,13 @@ func (m *Membership) Members() []MemberInfo {
 	m.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// ChangedAt returns when the set of live members last changed.
+func (m *Membership) ChangedAt() time.Time {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.changedAt
 }
 
 // Alive returns the members currently taking part in the user map.
@@ -316,6 +325,7 @@ func (m *Membership) recompute() {
 	}
 	m.live = sig
 	m.userMap = next
+	m.changedAt = time.Now()
 	m.mu.Unlock()
 	if m.cfg.Logger != nil {
 		m.cfg.Logger.Info("user map changed", "epoch", next.Epoch, "members", len(live), "changed_buckets", len(next.ChangedSince(&old)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/quillmail/quill/internal/rpc"
 )
@@ -33,6 +34,29 @@ func (p *Peers) Alive() []MemberInfo {
 		return m.Alive()
 	}
 	return nil
+}
+
+// degradedWindow is how long after a membership change that left a known
+// node out answers that depend on every node (such as "no such user") stay
+// provisional: long enough for a crashed node to be restarted, short enough
+// that a node removed for good soon stops turning bounces into retries.
+const degradedWindow = 10 * time.Minute
+
+// Degraded reports whether a member this node knew is not alive now (dead,
+// or cut off by a partition) and the live set changed within
+// degradedWindow.
+func (p *Peers) Degraded() bool {
+	if m := p.members.Load(); m != nil {
+		if time.Since(m.ChangedAt()) > degradedWindow {
+			return false
+		}
+		for _, mi := range m.Members() {
+			if mi.State != "alive" && mi.State != "suspect" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Domains returns the mail domains of the cluster's users.

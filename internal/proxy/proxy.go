@@ -31,6 +31,8 @@ var (
 	// ErrForeignDomain: we do not serve the recipient's domain (and do not
 	// relay for unauthenticated senders).
 	ErrForeignDomain = errors.New("domain not served here")
+	// errTryLater is a temporary failure (SMTP 4xx).
+	errTryLater = errors.New("try again later")
 )
 
 // storeAttempts bounds how many nodes a delivery tries before giving up
@@ -41,6 +43,7 @@ const storeAttempts = 3
 // Peers is what the proxy needs of the cluster.
 type Peers interface {
 	Alive() []cluster.MemberInfo
+	Degraded() bool
 	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
 }
 
@@ -92,6 +95,11 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	}
 	if !errors.Is(err, usermgr.ErrUnknownUser) {
 		return err
+	}
+	if p.Peers.Degraded() {
+		// The user's profile may be on a node that is down or cut off: a
+		// bounce would be final, so ask the sender to try later.
+		return fmt.Errorf("recipient %s: not found while some nodes are unreachable: %w", addr, errTryLater)
 	}
 	if !p.Users.ServesDomain(userdb.Domain(addr)) {
 		return fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)

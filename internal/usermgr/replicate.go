@@ -156,22 +156,38 @@ func (m *Manager) LocalRehome(ctx context.Context, req *RehomeRequest) (*struct{
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		var changes []*change
 		var views []*ViewMsg
-		for i := range p.Mailboxes {
-			def := &p.Mailboxes[i]
-			_, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: uint64(def.UIDValidity)})
-			if err != nil {
-				return err
-			}
-			for _, vm := range b.msgs {
-				mv, ok := want[vm.ID]
-				if !ok {
-					continue
+		find := func() error {
+			for i := range p.Mailboxes {
+				def := &p.Mailboxes[i]
+				_, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: uint64(def.UIDValidity)})
+				if err != nil {
+					return err
 				}
-				delete(want, vm.ID)
-				o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
-				o.Replicas = mv.Replicas
-				changes = append(changes, &change{obj: o, holders: vm.Holders, leaving: mv.Gone})
-				views = append(views, vm)
+				for _, vm := range b.msgs {
+					mv, ok := want[vm.ID]
+					if !ok {
+						continue
+					}
+					delete(want, vm.ID)
+					o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
+					o.Replicas = mv.Replicas
+					changes = append(changes, &change{obj: o, holders: vm.Holders, leaving: mv.Gone})
+					views = append(views, vm)
+				}
+			}
+			return nil
+		}
+		if err := find(); err != nil {
+			return err
+		}
+		if len(want) > 0 {
+			// Messages the repairing node holds that the views lack (a
+			// confirmation that never arrived): load the views again.
+			for _, b := range w.boxes {
+				b.loaded = false
+			}
+			if err := find(); err != nil {
+				return err
 			}
 		}
 		m.replicate(ctx, changes)

@@ -114,6 +114,10 @@ type bucket struct {
 	mailMap  map[string]map[cluster.NodeID]bool
 	ready    chan struct{}
 	isReady  bool
+	// complete says every live node's scan is in (ready may come earlier,
+	// after the readiness cap): until then a user not found may be one
+	// whose profile replicas have not answered yet.
+	complete bool
 	writers  map[string]*userWriter // the mailbox writers of this bucket's users
 	viewGen  uint64                 // bumped when views must be loaded again
 }
@@ -237,6 +241,7 @@ func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
 		bk.isReady = true
 		close(bk.ready)
 	}
+	bk.complete = true
 	// Every live node's scan is in: profiles with fewer than
 	// ProfileReplicas live copies get copied again (a node that died, or
 	// came back with an empty disk, took a copy with it).
@@ -472,6 +477,10 @@ func (m *Manager) LocalLookup(ctx context.Context, req *LookupRequest) (*LookupR
 	if p, ok := bk.profiles[user]; ok && !p.Deleted {
 		cp := *p
 		out.Profile = &cp
+	} else if !ok && !bk.complete {
+		// Not "no such user" (a 550 bounce) while a node that may hold
+		// the profile has not been heard: a temporary failure instead.
+		return nil, fmt.Errorf("user %s: bucket %d soft state incomplete: %w", user, cluster.Bucket(user), rpc.ErrUnavailable)
 	}
 	for n := range bk.mailMap[user] {
 		out.MailMap = append(out.MailMap, n)

@@ -329,6 +329,13 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 		}
 		if b.loaded && !req.Cancel {
 			msg := req.Message
+			if old := b.msgs[msg.UID]; old != nil && old.ID != msg.ID {
+				// Another writer handed out the same UID (two managers
+				// for a moment, after a pause or a partition): load the
+				// view again, which gives both messages new UIDs, rather
+				// than hide one of them.
+				b.reloadSoon()
+			}
 			b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: uniq(req.Nodes)}
 		}
 	}
@@ -490,7 +497,10 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 	b.msgs, b.loaded, b.gen, b.partial, b.loadedAt = msgs, true, gen, partial, time.Now()
 	for _, vm := range clash {
 		if err := m.relocate(ctx, user, p, def, b, vm); err != nil {
+			// Hidden for now, not for good: the view loads again soon
+			// and tries once more.
 			m.log.Warn("could not renumber a clashing message", "user", user, "mailbox", def.Name, "uid", vm.UID, "err", err)
+			b.reloadSoon()
 		}
 	}
 	return nil
@@ -525,6 +535,10 @@ func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, 
 	b.markUsed(nv.UID, nv.ModSeq)
 	return nil
 }
+
+// reloadSoon makes the view load again from the fragments at its next use
+// after partialRetry.
+func (b *boxView) reloadSoon() { b.partial, b.loadedAt = true, time.Now() }
 
 // markUsed records a UID and a MODSEQ as stored (for UIDNEXT and
 // HIGHESTMODSEQ as clients see them).
