@@ -5,6 +5,7 @@ package cluster_test
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -66,16 +67,30 @@ func freeAddr(t *testing.T) string {
 
 // Node is one quill process.
 type Node struct {
-	t       *testing.T
-	Data    string
-	Gossip  string
-	HTTP    string
-	Addrs   map[string]string
-	ID      string
-	join    []string
-	cmd     *exec.Cmd
-	stderr  *os.File
+	t      *testing.T
+	Data   string
+	Gossip string
+	HTTP   string
+	Addrs  map[string]string
+	ID     string
+	join   []string
+	cmd    *exec.Cmd
+	stderr *os.File
+	// exited is closed when the process has been waited for.
+	exited  chan struct{}
 	stopped bool
+
+	// Set for a node in a network namespace (netns_test.go): the process
+	// runs under `ip netns exec ns`, listens on ip, and the admin API (not
+	// on loopback) needs token, which is written to the data directory
+	// before every start.
+	ns, ip, token string
+	// extra arguments of quill serve.
+	extra []string
+	// logs is where stderr logs go (outside the data directory, which a
+	// wipe empties).
+	logs     string
+	logsKept bool
 }
 
 // StartNode starts a node that gossips on a fresh free port and joins seeds.
@@ -86,15 +101,49 @@ func StartNode(t *testing.T, join ...string) *Node {
 	return n
 }
 
+// Ports of the protocol listeners of a node in its own network namespace:
+// each namespace has an address of its own, so fixed ports cannot collide.
+const (
+	nsSMTPPort   = "2525"
+	nsPOP3Port   = "1110"
+	nsIMAPPort   = "1143"
+	nsHTTPPort   = "8025"
+	nsGossipPort = "7946"
+)
+
 func (n *Node) start() {
 	t := n.t
-	args := []string{"serve", "--data", n.Data, "--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
-		"--imap", "127.0.0.1:0", "--http", n.HTTP, "--cluster", n.Gossip}
+	smtp, pop3, imap := "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if n.ip != "" {
+		smtp, pop3, imap = net.JoinHostPort(n.ip, nsSMTPPort), net.JoinHostPort(n.ip, nsPOP3Port), net.JoinHostPort(n.ip, nsIMAPPort)
+	}
+	args := []string{"serve", "--data", n.Data, "--smtp", smtp, "--pop3", pop3,
+		"--imap", imap, "--http", n.HTTP, "--cluster", n.Gossip}
 	if len(n.join) > 0 {
 		args = append(args, "--join", strings.Join(n.join, ","))
 	}
+	args = append(args, n.extra...)
 	cmd := exec.Command(quillBin, args...)
-	errf, err := os.CreateTemp(n.Data, "stderr-*.log")
+	if n.ns != "" {
+		// ip netns exec execs the command: the process is quill itself,
+		// so signals reach it directly.
+		cmd = exec.Command("ip", append([]string{"netns", "exec", n.ns, quillBin}, args...)...)
+	}
+	if err := os.MkdirAll(n.Data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if n.token != "" {
+		// quill reads an existing token file and makes one only if
+		// missing (also after a wipe).
+		if err := os.WriteFile(filepath.Join(n.Data, admin.TokenFile), []byte(n.token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs := n.logs
+	if logs == "" {
+		logs = n.Data
+	}
+	errf, err := os.CreateTemp(logs, "stderr-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,18 +155,23 @@ func (n *Node) start() {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	n.cmd, n.stderr, n.stopped = cmd, errf, false
-	n.Addrs = map[string]string{}
+	exited := make(chan struct{})
+	n.cmd, n.stderr, n.stopped, n.exited = cmd, errf, false, exited
+	// The listener map is filled before it is published: clients of the
+	// previous incarnation may still be reading the old one.
+	addrs := map[string]string{}
 	ready := make(chan error, 1)
 	go func() {
+		defer func() { cmd.Wait(); close(exited) }()
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			line := sc.Text()
 			if f := strings.Fields(line); len(f) == 5 && f[2] == "listening" {
-				n.Addrs[strings.ToLower(f[1])] = f[4]
+				addrs[strings.ToLower(f[1])] = f[4]
 			}
 			if strings.Contains(line, " ready, data in ") {
 				n.ID = strings.Fields(line)[2]
+				n.Addrs = addrs
 				ready <- nil
 				io.Copy(io.Discard, out)
 				return
@@ -128,10 +182,25 @@ func (n *Node) start() {
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("%v; stderr:\n%s", err, n.Stderr())
+			<-exited
+			n.stopped = true
+			t.Fatalf("%v (%v); stderr:\n%s", err, cmd.ProcessState, n.Stderr())
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatalf("quill not ready after 20s; stderr:\n%s", n.Stderr())
+	}
+}
+
+// Exited reports whether the process ended without the test stopping it.
+func (n *Node) Exited() bool {
+	if n.stopped || n.exited == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -147,29 +216,61 @@ func (n *Node) Kill9() {
 		return
 	}
 	n.cmd.Process.Kill()
-	n.cmd.Wait()
+	<-n.exited
 	n.stopped = true
 }
 
-// Stop ends the process with SIGTERM (SIGKILL if it hangs).
+// Stop ends the process with SIGTERM (SIGKILL if it hangs). It runs at
+// cleanup; when the test failed and QUILL_TEST_LOGS names a directory, the
+// node's logs are copied there.
 func (n *Node) Stop() {
 	if n.stopped {
+		n.keepLogs()
 		return
 	}
+	defer n.keepLogs()
 	n.cmd.Process.Signal(syscall.SIGCONT)
 	n.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { n.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-n.exited:
 	case <-time.After(15 * time.Second):
 		n.cmd.Process.Kill()
-		<-done
+		<-n.exited
 	}
 	n.stopped = true
 	if n.t.Failed() {
 		n.t.Logf("node %s stderr:\n%s", n.ID, tail(n.Stderr(), 40))
 	}
+}
+
+// keepLogs copies the stderr logs of every start of the node to
+// QUILL_TEST_LOGS/TEST-NAME if that is set and the test failed.
+func (n *Node) keepLogs() {
+	root := os.Getenv("QUILL_TEST_LOGS")
+	if root == "" || !n.t.Failed() || n.logsKept {
+		return
+	}
+	n.logsKept = true
+	dir := filepath.Join(root, strings.ReplaceAll(n.t.Name(), "/", "_"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		n.t.Logf("keep logs: %v", err)
+		return
+	}
+	src := n.logs
+	if src == "" {
+		src = n.Data
+	}
+	logs, _ := filepath.Glob(filepath.Join(src, "stderr-*.log"))
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, n.ID+"-"+filepath.Base(l)), b, 0o644)
+		}
+		if err != nil {
+			n.t.Logf("keep logs: %v", err)
+		}
+	}
+	n.t.Logf("logs of node %s kept in %s", n.ID, dir)
 }
 
 // Restart starts the node again on the same data directory and addresses.
@@ -179,16 +280,54 @@ func (n *Node) Restart() { n.start() }
 func (n *Node) Pause()  { n.cmd.Process.Signal(syscall.SIGSTOP) }
 func (n *Node) Resume() { n.cmd.Process.Signal(syscall.SIGCONT) }
 
+// api calls the node's admin API (with its token, if any): body, if not
+// nil, is sent as JSON, and a 2xx answer is decoded into v, if not nil.
+func (n *Node) api(method, path string, body, v any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://"+n.HTTP+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if n.token != "" {
+		req.Header.Set("Authorization", "Bearer "+n.token)
+	}
+	c := http.Client{Timeout: 2 * time.Second}
+	if method != http.MethodGet {
+		c.Timeout = 30 * time.Second
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s %s on %s: %s: %s", method, path, n.ID, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if v == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// get reads GET path of the node's admin API as JSON into v.
+func (n *Node) get(path string, v any) error { return n.api(http.MethodGet, path, nil, v) }
+
 // Status reads GET /cluster from the node.
 func (n *Node) Status() (admin.ClusterStatus, error) {
 	var st admin.ClusterStatus
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + n.HTTP + "/cluster")
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	return st, json.NewDecoder(resp.Body).Decode(&st)
+	err := n.get("/cluster", &st)
+	return st, err
 }
 
 // bucketOwners returns, as the node sees it, how many buckets each node
