@@ -326,6 +326,12 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 		delete(b.inflight, req.Place.UID)
 		if !req.Cancel {
 			b.markUsed(req.Place.UID, req.Place.ModSeq)
+		} else if b.loaded {
+			// A store whose answer was lost (a coordinator cut off after
+			// it applied) may have stored the message all the same:
+			// load the view again so it is not hidden until the next
+			// membership change.
+			b.reloadSoon()
 		}
 		if b.loaded && !req.Cancel {
 			msg := req.Message
