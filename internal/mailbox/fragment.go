@@ -31,9 +31,6 @@ type Placed struct {
 	UID         uint32   `json:"uid"`
 	ModSeq      uint64   `json:"modseq"`
 	Flags       []string `json:"flags,omitempty"`
-	// ID, when set, is the id a copy gets (chosen by the writer, so its
-	// view and the fragment agree).
-	ID string `json:"id,omitempty"`
 }
 
 // fragmentByValidity returns the local record of the mailbox with the given

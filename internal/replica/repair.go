@@ -87,17 +87,7 @@ func (m *Manager) RepairStats() RepairStats {
 }
 
 func (m *Manager) repairLoop() {
-	defer m.wg.Done()
-	t := time.NewTicker(repairInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.stop:
-			return
-		case <-t.C:
-		}
-		m.RepairOnce(context.Background())
-	}
+	m.every(repairInterval, nil, func() { m.RepairOnce(context.Background()) })
 }
 
 // RepairOnce scans the objects held here once and re-homes those whose
@@ -115,12 +105,7 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 		return
 	}
 	now := time.Now()
-	alive := map[cluster.NodeID]bool{}
-	for _, mi := range peers.Alive() {
-		if mi.State == "alive" {
-			alive[mi.ID] = true
-		}
-	}
+	alive := m.alive()
 	m.mu.Lock()
 	for n := range alive {
 		m.repair.lastSeen[n] = now

@@ -120,9 +120,6 @@ type Entry struct {
 	Remaining []cluster.NodeID `json:"remaining"`
 	Logged    time.Time        `json:"logged"`
 	Done      time.Time        `json:"done,omitzero"`
-	// Whole says the entry keeps the entire content, Blob included (the
-	// logging node keeps no replica to fill it from).
-	Whole bool `json:"whole,omitempty"`
 }
 
 // Outcome is what a replica did with an update.
@@ -397,10 +394,11 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 		acked = append(acked, m.self)
 	} else if len(remaining) > 0 {
 		// Not a replica itself (a profile's manager that is not among its
-		// replicas): the log keeps the whole content, forced to disk.
+		// replicas): the log keeps the whole content, blob included, forced
+		// to disk, as there is no local replica to fill it from.
 		b := m.db.NewBatch()
 		for _, u := range ups {
-			e := &Entry{Update: *u, Remaining: remaining, Logged: now, Whole: true}
+			e := &Entry{Update: *u, Remaining: remaining, Logged: now}
 			if err := m.replaceEntry(b, e); err != nil {
 				b.Close()
 				return nil, err
@@ -699,32 +697,44 @@ func (m *Manager) Register(s *rpc.Server) {
 // pushLoop works through the log: updates whose first push failed go out
 // when their node is back (catch-up, §4.4), completed entries retire, and
 // entries older than MaxAge are dropped.
-func (m *Manager) pushLoop() {
+func (m *Manager) pushLoop() { m.every(pushInterval, m.kick, m.workLog) }
+
+// every runs work each interval, and at once when kick fires (nil: never),
+// until Close.
+func (m *Manager) every(interval time.Duration, kick <-chan struct{}, work func()) {
 	defer m.wg.Done()
-	t := time.NewTicker(pushInterval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-m.stop:
 			return
 		case <-t.C:
-		case <-m.kick:
+		case <-kick:
 		}
-		m.workLog()
+		work()
 	}
 }
 
-func (m *Manager) workLog() {
-	peers := m.getPeers()
-	if peers == nil {
-		return
-	}
-	alive := map[cluster.NodeID]bool{}
-	for _, mi := range peers.Alive() {
-		if mi.State == "alive" {
-			alive[mi.ID] = true
+// alive returns the members in state alive: the ones pushes go to and
+// replicas count on.
+func (m *Manager) alive() map[cluster.NodeID]bool {
+	out := map[cluster.NodeID]bool{}
+	if p := m.getPeers(); p != nil {
+		for _, mi := range p.Alive() {
+			if mi.State == "alive" {
+				out[mi.ID] = true
+			}
 		}
 	}
+	return out
+}
+
+func (m *Manager) workLog() {
+	if m.getPeers() == nil {
+		return
+	}
+	alive := m.alive()
 	now := time.Now()
 	byNode := map[cluster.NodeID][]*Update{}
 	var retire []*Entry
@@ -845,12 +855,7 @@ type LogStats struct {
 
 // Stats returns the log's counts.
 func (m *Manager) Stats() LogStats {
-	alive := map[cluster.NodeID]bool{}
-	if p := m.getPeers(); p != nil {
-		for _, mi := range p.Alive() {
-			alive[mi.ID] = true
-		}
-	}
+	alive := m.alive()
 	var s LogStats
 	m.mu.Lock()
 	defer m.mu.Unlock()
