@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -218,21 +219,28 @@ func (c *netCluster) Fill(n *Node) error {
 	if !ok {
 		return fmt.Errorf("node %s has no tmpfs of its own", n.ID)
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(mnt, &st); err != nil {
-		return err
-	}
-	free := int64(st.Bavail) * st.Bsize
-	size := free - nsFillLeaves
-	if size <= 0 {
-		return nil
-	}
 	f, err := os.OpenFile(filepath.Join(mnt, "filler"), os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return syscall.Fallocate(int(f.Fd()), 0, 0, size)
+	// The node keeps writing between the free-space reading and the
+	// allocation, so an allocation can find less room than was read
+	// (ENOSPC, nothing allocated): read again and leave a little more.
+	var st syscall.Statfs_t
+	for slack := int64(0); ; slack += 16 << 20 {
+		if err := syscall.Statfs(mnt, &st); err != nil {
+			return err
+		}
+		size := int64(st.Bavail)*st.Bsize - nsFillLeaves - slack
+		if size <= 0 {
+			return nil
+		}
+		err := syscall.Fallocate(int(f.Fd()), 0, 0, size)
+		if err == nil || !errors.Is(err, syscall.ENOSPC) || slack >= 64<<20 {
+			return err
+		}
+	}
 }
 
 // Unfill removes the filler of Fill.
