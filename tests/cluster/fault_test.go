@@ -77,7 +77,7 @@ func TestFaultsLoseNoAcknowledgedMail(t *testing.T) {
 
 	s.summary(t)
 	if s.total() == 0 {
-		t.Fatal("no delivery was acknowledged")
+		fatalf(t, "no delivery was acknowledged")
 	}
 	r := s.check(t, nodes, "checker")
 	t.Logf("checker: acknowledged-but-lost %d, missing through some nodes %d, duplicates %d (read through each of %d nodes)", r.lost, r.partial, r.dups, len(nodes))
@@ -171,7 +171,7 @@ func wipeSafe(nodes []*Node, victim *Node, since time.Time, full bool) (bool, st
 func (n *Node) setWritePolicy(t *testing.T, addr, policy string) {
 	t.Helper()
 	if err := n.api(http.MethodPut, "/api/users/"+addr+"/replication", map[string]string{"write_policy": policy}, nil); err != nil {
-		t.Fatalf("write policy of %s: %v", addr, err)
+		fatalf(t, "write policy of %s: %v", addr, err)
 	}
 }
 
@@ -350,7 +350,7 @@ func TestFaultsNetns(t *testing.T) {
 		// so the run goes on and the checker still counts.
 		for _, n := range nodes {
 			if n.Exited() {
-				t.Errorf("node %s exited by itself (%v) during or after fault %d; stderr:\n%s", n.ID, n.cmd.ProcessState, f, tail(n.Stderr(), 30))
+				errorf(t, "node %s exited by itself (%v) during or after fault %d; stderr:\n%s", n.ID, n.cmd.ProcessState, f, tail(n.Stderr(), 30))
 				n.stopped = true
 				n.Restart()
 			}
@@ -377,7 +377,7 @@ func TestFaultsNetns(t *testing.T) {
 			break
 		}
 		if time.Since(lastFault) > timeToRLimit {
-			t.Errorf("not every message back at %d copies %v after the last fault: %s", netReplicas, timeToRLimit, st)
+			errorf(t, "not every message back at %d copies %v after the last fault: %s", netReplicas, timeToRLimit, st)
 			timeToR = -1
 			break
 		}
@@ -387,7 +387,7 @@ func TestFaultsNetns(t *testing.T) {
 
 	s.summary(t)
 	if s.total() == 0 {
-		t.Fatal("no delivery was acknowledged")
+		fatalf(t, "no delivery was acknowledged")
 	}
 	res := s.check(t, nodes, "checker")
 	var objects int64
@@ -398,7 +398,7 @@ func TestFaultsNetns(t *testing.T) {
 	if want := int64(netReplicas * (acked - res.lost - res.oneWindow)); timeToR >= 0 && objects < want {
 		// Each acknowledged message is one object on each of its
 		// replicas; profiles and messages not acknowledged add more.
-		t.Errorf("the nodes hold %d objects, fewer than %d acknowledged messages × %d replicas", objects, acked-res.lost-res.oneWindow, netReplicas)
+		errorf(t, "the nodes hold %d objects, fewer than %d acknowledged messages × %d replicas", objects, acked-res.lost-res.oneWindow, netReplicas)
 	}
 
 	// The strongest check of replication: one node gone for good, every
@@ -500,7 +500,7 @@ func watchWipe(t *testing.T, nodes []*Node, f int, back time.Time) chan string {
 // happened.
 func diskFull(t *testing.T, c *netCluster, nodes []*Node, victim *Node, f int, hold time.Duration) string {
 	if err := c.Fill(victim); err != nil {
-		t.Fatalf("fault %d: fill the disk of %s: %v", f, victim.ID, err)
+		fatalf(t, "fault %d: fill the disk of %s: %v", f, victim.ID, err)
 	}
 	free := c.FreeBytes(victim)
 	filled := time.Now()
@@ -517,12 +517,12 @@ func diskFull(t *testing.T, c *netCluster, nodes []*Node, victim *Node, f int, h
 		}
 	}
 	if err := c.Unfill(victim); err != nil {
-		t.Fatalf("fault %d: free the disk of %s: %v", f, victim.ID, err)
+		fatalf(t, "fault %d: free the disk of %s: %v", f, victim.ID, err)
 	}
 	note := fmt.Sprintf(" (%d MiB free; ", free>>20)
 	switch {
 	case self < 0:
-		t.Errorf("fault %d: %s with %d MiB free (--min-free %d MiB) did not flag its disk full within %v",
+		errorf(t, "fault %d: %s with %d MiB free (--min-free %d MiB) did not flag its disk full within %v",
 			f, victim.ID, free>>20, nsMinFree>>20, diskFullWait)
 		return note + fmt.Sprintf("the node never said its disk was full in %v)", diskFullWait)
 	case all < 0:

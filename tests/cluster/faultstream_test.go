@@ -343,7 +343,7 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 		for i, n := range nodes {
 			_, subj, _, err := n.imapView(u, s.pw)
 			if err != nil {
-				t.Errorf("%s: %s through %s: %v", what, u, n.ID, err)
+				errorf(t, "%s: %s through %s: %v", what, u, n.ID, err)
 			}
 			counts[i] = map[int]int{}
 			for _, sj := range subj {
@@ -418,13 +418,13 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 					over = "but POP3 through " + pop3From + " shows it"
 				}
 				if r.lost <= maxLostLogs {
-					t.Errorf("%s: %s (write policy %s): acknowledged message seq %d is lost: missing through every node over IMAP, %s (%s)",
+					errorf(t, "%s: %s (write policy %s): acknowledged message seq %d is lost: missing through every node over IMAP, %s (%s)",
 						what, u, s.policyOf(u), k, over, s.explain(a))
 				}
 			case len(missing) > 0:
 				r.partial++
 				if r.partial <= maxLostLogs {
-					t.Errorf("%s: %s: acknowledged message seq %d is missing through %s (%s)", what, u, k, strings.Join(missing, ", "), s.explain(a))
+					errorf(t, "%s: %s: acknowledged message seq %d is missing through %s (%s)", what, u, k, strings.Join(missing, ", "), s.explain(a))
 				}
 			}
 		}
@@ -439,7 +439,7 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 		}
 	}
 	if r.lost > maxLostLogs {
-		t.Errorf("%s: %d more acknowledged messages lost", what, r.lost-maxLostLogs)
+		errorf(t, "%s: %d more acknowledged messages lost", what, r.lost-maxLostLogs)
 	}
 	if r.lost > 0 {
 		var by []string
@@ -448,10 +448,10 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 				by = append(by, fmt.Sprintf("%s %d", u, r.lostBy[u]))
 			}
 		}
-		t.Errorf("%s: %d acknowledged messages lost over IMAP (%s), %d of them still shown by POP3", what, r.lost, strings.Join(by, ", "), r.pop3Only)
+		errorf(t, "%s: %d acknowledged messages lost over IMAP (%s), %d of them still shown by POP3", what, r.lost, strings.Join(by, ", "), r.pop3Only)
 	}
 	if r.partial > maxLostLogs {
-		t.Errorf("%s: %d more acknowledged messages missing through some nodes", what, r.partial-maxLostLogs)
+		errorf(t, "%s: %d more acknowledged messages missing through some nodes", what, r.partial-maxLostLogs)
 	}
 	return r
 }

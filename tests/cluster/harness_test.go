@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -50,7 +51,7 @@ func freeAddr(t *testing.T) string {
 	for i := 0; i < 50; i++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			fatalf(t, "%v", err)
 		}
 		addr := l.Addr().String()
 		l.Close()
@@ -61,7 +62,7 @@ func freeAddr(t *testing.T) string {
 		u.Close()
 		return addr
 	}
-	t.Fatal("no free port pair")
+	fatalf(t, "no free port pair")
 	return ""
 }
 
@@ -95,10 +96,63 @@ type Node struct {
 
 // StartNode starts a node that gossips on a fresh free port and joins seeds.
 func StartNode(t *testing.T, join ...string) *Node {
+	sayFailuresLast(t)
 	n := &Node{t: t, Data: t.TempDir(), Gossip: freeAddr(t), HTTP: freeAddr(t), join: join}
 	n.start()
 	t.Cleanup(n.Stop)
 	return n
+}
+
+// failures keeps each test's error messages (those made through errorf and
+// fatalf) so that sayFailuresLast can repeat them as the test's last lines:
+// CI shows only the end of a failing run's output, and the nodes' logs
+// printed at cleanup would push the reasons out of it.
+var failures struct {
+	sync.Mutex
+	by map[*testing.T]*[]string
+}
+
+// sayFailuresLast makes the test's recorded failures its last output. It is
+// called before the test's first node starts: cleanups run last in, first
+// out, so this one runs after every node has been stopped.
+func sayFailuresLast(t *testing.T) {
+	failures.Lock()
+	defer failures.Unlock()
+	if failures.by == nil {
+		failures.by = map[*testing.T]*[]string{}
+	}
+	if failures.by[t] != nil {
+		return
+	}
+	list := &[]string{}
+	failures.by[t] = list
+	t.Cleanup(func() {
+		failures.Lock()
+		delete(failures.by, t)
+		failures.Unlock()
+		if t.Failed() && len(*list) > 0 {
+			t.Logf("%s failed: %d reason(s), repeated from above:\n  - %s", t.Name(), len(*list), strings.Join(*list, "\n  - "))
+		}
+	})
+}
+
+// errorf is t.Errorf, with the message kept for sayFailuresLast.
+func errorf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	failures.Lock()
+	if list := failures.by[t]; list != nil {
+		*list = append(*list, msg)
+	}
+	failures.Unlock()
+	t.Error(msg)
+}
+
+// fatalf is t.Fatalf, with the message kept for sayFailuresLast.
+func fatalf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	errorf(t, format, args...)
+	t.FailNow()
 }
 
 // Ports of the protocol listeners of a node in its own network namespace:
@@ -130,13 +184,13 @@ func (n *Node) start() {
 		cmd = exec.Command("ip", append([]string{"netns", "exec", n.ns, quillBin}, args...)...)
 	}
 	if err := os.MkdirAll(n.Data, 0o700); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	if n.token != "" {
 		// quill reads an existing token file and makes one only if
 		// missing (also after a wipe).
 		if err := os.WriteFile(filepath.Join(n.Data, admin.TokenFile), []byte(n.token+"\n"), 0o600); err != nil {
-			t.Fatal(err)
+			fatalf(t, "%v", err)
 		}
 	}
 	logs := n.logs
@@ -145,15 +199,15 @@ func (n *Node) start() {
 	}
 	errf, err := os.CreateTemp(logs, "stderr-*.log")
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	cmd.Stderr = errf
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	exited := make(chan struct{})
 	n.cmd, n.stderr, n.stopped, n.exited = cmd, errf, false, exited
@@ -184,10 +238,10 @@ func (n *Node) start() {
 		if err != nil {
 			<-exited
 			n.stopped = true
-			t.Fatalf("%v (%v); stderr:\n%s", err, cmd.ProcessState, n.Stderr())
+			fatalf(t, "%v (%v); stderr:\n%s", err, cmd.ProcessState, n.Stderr())
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatalf("quill not ready after 20s; stderr:\n%s", n.Stderr())
+		fatalf(t, "quill not ready after 20s; stderr:\n%s", n.Stderr())
 	}
 }
 
@@ -239,7 +293,7 @@ func (n *Node) Stop() {
 	}
 	n.stopped = true
 	if n.t.Failed() {
-		n.t.Logf("node %s stderr:\n%s", n.ID, tail(n.Stderr(), 40))
+		n.t.Logf("node %s log, last notable lines:\n%s", n.ID, tail(notable(n.Stderr()), 20))
 	}
 }
 
@@ -344,6 +398,20 @@ func (n *Node) bucketOwners() map[string]int {
 	return out
 }
 
+// notable drops a node log's lines about single sessions (logins and the
+// like, which fill the log under a delivery stream), keeping warnings,
+// errors and cluster events.
+func notable(log string) string {
+	var keep []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, "level=INFO") && (strings.Contains(l, "logged in") || strings.Contains(l, "session=")) {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	return strings.Join(keep, "\n")
+}
+
 func tail(s string, lines int) string {
 	l := strings.Split(s, "\n")
 	if len(l) > lines {
@@ -363,7 +431,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	fatalf(t, "timed out after %v waiting for %s", timeout, what)
 	return 0
 }
 

@@ -79,27 +79,27 @@ func TestIMAPAcrossNodesAndWriterCrash(t *testing.T) {
 		t.Helper()
 		v, subj, _, err := n.imapView(user, pw)
 		if err != nil {
-			t.Fatalf("IMAP through %s: %v", n.ID, err)
+			fatalf(t, "IMAP through %s: %v", n.ID, err)
 		}
 		if validity == 0 {
 			validity = v
 		} else if v != validity {
-			t.Fatalf("UIDVALIDITY through %s is %d, was %d", n.ID, v, validity)
+			fatalf(t, "UIDVALIDITY through %s is %d, was %d", n.ID, v, validity)
 		}
 		for uid, s := range subj {
 			if old, ok := seen[uid]; ok && old != s {
-				t.Fatalf("UID %d named %q and now %q", uid, old, s)
+				fatalf(t, "UID %d named %q and now %q", uid, old, s)
 			}
 			seen[uid] = s
 		}
 		if want >= 0 && len(subj) != want {
-			t.Fatalf("IMAP through %s shows %d messages, want %d", n.ID, len(subj), want)
+			fatalf(t, "IMAP through %s shows %d messages, want %d", n.ID, len(subj), want)
 		}
 		return subj
 	}
 	for i := 0; i < 12; i++ {
 		if err := nodes[i%3].send(user, fmt.Sprintf("before %02d", i)); err != nil {
-			t.Fatal(err)
+			fatalf(t, "%v", err)
 		}
 	}
 	var first map[uint32]string
@@ -115,18 +115,18 @@ func TestIMAPAcrossNodesAndWriterCrash(t *testing.T) {
 		maxBefore = max(maxBefore, uid)
 	}
 	if first[maxBefore] != "before 11" {
-		t.Fatalf("highest UID %d holds %q, want the last delivery", maxBefore, first[maxBefore])
+		fatalf(t, "highest UID %d holds %q, want the last delivery", maxBefore, first[maxBefore])
 	}
 	// A flag set through node 0 is seen through node 2.
 	if err := nodes[0].setSeen(user, pw, maxBefore); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	_, _, flags, err := nodes[2].imapView(user, pw)
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	if !hasSeen(flags[maxBefore]) {
-		t.Fatalf("\\Seen set through one node not seen through another: %v", flags[maxBefore])
+		fatalf(t, "\\Seen set through one node not seen through another: %v", flags[maxBefore])
 	}
 
 	// Kill the user's manager: its writer goes with it.
@@ -143,14 +143,14 @@ func TestIMAPAcrossNodesAndWriterCrash(t *testing.T) {
 	waitFor(t, "survivors to rebuild soft state", 60*time.Second, func() bool { return ready(survivors) })
 	for i := 0; i < 6; i++ {
 		if err := survivors[i%2].send(user, fmt.Sprintf("after %02d", i)); err != nil {
-			t.Fatalf("delivery after the writer's node died: %v", err)
+			fatalf(t, "delivery after the writer's node died: %v", err)
 		}
 	}
 	for _, n := range survivors {
 		subj := check(n, -1)
 		for uid, s := range subj {
 			if strings.HasPrefix(s, "after") && uid <= maxBefore {
-				t.Fatalf("message %q got UID %d, not above %d seen before the crash", s, uid, maxBefore)
+				fatalf(t, "message %q got UID %d, not above %d seen before the crash", s, uid, maxBefore)
 			}
 		}
 	}
@@ -198,35 +198,35 @@ func TestIdleAcrossNodes(t *testing.T) {
 		},
 	}})
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	defer c.Close()
 	if err := c.Login(user, pw).Wait(); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	if _, err := c.Select("INBOX", nil).Wait(); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	idle, err := c.Idle()
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
 	if err := sender.send(user, "ping"); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	select {
 	case n := <-exists:
 		if n != 1 {
-			t.Errorf("EXISTS %d, want 1", n)
+			errorf(t, "EXISTS %d, want 1", n)
 		}
 		t.Logf("EXISTS through %s %v after delivery through %s (writer on %s)", idler.ID, time.Since(start).Round(time.Millisecond), sender.ID, mgr)
 		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("EXISTS after %v across nodes", d)
+			errorf(t, "EXISTS after %v across nodes", d)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("no EXISTS during IDLE across nodes")
+		fatalf(t, "no EXISTS during IDLE across nodes")
 	}
 	idle.Close()
 }

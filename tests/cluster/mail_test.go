@@ -24,11 +24,11 @@ func (n *Node) addUser(t *testing.T, addr, pw string) {
 	c := http.Client{Timeout: 30 * time.Second}
 	resp, err := c.Post("http://"+n.HTTP+"/api/users", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("add %s through %s: %s", addr, n.ID, resp.Status)
+		fatalf(t, "add %s through %s: %s", addr, n.ID, resp.Status)
 	}
 }
 
@@ -124,7 +124,7 @@ func TestMailAcrossNodesAndCrash(t *testing.T) {
 	for i := 0; i < 60; i++ {
 		u := users[rnd.IntN(len(users))]
 		if err := nodes[rnd.IntN(3)].send(u, fmt.Sprintf("msg %d", i)); err != nil {
-			t.Fatalf("send %d to %s: %v", i, u, err)
+			fatalf(t, "send %d to %s: %v", i, u, err)
 		}
 		sent[u]++
 	}
@@ -133,10 +133,10 @@ func TestMailAcrossNodesAndCrash(t *testing.T) {
 		for _, n := range nodes {
 			ids, err := n.uidl(u, "pw-"+u)
 			if err != nil {
-				t.Fatalf("%s through %s: %v", u, n.ID, err)
+				fatalf(t, "%s through %s: %v", u, n.ID, err)
 			}
 			if len(ids) != sent[u] {
-				t.Fatalf("%s through %s sees %d messages, %d were sent", u, n.ID, len(ids), sent[u])
+				fatalf(t, "%s through %s sees %d messages, %d were sent", u, n.ID, len(ids), sent[u])
 			}
 			before[u] = ids
 		}
@@ -151,17 +151,17 @@ func TestMailAcrossNodesAndCrash(t *testing.T) {
 	for i, u := range users {
 		subj := fmt.Sprintf("after crash %d", i)
 		if err := survivors[i%2].send(u, subj); err != nil {
-			t.Fatalf("delivery to %s after the crash: %v", u, err)
+			fatalf(t, "delivery to %s after the crash: %v", u, err)
 		}
 		for _, n := range survivors {
 			ids, err := n.uidl(u, "pw-"+u)
 			if err != nil {
-				t.Fatalf("login of %s through %s after the crash: %v", u, n.ID, err)
+				fatalf(t, "login of %s through %s after the crash: %v", u, n.ID, err)
 			}
 			after[u] = ids
 		}
 		if len(after[u]) == 0 {
-			t.Fatalf("%s: the message delivered after the crash is not visible", u)
+			fatalf(t, "%s: the message delivered after the crash is not visible", u)
 		}
 	}
 	victim.Restart()
@@ -169,15 +169,15 @@ func TestMailAcrossNodesAndCrash(t *testing.T) {
 	for _, u := range users {
 		ids, err := nodes[0].uidl(u, "pw-"+u)
 		if err != nil {
-			t.Fatal(err)
+			fatalf(t, "%v", err)
 		}
 		for id := range before[u] {
 			if !ids[id] {
-				t.Fatalf("%s: message %s stored before the crash is missing after the node returned", u, id)
+				fatalf(t, "%s: message %s stored before the crash is missing after the node returned", u, id)
 			}
 		}
 		if len(ids) != sent[u]+1 {
-			t.Fatalf("%s: %d messages after return, want %d", u, len(ids), sent[u]+1)
+			fatalf(t, "%s: %d messages after return, want %d", u, len(ids), sent[u]+1)
 		}
 	}
 }
@@ -224,18 +224,18 @@ func TestNodeJoinsUnderLoad(t *testing.T) {
 	for _, u := range users {
 		ids, err := late.uidl(u, "pw")
 		if err != nil {
-			t.Fatalf("%s through the new node: %v", u, err)
+			fatalf(t, "%s through the new node: %v", u, err)
 		}
 		if len(ids) != acked[u] {
-			t.Fatalf("%s: %d messages acknowledged, %d visible through the new node", u, acked[u], len(ids))
+			fatalf(t, "%s: %d messages acknowledged, %d visible through the new node", u, acked[u], len(ids))
 		}
 		total += acked[u]
 	}
 	if total < 50 {
-		t.Fatalf("only %d messages acknowledged under load", total)
+		fatalf(t, "only %d messages acknowledged under load", total)
 	}
 	st, _ := late.Status()
 	if st.Managed == 0 {
-		t.Fatal("the new node manages no bucket")
+		fatalf(t, "the new node manages no bucket")
 	}
 }

@@ -43,7 +43,7 @@ func TestCrashAndReturn(t *testing.T) {
 	st, _ := nodes[0].Status()
 	for _, m := range st.Members {
 		if string(m.ID) == victim.ID && m.Boot < 2 {
-			t.Fatalf("restarted node gossips boot %d, want >= 2", m.Boot)
+			fatalf(t, "restarted node gossips boot %d, want >= 2", m.Boot)
 		}
 	}
 }
@@ -75,7 +75,7 @@ func TestNewNodeTakesBuckets(t *testing.T) {
 	after, _ := nodes[0].Status()
 	for i := range after.Buckets {
 		if after.Buckets[i].Node != before.Buckets[i].Node && string(after.Buckets[i].Node) != late.ID {
-			t.Fatalf("bucket %d moved between old nodes: %s -> %s", i, before.Buckets[i].Node, after.Buckets[i].Node)
+			fatalf(t, "bucket %d moved between old nodes: %s -> %s", i, before.Buckets[i].Node, after.Buckets[i].Node)
 		}
 	}
 }

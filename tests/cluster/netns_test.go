@@ -97,7 +97,7 @@ func requireNetns(t *testing.T) {
 func ipCmd(t *testing.T, args ...string) {
 	t.Helper()
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+		fatalf(t, "ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 	}
 }
 
@@ -114,6 +114,7 @@ func startNetCluster(t *testing.T, n int, opt netOptions) *netCluster {
 	// Cleanups run last in, first out: this one, registered first, runs
 	// after every node has been stopped and every tmpfs unmounted.
 	t.Cleanup(c.teardown)
+	sayFailuresLast(t)
 	ipCmd(t, "link", "add", c.bridge, "type", "bridge")
 	ipCmd(t, "addr", "add", fmt.Sprintf("10.%d.0.254/24", c.subnet), "dev", c.bridge)
 	ipCmd(t, "link", "set", c.bridge, "up")
@@ -150,7 +151,7 @@ func startNetCluster(t *testing.T, n int, opt netOptions) *netCluster {
 				size = nsDiskSize
 			}
 			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), src, mnt).CombinedOutput(); err != nil {
-				t.Fatalf("mount tmpfs on %s: %v: %s", mnt, err, bytes.TrimSpace(out))
+				fatalf(t, "mount tmpfs on %s: %v: %s", mnt, err, bytes.TrimSpace(out))
 			}
 			t.Cleanup(func() {
 				if err := syscall.Unmount(mnt, 0); err != nil {
@@ -179,7 +180,7 @@ func (c *netCluster) index(n *Node) int {
 			return i + 1
 		}
 	}
-	c.t.Fatalf("node %s is not in the cluster", n.ID)
+	fatalf(c.t, "node %s is not in the cluster", n.ID)
 	return 0
 }
 
@@ -277,11 +278,11 @@ func (c *netCluster) Wipe(n *Node) {
 	n.Kill9()
 	ents, err := os.ReadDir(n.Data)
 	if err != nil {
-		c.t.Fatal(err)
+		fatalf(c.t, "%v", err)
 	}
 	for _, e := range ents {
 		if err := os.RemoveAll(filepath.Join(n.Data, e.Name())); err != nil {
-			c.t.Fatal(err)
+			fatalf(c.t, "%v", err)
 		}
 	}
 	n.Restart()
@@ -389,7 +390,7 @@ func freeSubnet(t *testing.T) int {
 			return x
 		}
 	}
-	t.Fatal("no free 10.X.0.0/16 subnet for the test bridge")
+	fatalf(t, "no free 10.X.0.0/16 subnet for the test bridge")
 	return 0
 }
 
@@ -398,7 +399,7 @@ func freeSubnet(t *testing.T) int {
 func (n *Node) createUser(t *testing.T, addr, pw string) {
 	t.Helper()
 	if err := n.api(http.MethodPost, "/api/users", map[string]string{"address": addr, "password": pw}, nil); err != nil {
-		t.Fatalf("add %s: %v", addr, err)
+		fatalf(t, "add %s: %v", addr, err)
 	}
 }
 
@@ -414,14 +415,14 @@ func TestNetnsPartitionHeals(t *testing.T) {
 	for _, n := range nodes {
 		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", n.cmd.Process.Pid))
 		if err != nil || filepath.Base(exe) != filepath.Base(quillBin) {
-			t.Fatalf("process %d of node %s is %q (%v), not quill: signals would miss it", n.cmd.Process.Pid, n.ID, exe, err)
+			fatalf(t, "process %d of node %s is %q (%v), not quill: signals would miss it", n.cmd.Process.Pid, n.ID, exe, err)
 		}
 	}
 	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
 	const user = "part@cluster.example"
 	nodes[0].createUser(t, user, "pw")
 	if err := nodes[1].send(user, "before"); err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 
 	lone, rest := nodes[2], nodes[:2]
@@ -436,13 +437,13 @@ func TestNetnsPartitionHeals(t *testing.T) {
 	// try again later (4xx), but must not bounce the mail (5xx).
 	want := []string{"before", "majority side"}
 	if err := rest[0].send(user, "majority side"); err != nil {
-		t.Errorf("delivery on the majority side: %v", err)
+		errorf(t, "delivery on the majority side: %v", err)
 	}
 	switch err := lone.send(user, "lone side"); {
 	case err == nil:
 		want = append(want, "lone side")
 	case permanent(err):
-		t.Errorf("delivery on the lone side refused for good (the sender bounces it): %v", err)
+		errorf(t, "delivery on the lone side refused for good (the sender bounces it): %v", err)
 	default:
 		t.Logf("delivery on the lone side deferred: %v", err)
 	}
@@ -450,7 +451,7 @@ func TestNetnsPartitionHeals(t *testing.T) {
 	lone.Pause()
 	time.Sleep(200 * time.Millisecond)
 	if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", lone.cmd.Process.Pid)); !strings.Contains(string(st), ") T ") {
-		t.Errorf("SIGSTOP did not stop the node: %s", st)
+		errorf(t, "SIGSTOP did not stop the node: %s", st)
 	}
 	lone.Resume()
 
@@ -462,7 +463,7 @@ func TestNetnsPartitionHeals(t *testing.T) {
 	for _, n := range nodes {
 		_, subj, _, err := n.imapView(user, "pw")
 		if err != nil {
-			t.Fatalf("IMAP through %s after the heal: %v", n.ID, err)
+			fatalf(t, "IMAP through %s after the heal: %v", n.ID, err)
 		}
 		seen := map[string]int{}
 		for _, s := range subj {
@@ -470,7 +471,7 @@ func TestNetnsPartitionHeals(t *testing.T) {
 		}
 		for _, w := range want {
 			if seen[w] == 0 {
-				t.Errorf("through %s after the heal: %q missing (mailbox %v)", n.ID, w, subj)
+				errorf(t, "through %s after the heal: %q missing (mailbox %v)", n.ID, w, subj)
 			}
 		}
 	}

@@ -28,6 +28,7 @@ func startReplicated(t *testing.T, n int, extra ...string) []*Node {
 
 // startEach starts n nodes, node i with the serve flags extra(i).
 func startEach(t *testing.T, n int, extra func(i int) []string) []*Node {
+	sayFailuresLast(t)
 	var nodes []*Node
 	for i := 0; i < n; i++ {
 		nd := &Node{t: t, Data: t.TempDir(), Gossip: freeAddr(t), HTTP: freeAddr(t), extra: extra(i)}
@@ -47,7 +48,7 @@ func readAll(t *testing.T, n *Node, user string) map[string]int {
 	t.Helper()
 	_, subj, _, err := n.imapView(user, "pw")
 	if err != nil {
-		t.Fatalf("%s through %s: %v", user, n.ID, err)
+		fatalf(t, "%s through %s: %v", user, n.ID, err)
 	}
 	out := map[string]int{}
 	for _, s := range subj {
@@ -64,7 +65,7 @@ func sendNumbered(t *testing.T, nodes []*Node, user string, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
 		if err := nodes[i%len(nodes)].send(user, fmt.Sprintf("msg %d", i)); err != nil {
-			t.Fatalf("send msg %d to %s: %v", i, user, err)
+			fatalf(t, "send msg %d to %s: %v", i, user, err)
 		}
 	}
 }
@@ -77,7 +78,7 @@ func checkNumbered(t *testing.T, nodes []*Node, user string, n int, when string)
 		got := readAll(t, nd, user)
 		for i := 0; i < n; i++ {
 			if got[fmt.Sprintf("msg %d", i)] == 0 {
-				t.Errorf("%s: %s through %s: msg %d lost", when, user, nd.ID, i)
+				errorf(t, "%s: %s through %s: msg %d lost", when, user, nd.ID, i)
 			}
 		}
 	}
@@ -103,7 +104,7 @@ func waitReplicated(t *testing.T, nodes []*Node, timeout time.Duration) time.Dur
 		last = s
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Fatalf("not fully replicated after %v: %s", timeout, last)
+	fatalf(t, "not fully replicated after %v: %s", timeout, last)
 	return 0
 }
 
@@ -119,7 +120,7 @@ func TestReplicasSurviveLosingNodes(t *testing.T) {
 	for i := 0; i < perUser; i++ {
 		for j, u := range users {
 			if err := nodes[(i+j)%3].send(u, fmt.Sprintf("msg %d", i)); err != nil {
-				t.Fatalf("send %d to %s: %v", i, u, err)
+				fatalf(t, "send %d to %s: %v", i, u, err)
 			}
 		}
 	}
@@ -131,7 +132,7 @@ func TestReplicasSurviveLosingNodes(t *testing.T) {
 		total += int(r.Objects)
 	}
 	if total != 2*perUser*len(users) {
-		t.Fatalf("%d message replicas on the nodes, want %d", total, 2*perUser*len(users))
+		fatalf(t, "%d message replicas on the nodes, want %d", total, 2*perUser*len(users))
 	}
 
 	check := func(live []*Node, when string) {
@@ -172,7 +173,7 @@ func TestWipedNodeIsRefilled(t *testing.T) {
 		}
 	}
 	if victim == nil {
-		t.Fatal("no node reports holding the messages")
+		fatalf(t, "no node reports holding the messages")
 	}
 	old := victim.ID
 	victim.Kill9()
@@ -184,17 +185,17 @@ func TestWipedNodeIsRefilled(t *testing.T) {
 	}
 	victim.Restart()
 	if victim.ID == old {
-		t.Fatal("a wiped node kept its id")
+		fatalf(t, "a wiped node kept its id")
 	}
 	waitFor(t, "the cluster with the new node", 30*time.Second, func() bool { return ready(nodes) })
 	took := waitReplicated(t, nodes, 90*time.Second)
 	t.Logf("every message back at 2 copies %v after the wiped node rejoined", took)
 	r, err := victim.Replication()
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	if r.Objects == 0 {
-		t.Fatal("the wiped node was not refilled")
+		fatalf(t, "the wiped node was not refilled")
 	}
 	t.Logf("the wiped node holds %d of the 30 messages again", r.Objects)
 	checkNumbered(t, nodes, u, 30, "after the wipe")
@@ -227,7 +228,7 @@ func TestPasswordChangesUnderClockSkew(t *testing.T) {
 	for i := 1; i <= 12; i++ {
 		last = fmt.Sprintf("pw%d", i)
 		if err := setPassword(nodes[i%3], u, last); err != nil {
-			t.Fatal(err)
+			fatalf(t, "%v", err)
 		}
 	}
 	// The user's manager dies: its successor rebuilds the profile from
@@ -240,7 +241,7 @@ func TestPasswordChangesUnderClockSkew(t *testing.T) {
 		}
 	}
 	if mgr == nil {
-		t.Fatalf("manager %s of %s not found", mgrID, u)
+		fatalf(t, "manager %s of %s not found", mgrID, u)
 	}
 	mgr.Kill9()
 	live := without(nodes, mgr)
@@ -248,17 +249,17 @@ func TestPasswordChangesUnderClockSkew(t *testing.T) {
 	for i := 13; i <= 16; i++ {
 		last = fmt.Sprintf("pw%d", i)
 		if err := setPassword(live[i%2], u, last); err != nil {
-			t.Fatal(err)
+			fatalf(t, "%v", err)
 		}
 	}
 	mgr.Restart()
 	waitFor(t, "all ready again", 30*time.Second, func() bool { return ready(nodes) })
 	for _, n := range nodes {
 		if _, _, _, err := n.imapView(u, last); err != nil {
-			t.Errorf("through %s the last password %s fails: %v", n.ID, last, err)
+			errorf(t, "through %s the last password %s fails: %v", n.ID, last, err)
 		}
 		if _, _, _, err := n.imapView(u, "pw12"); err == nil {
-			t.Errorf("through %s an older password still works", n.ID)
+			errorf(t, "through %s an older password still works", n.ID)
 		}
 	}
 }
@@ -268,7 +269,7 @@ func managerOf(t *testing.T, n *Node, user string) string {
 	t.Helper()
 	st, err := n.Status()
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	return string(st.Buckets[cluster.Bucket(user)].Node)
 }
@@ -288,7 +289,7 @@ func TestNodeAwayTooLongRejoinsAsNew(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	away.Restart()
 	if away.ID == old {
-		t.Fatal("a node away longer than the log's maximum age kept its identity")
+		fatalf(t, "a node away longer than the log's maximum age kept its identity")
 	}
 	waitFor(t, "all ready again", 30*time.Second, func() bool { return ready(nodes) })
 	waitReplicated(t, nodes, 60*time.Second)
@@ -316,11 +317,11 @@ func TestWritePolicyAllPerUser(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPut, "http://"+nodes[1].HTTP+"/api/users/"+u+"/replication", bytes.NewReader(body))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		fatalf(t, "%v", err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("set replication: %s", resp.Status)
+		fatalf(t, "set replication: %s", resp.Status)
 	}
 	// Pause the node that does not manage the two users, so their
 	// lookups still answer.
@@ -330,10 +331,10 @@ func TestWritePolicyAllPerUser(t *testing.T) {
 	}
 	paused.Pause()
 	if err := other.send(one, "while paused"); err != nil {
-		t.Errorf("ONE user refused while one replica is paused: %v", err)
+		errorf(t, "ONE user refused while one replica is paused: %v", err)
 	}
 	if err := other.send(u, "while paused"); err == nil {
-		t.Errorf("ALL user acknowledged while one of its two replicas is paused")
+		errorf(t, "ALL user acknowledged while one of its two replicas is paused")
 	} else {
 		t.Logf("ALL user while a replica is paused: %v", err)
 	}
