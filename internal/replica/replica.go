@@ -571,10 +571,9 @@ func (m *Manager) acked(object string, s Stamp, n cluster.NodeID) {
 		return
 	}
 	ne := *e
+	// An entry left with no remaining node is marked done by the log
+	// worker, which also tells the other targets in one batch (notifyDone).
 	ne.Remaining = without(e.Remaining, n)
-	if len(ne.Remaining) == 0 {
-		ne.Done = time.Now()
-	}
 	m.entries[object] = &ne
 	m.mu.Unlock()
 	// Not forced: an acknowledgement lost in a crash only makes the update

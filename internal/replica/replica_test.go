@@ -1,13 +1,18 @@
 package replica_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,7 +118,7 @@ func (c *testCluster) stop(id cluster.NodeID) {
 	delete(c.nodes, id)
 	c.alive[id] = false
 	c.mu.Unlock()
-	if n == nil {
+	if n == nil || n.repl == nil { // remote nodes are not ours to stop
 		return
 	}
 	n.repl.Close()
@@ -340,4 +345,137 @@ func FuzzPush(f *testing.F) {
 			t.Fatalf("%d outcomes for %d entries", len(rep.Outcomes), len(req.Entries))
 		}
 	})
+}
+
+// The coordinator of an R=3 update that every replica acknowledged tells
+// the others it is complete, so they retire their log entries instead of
+// taking the update over (and pushing it again) once takeoverAfter passes.
+func TestDoneRetiresTheOthersEntries(t *testing.T) {
+	c := newCluster(t)
+	a, b, d := c.start("a", ""), c.start("b", ""), c.start("d", "")
+	if _, err := write(t, a, replica.Quorum, message("m1", 1, "a", "b", "d"), []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	// The peer that got the push first logged the update for the other.
+	logged := 0
+	for _, n := range []*node{b, d} {
+		s := n.repl.Stats()
+		logged += s.Pending + s.Done
+	}
+	if logged == 0 {
+		t.Fatal("no peer logged the update: nothing for Done to retire")
+	}
+	// Within 10 s, far less than the 30 s before a peer takes over: only
+	// the coordinator's Done can have completed the peers' entries.
+	waitFor(t, "the peers' entries to be done", func() bool {
+		for _, n := range []*node{a, b, d} {
+			if s := n.repl.Stats(); s.Pending != 0 || s.Waiting != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// logChildEnv names the data directory of the child process of
+// TestLogSurvivesKill9, and logChildPeer the address of the replica it
+// cannot reach.
+const (
+	logChildEnv  = "QUILL_REPLICA_TEST_CHILD_DIR"
+	logChildPeer = "QUILL_REPLICA_TEST_CHILD_PEER"
+	logChildMsgs = 20
+)
+
+// A coordinator killed with SIGKILL right after acknowledging updates at
+// write policy ONE still has them in its log when it starts again, and
+// pushes them to the replica that missed them (Porcupine §4.4: the log is
+// what makes a ONE acknowledgement safe). The coordinator runs in a child
+// process, so the kill is a real one.
+func TestLogSurvivesKill9(t *testing.T) {
+	if dir := os.Getenv(logChildEnv); dir != "" {
+		logChild(t, dir)
+		return
+	}
+	c := newCluster(t)
+	b := c.start("b", "")
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLogSurvivesKill9$", "-test.v")
+	cmd.Env = append(os.Environ(), logChildEnv+"="+dir, logChildPeer+"="+b.addr)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	acked := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "ACKED" {
+				acked <- true
+				return
+			}
+		}
+		acked <- false
+	}()
+	select {
+	case ok := <-acked:
+		if !ok {
+			t.Fatal("the child coordinator ended without acknowledging its writes")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the child coordinator did not acknowledge its writes in 30 s")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	for i := 1; i <= logChildMsgs; i++ {
+		if has(b, fmt.Sprintf("m%d", i)) {
+			t.Fatalf("b has m%d before the coordinator came back: the test proves nothing", i)
+		}
+	}
+	a := c.start("a", dir)
+	waitFor(t, "b to get every acknowledged update from the restarted coordinator's log", func() bool {
+		for i := 1; i <= logChildMsgs; i++ {
+			if !has(b, fmt.Sprintf("m%d", i)) {
+				return false
+			}
+		}
+		return true
+	})
+	for i := 1; i <= logChildMsgs; i++ {
+		if !has(a, fmt.Sprintf("m%d", i)) {
+			t.Fatalf("the coordinator lost its own copy of m%d in the kill", i)
+		}
+	}
+	waitFor(t, "the coordinator's log to drain", func() bool { return a.repl.Stats().Pending == 0 })
+}
+
+// logChild is the coordinator of TestLogSurvivesKill9: it writes at policy
+// ONE with its peer b marked down, says ACKED, and waits to be killed.
+func logChild(t *testing.T, dir string) {
+	c := newCluster(t)
+	c.remote("b", os.Getenv(logChildPeer))
+	c.setAlive("b", false)
+	a := c.start("a", dir)
+	for i := 1; i <= logChildMsgs; i++ {
+		rep, err := write(t, a, replica.One, message(fmt.Sprintf("m%d", i), uint32(i), "a", "b"), []byte("body\n"))
+		if err != nil || !slices.Equal(rep.Acked, []cluster.NodeID{"a"}) {
+			t.Fatalf("write m%d: %+v %v", i, rep, err)
+		}
+	}
+	fmt.Println("ACKED")
+	time.Sleep(time.Minute) // the parent kills this process
+	t.Fatal("not killed")
+}
+
+// remote adds a node that runs elsewhere (another process) at addr.
+func (c *testCluster) remote(id cluster.NodeID, addr string) {
+	c.mu.Lock()
+	c.nodes[id], c.alive[id] = &node{id: id, addr: addr}, true
+	c.mu.Unlock()
 }
