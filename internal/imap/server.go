@@ -2,6 +2,7 @@ package imap
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/internal/rpc"
 )
 
 // Config tunes a Server. Zero fields take the default in their comment.
@@ -99,8 +101,20 @@ func New(store Store, auth Authenticator, cfg Config) *Server {
 		// and TLS is not yet configured on any listener.
 		InsecureAuth: true,
 		ServerID:     []string{"name", "Quill", "vendor", "quillmail"},
+		ErrorCode:    errorCode,
 	})
 	return s
+}
+
+// errorCode tells a client whether a failed command may work if tried
+// again: a node that holds the mailbox or the message being unreachable, or
+// a call to it timing out, is UNAVAILABLE (RFC 5530: temporary); anything
+// else stays SERVERBUG.
+func errorCode(err error) imap.ResponseCode {
+	if errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		return imap.ResponseCodeUnavailable
+	}
+	return ""
 }
 
 type slogPrintf struct{ l *slog.Logger }

@@ -41,6 +41,19 @@ var internalServerErrorResp = &imap.StatusResponse{
 	Text: "Internal server error",
 }
 
+// errorResp is the answer to a command whose session method failed with an
+// error that is not an IMAP answer (quill): NO with the code ErrorCode gives
+// (SERVERBUG by default) and a text naming the command and the cause.
+func (s *Server) errorResp(cmd string, err error) *imap.StatusResponse {
+	code := imap.ResponseCodeServerBug
+	if s.options.ErrorCode != nil {
+		if c := s.options.ErrorCode(err); c != "" {
+			code = c
+		}
+	}
+	return &imap.StatusResponse{Type: imap.StatusResponseTypeNo, Code: code, Text: fmt.Sprintf("%s failed: %v", cmd, err)}
+}
+
 // A Conn represents an IMAP connection to the server.
 type Conn struct {
 	server   *Server
@@ -345,7 +358,7 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		}
 	} else if err != nil {
 		c.server.logger().Printf("handling %v command: %v", name, err)
-		resp = internalServerErrorResp
+		resp = c.server.errorResp(name, err) // quill: code and cause, not a fixed text
 	} else {
 		c.badCount = 0
 		if !sendOK {

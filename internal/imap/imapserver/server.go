@@ -52,6 +52,11 @@ type Options struct {
 	// ServerID is answered to the ID command (RFC 2971) as field, value
 	// pairs; empty means NIL. (quill)
 	ServerID []string
+	// ErrorCode, if set, names the response code of an error a session
+	// method returned that is not an *imap.Error (quill: upstream answers
+	// every such error "NO [SERVERBUG] Internal server error", hiding both
+	// the cause and whether a retry may work). "" keeps SERVERBUG.
+	ErrorCode func(err error) imap.ResponseCode
 	// Raw ingress and egress data will be written to this writer, if any.
 	// Note, this may include sensitive information such as credentials used
 	// during authentication.
