@@ -7,9 +7,13 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -28,6 +32,11 @@ const (
 	metaUpdateInterval = 2 * time.Second
 	// leaveTimeout bounds the graceful leave broadcast at shutdown.
 	leaveTimeout = 2 * time.Second
+	// knownJoinWait is how long Start waits for one remembered member to
+	// answer before going on alone: long enough for a live peer on a LAN,
+	// short enough that a node whose peers are all down still starts.
+	// The other attempts go on in the background.
+	knownJoinWait = 2 * time.Second
 	// pushPullInterval is how often two nodes exchange their shared state
 	// (the domains they hold users for); memberlist's LAN default is 30 s.
 	pushPullInterval = 5 * time.Second
@@ -61,6 +70,12 @@ type MembershipConfig struct {
 	RPC string
 	// Seeds are gossip addresses to join at start and retry forever.
 	Seeds []string
+	// KnownFile, if set, keeps the gossip addresses of the other live
+	// members (rewritten when they change), which the node joins at start
+	// and retries like seeds. Without it, a restarted node with no seeds
+	// of its own (the cluster's first node) stays alone until a peer's
+	// gossip happens to reach it, and takes mail as a cluster of one.
+	KnownFile string
 	// Load reports this node's current load for gossip.
 	Load func() (pending int, diskFull bool)
 	// Domains returns the mail domains this node holds user profiles
@@ -93,6 +108,12 @@ type Membership struct {
 	domains map[NodeID][]string // domains gossiped by each node
 	// changedAt is when the live set last changed.
 	changedAt time.Time
+	// known are the other members' gossip addresses last written to
+	// KnownFile.
+	known []string
+	// joining is set while a rejoin attempt runs (it can block for
+	// memberlist's TCP timeout on an unreachable address).
+	joining atomic.Bool
 }
 
 // StartMembership starts gossip (when cfg.Bind is set) and computes the
@@ -101,6 +122,7 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	m := &Membership{cfg: cfg, kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		members: map[NodeID]MemberInfo{}, domains: map[NodeID][]string{}}
 	m.meta = NodeMeta{Boot: cfg.Boot, RPC: cfg.RPC}
+	m.known = readKnown(cfg.KnownFile)
 	m.members[cfg.Self] = MemberInfo{Member: Member{ID: cfg.Self, Boot: cfg.Boot}, NodeMeta: m.meta, Gossip: cfg.Bind, State: "alive"}
 	if cfg.Bind != "" {
 		host, portStr, err := net.SplitHostPort(cfg.Bind)
@@ -147,6 +169,7 @@ func (m *Membership) Start() {
 			m.cfg.Logger.Warn("join failed, will retry", "seeds", m.cfg.Seeds, "err", err)
 		}
 	}
+	m.joinKnown()
 	m.recompute()
 	m.wg.Add(1)
 	go m.loop()
@@ -234,13 +257,102 @@ func (m *Membership) loop() {
 	}
 }
 
-// rejoin tries the seeds and every member not alive now: memberlist does not
-// probe dead nodes, so this is what heals a partition and takes back a node
-// that was paused for longer than the failure detector's patience.
-func (m *Membership) rejoin() {
-	if m.ml == nil {
+// joinKnown joins the members remembered in KnownFile, each address on its
+// own, and waits up to knownJoinWait for the first to answer.
+func (m *Membership) joinKnown() {
+	var try []string
+	m.mu.RLock()
+	known := m.known
+	m.mu.RUnlock()
+	for _, a := range known {
+		if a != m.cfg.Bind && !slices.Contains(m.cfg.Seeds, a) {
+			try = append(try, a)
+		}
+	}
+	if m.ml == nil || len(try) == 0 {
 		return
 	}
+	joined := make(chan struct{}, len(try))
+	for _, a := range try {
+		go func() {
+			if _, err := m.ml.Join([]string{a}); err == nil {
+				joined <- struct{}{}
+			}
+		}()
+	}
+	select {
+	case <-joined:
+	case <-time.After(knownJoinWait):
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.Warn("no remembered member answered yet, starting alone for now", "known", try, "waited", knownJoinWait)
+		}
+	}
+}
+
+// readKnown reads the addresses KnownFile keeps (none if it is missing or
+// unreadable: it is only a hint).
+func readKnown(path string) []string {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b))
+}
+
+// remember writes the other live members' gossip addresses to KnownFile
+// when they changed. A view with no other member keeps the old list: that
+// is the moment it is needed. Written without fsync: a lost update only
+// means rejoining through an older list, plus the seeds.
+func (m *Membership) remember(live []MemberInfo) {
+	if m.cfg.KnownFile == "" {
+		return
+	}
+	var addrs []string
+	for _, mi := range live {
+		if mi.ID != m.cfg.Self && mi.Gossip != "" {
+			addrs = append(addrs, mi.Gossip)
+		}
+	}
+	sort.Strings(addrs)
+	if len(addrs) == 0 || slices.Equal(addrs, m.known) {
+		return
+	}
+	m.known = addrs
+	tmp := m.cfg.KnownFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strings.Join(addrs, "\n")+"\n"), 0o600); err == nil {
+		err = os.Rename(tmp, m.cfg.KnownFile)
+		if err != nil && m.cfg.Logger != nil {
+			m.cfg.Logger.Warn("could not remember the cluster's members", "file", m.cfg.KnownFile, "err", err)
+		}
+	}
+}
+
+// rejoin tries the seeds, the remembered members and every member not alive
+// now: memberlist does not probe dead nodes, so this is what heals a
+// partition and takes back a node that was paused for longer than the
+// failure detector's patience. The attempt runs on its own goroutine, one
+// at a time: joining an unreachable address blocks for memberlist's TCP
+// timeout, and the membership loop must go on meanwhile.
+func (m *Membership) rejoin() {
+	if m.ml == nil || !m.joining.CompareAndSwap(false, true) {
+		return
+	}
+	try := m.rejoinTargets()
+	if len(try) == 0 {
+		m.joining.Store(false)
+		return
+	}
+	go func() {
+		defer m.joining.Store(false)
+		m.ml.Join(try)
+	}()
+}
+
+// rejoinTargets lists the addresses rejoin tries.
+func (m *Membership) rejoinTargets() []string {
 	alive := map[string]bool{}
 	for _, n := range m.ml.Members() {
 		alive[n.Address()] = true
@@ -256,14 +368,18 @@ func (m *Membership) rejoin() {
 	for _, s := range m.cfg.Seeds {
 		add(s)
 	}
+	m.mu.RLock()
+	known := m.known
+	m.mu.RUnlock()
+	for _, s := range known {
+		add(s)
+	}
 	for _, mi := range m.Members() {
 		if mi.State != "alive" && mi.State != "suspect" {
 			add(mi.Gossip)
 		}
 	}
-	if len(try) > 0 {
-		m.ml.Join(try)
-	}
+	return try
 }
 
 func (m *Membership) refreshMeta() {
@@ -326,6 +442,13 @@ func (m *Membership) recompute() {
 	m.live = sig
 	m.userMap = next
 	m.changedAt = time.Now()
+	var liveInfo []MemberInfo
+	for _, mi := range m.members {
+		if mi.State == "alive" || mi.State == "suspect" {
+			liveInfo = append(liveInfo, mi)
+		}
+	}
+	m.remember(liveInfo)
 	m.mu.Unlock()
 	if m.cfg.Logger != nil {
 		m.cfg.Logger.Info("user map changed", "epoch", next.Epoch, "members", len(live), "changed_buckets", len(next.ChangedSince(&old)))

@@ -3,6 +3,9 @@ package cluster
 import (
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,5 +131,43 @@ func TestSingleNodeMembership(t *testing.T) {
 	}
 	if got == nil || got.Epoch != um.Epoch {
 		t.Fatal("OnChange not called for the first map")
+	}
+}
+
+// A node restarted with no seeds of its own (the cluster's first node is
+// started without --join) finds its cluster again at once through the
+// members it remembered, instead of running as a cluster of one until a
+// peer's gossip happens to reach it.
+func TestRestartedNodeRejoinsThroughRememberedMembers(t *testing.T) {
+	known := filepath.Join(t.TempDir(), "cluster.known")
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	a, err := StartMembership(MembershipConfig{Self: "a", Boot: 1, Bind: addrA, KnownFile: known})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := StartMembership(MembershipConfig{Self: "b", Boot: 1, Bind: addrB, Seeds: []string{addrA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	waitFor(t, "a and b to see each other", 10*time.Second, func() bool { return len(a.Alive()) == 2 && len(b.Alive()) == 2 })
+	waitFor(t, "a to remember b", 5*time.Second, func() bool {
+		got, _ := os.ReadFile(known)
+		return strings.TrimSpace(string(got)) == addrB
+	})
+	// a crashes: no leave message, b still counts it alive or suspect
+	// when it comes back on the same address.
+	a.ml.Shutdown()
+	close(a.stop)
+	a.wg.Wait()
+	a, err = StartMembership(MembershipConfig{Self: "a", Boot: 2, Bind: addrA, KnownFile: known})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown()
+	// Start waits for a remembered member (knownJoinWait), so a sees b
+	// right away, not after a gossip round.
+	if n := len(a.Alive()); n != 2 {
+		t.Fatalf("restarted a sees %d members at start, want 2 (b through the remembered address)", n)
 	}
 }

@@ -252,9 +252,10 @@ func New(o Options) (*Core, error) {
 	t0 := time.Now()
 	m, err := cluster.StartMembership(cluster.MembershipConfig{
 		Self: id, Boot: boot, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
-		Load:    func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
-		Domains: c.Users.LocalDomains,
-		Logger:  log,
+		KnownFile: filepath.Join(dataDir, knownFile),
+		Load:      func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
+		Domains:   c.Users.LocalDomains,
+		Logger:    log,
 		OnChange: func(old, new *cluster.UserMap) {
 			c.Peers.SetMembership(c.Members)
 			for _, mi := range c.Members.Alive() {
@@ -323,6 +324,11 @@ func (c *Core) Close() error {
 // aliveFile is where the node notes when it was last alive.
 const aliveFile = "node.alive"
 
+// knownFile keeps the gossip addresses of the cluster's other members, so a
+// restarted node finds its cluster at once, seeds or not. It is not hard
+// state: a node renewed after a long absence keeps it.
+const knownFile = "cluster.known"
+
 // noteAlive records that the node is alive now (not forced to disk: a
 // minute's error does not matter against a week).
 func (c *Core) noteAlive() {
@@ -352,6 +358,9 @@ func renewIfAway(dataDir string, maxAge time.Duration, log *slog.Logger) error {
 		return fmt.Errorf("data directory %s: %w", dataDir, err)
 	}
 	for _, e := range entries {
+		if e.Name() == knownFile {
+			continue
+		}
 		if err := os.RemoveAll(filepath.Join(dataDir, e.Name())); err != nil {
 			return fmt.Errorf("wipe %s: %w", dataDir, err)
 		}
