@@ -61,6 +61,10 @@ type Peers interface {
 	UserMap() cluster.UserMap
 	Alive() []cluster.MemberInfo
 	Domains() map[string]bool
+	// Degraded reports whether a member is away and the membership
+	// changed recently (cluster.Peers.Degraded): a soft state merged from
+	// the live nodes may then miss what only the away one holds.
+	Degraded() bool
 	// Call invokes an RPC method on another node.
 	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
 }
@@ -369,6 +373,45 @@ func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uin
 			bk.contrib[n] = boot
 			m.checkReadyLocked(bk, alive)
 		}
+	}
+	var deleted []string
+	for _, u := range rep.Fragments {
+		if bk := m.buckets[cluster.Bucket(u)]; bk != nil && bk.isReady {
+			if p, ok := bk.profiles[u]; ok && p.Deleted {
+				deleted = append(deleted, u)
+			}
+		}
+	}
+	if len(deleted) > 0 {
+		m.pulls.Add(1)
+		go func() {
+			defer m.pulls.Done()
+			m.dropDeleted(n, deleted)
+		}()
+	}
+}
+
+// dropDeleted removes from node n the mail of users whose profile is a
+// tombstone: a node that was down when a user was deleted comes back with
+// the user's fragments (and update logs may push a message of the user
+// after the deletion). The manager finds them in its scans and drops them,
+// but not while the membership is degraded: the tombstone must be the
+// newest profile of the address, not an old one standing in for a
+// re-created user whose profile replicas are away (once they have been
+// away for the degraded window, repair has copied profiles elsewhere).
+func (m *Manager) dropDeleted(n cluster.NodeID, users []string) {
+	if m.peers.Degraded() {
+		return
+	}
+	for _, u := range users {
+		ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
+		err := m.onNode(ctx, n, "fragment.DropUser", &mailbox.FragmentRequest{User: u}, func() error { return m.boxes.DeleteUser(u) })
+		cancel()
+		if err != nil {
+			m.log.Warn("mail of a deleted user left on a node: could not drop it", "user", u, "node", n, "err", err)
+			continue
+		}
+		m.log.Info("mail of a deleted user left on a node: dropped", "user", u, "node", n)
 	}
 }
 

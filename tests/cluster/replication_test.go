@@ -346,3 +346,41 @@ func TestWritePolicyAllPerUser(t *testing.T) {
 	waitFor(t, "the survivor to take every bucket", 30*time.Second, func() bool { return ready(live) })
 	checkNumbered(t, live, u, 20, "acknowledged under ALL, one replica killed")
 }
+
+// A node that was down when a user was deleted comes back with the user's
+// mail; the user's manager finds it in its scan of the returning node and
+// has it dropped, and other users' mail there stays.
+func TestDeletedUserMailLeavesReturningNode(t *testing.T) {
+	nodes := startReplicated(t, 2, "--replace-after", "10m")
+	gone, stays := "gone@repl.example", "stays@repl.example"
+	nodes[0].addUser(t, gone, "pw")
+	nodes[0].addUser(t, stays, "pw")
+	sendNumbered(t, nodes, gone, 6)
+	sendNumbered(t, nodes, stays, 4)
+	waitReplicated(t, nodes, 30*time.Second)
+	for _, n := range nodes {
+		if r, _ := n.Replication(); r.Objects != 10 {
+			fatalf(t, "%s holds %d message replicas, want all 10 (2 nodes, R=2)", n.ID, r.Objects)
+		}
+	}
+	back := nodes[1]
+	back.Kill9()
+	waitFor(t, "the survivor to take every bucket", 30*time.Second, func() bool { return ready(nodes[:1]) })
+	if err := nodes[0].api(http.MethodDelete, "/api/users/"+gone, nil, nil); err != nil {
+		fatalf(t, "delete %s while %s is down: %v", gone, back.ID, err)
+	}
+	deleted := time.Now()
+	waitFor(t, "the survivor to hold only the other user's 4 message replicas", 30*time.Second, func() bool {
+		r, err := nodes[0].Replication()
+		return err == nil && r.LastRepair.After(deleted) && r.Objects == 4
+	})
+	back.Restart()
+	waitFor(t, "both nodes to agree", 30*time.Second, func() bool { return ready(nodes) })
+	agreed := time.Now()
+	took := waitFor(t, "the returning node to drop the deleted user's mail", 90*time.Second, func() bool {
+		r, err := back.Replication()
+		return err == nil && r.LastRepair.After(agreed) && r.Objects == 4
+	})
+	t.Logf("the deleted user's mail left the returning node %v after the nodes agreed", took.Round(100*time.Millisecond))
+	checkNumbered(t, nodes, stays, 4, "after the returning node dropped the deleted user's mail")
+}
