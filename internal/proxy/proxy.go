@@ -66,13 +66,13 @@ type Proxy struct {
 	rnd   *rand.Rand
 }
 
-func (p *Proxy) choose(holders []cluster.NodeID, spread int, exclude map[cluster.NodeID]bool) (cluster.NodeID, bool) {
+func (p *Proxy) choose(holders []cluster.NodeID, spread int, exclude map[cluster.NodeID]bool, suspects bool) (cluster.NodeID, bool) {
 	if spread <= 0 {
 		spread = p.Spread
 	}
 	var live []cluster.NodeID
 	for _, m := range p.Peers.Alive() {
-		if !exclude[m.ID] {
+		if !exclude[m.ID] && (suspects || m.State != "suspect") {
 			live = append(live, m.ID)
 		}
 	}
@@ -273,19 +273,24 @@ func (p *Proxy) chooseSet(holders []cluster.NodeID, spread, r int, exclude map[c
 	if ex == nil {
 		ex = map[cluster.NodeID]bool{}
 	}
-	for len(set) < r {
-		var hs []cluster.NodeID
-		for _, h := range holders {
-			if !ex[h] {
-				hs = append(hs, h)
+	// Suspect members (memberlist missed their acks: paused, overloaded,
+	// or about to be declared dead) are taken only when the set cannot be
+	// filled otherwise: a store that waits on one waits for its deadline.
+	for _, suspects := range []bool{false, true} {
+		for len(set) < r {
+			var hs []cluster.NodeID
+			for _, h := range holders {
+				if !ex[h] {
+					hs = append(hs, h)
+				}
 			}
+			n, ok := p.choose(hs, spread-len(set), ex, suspects)
+			if !ok {
+				break
+			}
+			set = append(set, n)
+			ex[n] = true
 		}
-		n, ok := p.choose(hs, spread-len(set), ex)
-		if !ok {
-			break
-		}
-		set = append(set, n)
-		ex[n] = true
 	}
 	return set
 }

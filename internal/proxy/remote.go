@@ -46,26 +46,45 @@ func (p *Proxy) body(ctx context.Context, nodes []cluster.NodeID, user, id strin
 			return b, nil
 		}
 	}
-	alive := map[cluster.NodeID]bool{}
+	state := map[cluster.NodeID]string{}
 	for _, mi := range p.Peers.Alive() {
-		alive[mi.ID] = true
+		state[mi.ID] = mi.State
 	}
 	var cand []cluster.NodeID
 	for _, n := range nodes {
-		if n != p.Self && alive[n] {
+		if _, live := state[n]; n != p.Self && live {
 			cand = append(cand, n)
 		}
 	}
-	sort.SliceStable(cand, func(i, j int) bool { return p.Loads.Get(cand[i]).Pending < p.Loads.Get(cand[j]).Pending })
+	// The least loaded first (Porcupine §5), suspect members last.
+	sort.SliceStable(cand, func(i, j int) bool {
+		si, sj := state[cand[i]] == "suspect", state[cand[j]] == "suspect"
+		if si != sj {
+			return sj
+		}
+		return p.Loads.Get(cand[i]).Pending < p.Loads.Get(cand[j]).Pending
+	})
 	err := fmt.Errorf("user %s message %s: no live replica among %v: %w", user, id, nodes, mailbox.ErrNoMessage)
-	for _, n := range cand {
+	for i, n := range cand {
+		// Each holder but the last gets its own deadline, so one that
+		// hangs (paused, cut off) leaves time to ask the next.
+		try, cancel := ctx, context.CancelFunc(func() {})
+		if i < len(cand)-1 {
+			try, cancel = context.WithTimeout(ctx, bodyTryTimeout)
+		}
 		var rep BodyReply
-		if err = p.Peers.Call(ctx, n, "mailbox.Body", &BodyRequest{User: user, ID: id}, &rep); err == nil {
+		err = p.Peers.Call(try, n, "mailbox.Body", &BodyRequest{User: user, ID: id}, &rep)
+		cancel()
+		if err == nil {
 			return rep.Raw, nil
 		}
 	}
 	return nil, err
 }
+
+// bodyTryTimeout bounds one holder's answer to a body read when another
+// holder is left to ask.
+const bodyTryTimeout = rpc.DefaultTimeout
 
 func (p *Proxy) openBody(ctx context.Context, nodes []cluster.NodeID, user, id string) (io.ReadCloser, error) {
 	b, err := p.body(ctx, nodes, user, id)
