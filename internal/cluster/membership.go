@@ -322,11 +322,12 @@ func (m *Membership) remember(live []MemberInfo) {
 	}
 	m.known = addrs
 	tmp := m.cfg.KnownFile + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strings.Join(addrs, "\n")+"\n"), 0o600); err == nil {
+	err := os.WriteFile(tmp, []byte(strings.Join(addrs, "\n")+"\n"), 0o600)
+	if err == nil {
 		err = os.Rename(tmp, m.cfg.KnownFile)
-		if err != nil && m.cfg.Logger != nil {
-			m.cfg.Logger.Warn("could not remember the cluster's members", "file", m.cfg.KnownFile, "err", err)
-		}
+	}
+	if err != nil && m.cfg.Logger != nil {
+		m.cfg.Logger.Warn("could not remember the cluster's members", "file", m.cfg.KnownFile, "err", err)
 	}
 }
 
