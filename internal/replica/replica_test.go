@@ -28,7 +28,7 @@ import (
 // A cluster of replication managers over real RPC, each with a real mailbox
 // manager as the handler of message objects.
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	mu     sync.Mutex
 	nodes  map[cluster.NodeID]*node
 	alive  map[cluster.NodeID]bool
@@ -69,7 +69,7 @@ func (p peers) Call(ctx context.Context, id cluster.NodeID, method string, req, 
 	return p.c.client.Call(ctx, n.addr, method, req, resp)
 }
 
-func newCluster(t *testing.T) *testCluster {
+func newCluster(t testing.TB) *testCluster {
 	c := &testCluster{t: t, nodes: map[cluster.NodeID]*node{}, alive: map[cluster.NodeID]bool{}, client: rpc.NewClient()}
 	t.Cleanup(func() {
 		for id := range c.nodes {
@@ -485,13 +485,9 @@ func (c *testCluster) remote(id cluster.NodeID, addr string) {
 // node pays every scan when nothing needs repair.
 func BenchmarkRepairScan(b *testing.B) {
 	const repairBenchObjects = 100_000
-	c := newCluster(&testing.T{})
-	dir := b.TempDir()
-	c.t = &testing.T{}
-	a := c.start("a", dir)
+	c := newCluster(b)
+	a := c.start("a", "")
 	c.start("d", "")
-	defer c.stop("a")
-	defer c.stop("d")
 	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error { return nil },
 		func(exclude []cluster.NodeID, n int) []cluster.NodeID { return nil })
 	for i := 0; i < repairBenchObjects; i += 1000 {
