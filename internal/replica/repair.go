@@ -28,7 +28,7 @@ const repairInterval = 5 * time.Second
 
 // repairDuty bounds the share of time scans take: after a scan that took
 // d, the next one waits at least d/repairDuty. A scan reads every message
-// record (about 0.5 s per million on the benchmark machine), so a node
+// record (about 0.3 s per million here: BenchmarkRepairScan), so a node
 // holding millions scans less often rather than all the time.
 const repairDuty = 0.05
 
