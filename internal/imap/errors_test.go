@@ -32,6 +32,7 @@ func TestFailedCommandNamesCodeAndCause(t *testing.T) {
 		code string
 	}{
 		{fmt.Errorf("read message m1 from n-2: rpc body: %w", rpc.ErrUnavailable), "[UNAVAILABLE]"},
+		{fmt.Errorf("deliver to u@example.org: 0 live nodes with disk space: %w", proxy.ErrTryLater), "[UNAVAILABLE]"},
 		{errors.New("message m1: record damaged"), "[SERVERBUG]"},
 	} {
 		srv := New(failingBodies{e.store, c.err}, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: time.Millisecond, IdlePoll: time.Minute})

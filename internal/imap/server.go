@@ -10,6 +10,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
 )
 
@@ -107,11 +108,11 @@ func New(store Store, auth Authenticator, cfg Config) *Server {
 }
 
 // errorCode tells a client whether a failed command may work if tried
-// again: a node that holds the mailbox or the message being unreachable, or
-// a call to it timing out, is UNAVAILABLE (RFC 5530: temporary); anything
-// else stays SERVERBUG.
+// again: a node that holds the mailbox or the message being unreachable, a
+// call to it timing out, or no node with room for a new message is
+// UNAVAILABLE (RFC 5530: temporary); anything else stays SERVERBUG.
 func errorCode(err error) imap.ResponseCode {
-	if errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, proxy.ErrTryLater) {
 		return imap.ResponseCodeUnavailable
 	}
 	return ""

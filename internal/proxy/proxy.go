@@ -31,8 +31,8 @@ var (
 	// ErrForeignDomain: we do not serve the recipient's domain (and do not
 	// relay for unauthenticated senders).
 	ErrForeignDomain = errors.New("domain not served here")
-	// errTryLater is a temporary failure (SMTP 4xx).
-	errTryLater = errors.New("try again later")
+	// ErrTryLater is a temporary failure (SMTP 4xx, IMAP UNAVAILABLE).
+	ErrTryLater = errors.New("try again later")
 )
 
 // storeAttempts bounds how many nodes a delivery tries before giving up
@@ -99,7 +99,7 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	if p.Peers.Degraded() {
 		// The user's profile may be on a node that is down or cut off: a
 		// bounce would be final, so ask the sender to try later.
-		return fmt.Errorf("recipient %s: not found while some nodes are unreachable: %w", addr, errTryLater)
+		return fmt.Errorf("recipient %s: not found while some nodes are unreachable: %w", addr, ErrTryLater)
 	}
 	if !p.Users.ServesDomain(userdb.Domain(addr)) {
 		return fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)
@@ -182,8 +182,8 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 				if lastErr != nil {
 					why = "last attempt: " + lastErr.Error()
 				}
-				return nil, fmt.Errorf("deliver to %s: write policy %s needs %d of %d replicas, %d live nodes with disk space to choose from (%s)",
-					u, policy, policy.Need(want), want, len(set), why)
+				return nil, fmt.Errorf("deliver to %s: write policy %s needs %d of %d replicas, %d live nodes with disk space to choose from (%s): %w",
+					u, policy, policy.Need(want), want, len(set), why, ErrTryLater)
 			}
 			a.Place.Flags = flags
 			o := &mailbox.Object{User: a.Place.User, ID: id, Mailbox: a.Place.Mailbox, UIDValidity: a.Place.UIDValidity,
