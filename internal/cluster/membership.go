@@ -212,6 +212,30 @@ func (m *Membership) Alive() []MemberInfo {
 	return out
 }
 
+// Expected returns how many nodes the cluster has as far as this node
+// knows: the members it has seen (but those that left), and the members it
+// remembers (KnownFile) but has not seen since it started. A node cut off
+// or restarted alone thus still knows it is not a cluster of one.
+func (m *Membership) Expected() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	addrs := map[string]bool{}
+	n := 0
+	for _, mi := range m.members {
+		if mi.State != "left" {
+			n++
+			addrs[mi.Gossip] = true
+		}
+	}
+	for _, a := range m.known {
+		if !addrs[a] {
+			addrs[a] = true
+			n++
+		}
+	}
+	return n
+}
+
 // Lookup returns what this node knows of a member.
 func (m *Membership) Lookup(id NodeID) (MemberInfo, bool) {
 	m.mu.RLock()

@@ -59,6 +59,15 @@ func (p *Peers) Degraded() bool {
 	return false
 }
 
+// Expected returns how many nodes the cluster has, counting those away
+// (Membership.Expected); 1 before the membership has started.
+func (p *Peers) Expected() int {
+	if m := p.members.Load(); m != nil {
+		return m.Expected()
+	}
+	return 1
+}
+
 // Domains returns the mail domains of the cluster's users.
 func (p *Peers) Domains() map[string]bool {
 	if m := p.members.Load(); m != nil {

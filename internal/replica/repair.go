@@ -126,6 +126,11 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 	}
 	now := time.Now()
 	alive := m.alive()
+	// An object is short when it has fewer live replicas than its R, or
+	// than the cluster's nodes if there are fewer. The nodes away count:
+	// a node cut off from the others (or restarted alone) holding single
+	// copies must say they are short, though it cannot mend them yet.
+	nodes := max(len(alive), peers.Expected())
 	m.mu.Lock()
 	for n := range alive {
 		m.repair.lastSeen[n] = now
@@ -157,7 +162,7 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 					gone = append(gone, n)
 				}
 			}
-			want := min(max(o.Want, 1), len(alive))
+			want := min(max(o.Want, 1), nodes)
 			if len(live) >= want {
 				return nil
 			}

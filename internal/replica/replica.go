@@ -153,6 +153,8 @@ type Handler interface {
 // Peers is what the manager needs of the cluster.
 type Peers interface {
 	Alive() []cluster.MemberInfo
+	// Expected is how many nodes the cluster has, counting those away.
+	Expected() int
 	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
 }
 

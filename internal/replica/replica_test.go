@@ -59,6 +59,13 @@ func (p peers) Alive() []cluster.MemberInfo {
 	return out
 }
 
+// Expected counts every node the test cluster has had, stopped or not.
+func (p peers) Expected() int {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	return len(p.c.alive)
+}
+
 func (p peers) Call(ctx context.Context, id cluster.NodeID, method string, req, resp any) error {
 	p.c.mu.Lock()
 	n, up := p.c.nodes[id], p.c.alive[id]
@@ -511,4 +518,44 @@ func BenchmarkRepairScan(b *testing.B) {
 	if st := a.repl.RepairStats(); st.Objects != repairBenchObjects {
 		b.Fatalf("scan saw %d objects, want %d", st.Objects, repairBenchObjects)
 	}
+}
+
+// A node cut off from the others that holds single copies says they are
+// short of their replicas (it counts the nodes away), though it cannot
+// mend them until the others are back.
+func TestCutOffNodeCountsSingleCopiesShort(t *testing.T) {
+	c := newCluster(t)
+	a := c.start("a", "")
+	c.start("b", "")
+	c.setAlive("b", false)
+	o := message("m1", 1, "a")
+	o.Want = 2 // placed while a saw no other node: one copy of two
+	if _, err := write(t, a, replica.One, o, []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	var moves []replica.Move
+	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {
+		moves = append(moves, ms...)
+		return nil
+	}, func(exclude []cluster.NodeID, n int) []cluster.NodeID {
+		if c.peersAlive("b") && !slices.Contains(exclude, "b") {
+			return []cluster.NodeID{"b"}
+		}
+		return nil
+	})
+	a.repl.RepairOnce(context.Background())
+	if st := a.repl.RepairStats(); st.UnderReplicated != 1 || len(moves) != 0 {
+		t.Fatalf("cut off: %+v, moves %v; want 1 short and nothing to move it to", st, moves)
+	}
+	c.setAlive("b", true)
+	a.repl.RepairOnce(context.Background())
+	if len(moves) != 1 || !slices.Equal(moves[0].Replicas, []cluster.NodeID{"a", "b"}) {
+		t.Fatalf("b back: moves %+v, want m1 on a and b", moves)
+	}
+}
+
+func (c *testCluster) peersAlive(id cluster.NodeID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.alive[id]
 }

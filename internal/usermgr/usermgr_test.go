@@ -58,6 +58,11 @@ func (p peers) Alive() []cluster.MemberInfo {
 	defer p.c.mu.Unlock()
 	return append([]cluster.MemberInfo(nil), p.c.alive...)
 }
+func (p peers) Expected() int {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	return len(p.c.nodes)
+}
 func (p peers) Degraded() bool {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
