@@ -217,6 +217,7 @@ func New(o Options) (*Core, error) {
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
 		Spread: balance.DefaultSpread, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
 	c.Repl.SetRepair(c.Users.Rehome, c.Proxy.ChooseReplicas)
+	c.Repl.SetConflictHandler(c.Users.ResolveConflict)
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC)
 	c.Proxy.Register(c.RPC)

@@ -139,9 +139,12 @@ func (m *Manager) StoreAt(places []Placed, id string, raw []byte, date time.Time
 		return fmt.Errorf("store message %s: %w", id, err)
 	}
 	for i, o := range outs {
-		if o == replica.Failed {
-			p := places[i]
+		p := places[i]
+		switch o {
+		case replica.Conflict:
 			return fmt.Errorf("user %s mailbox %q uid %d: %w", p.User, p.Mailbox, p.UID, ErrUIDTaken)
+		case replica.Failed:
+			return fmt.Errorf("user %s mailbox %q uid %d: message object refused", p.User, p.Mailbox, p.UID)
 		}
 	}
 	return nil

@@ -125,11 +125,15 @@ func (m *Manager) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs [
 	outs := make([]replica.Outcome, len(ups))
 	for i, o := range objs {
 		out, err := t.applyObject(o, ups[i])
-		if errors.Is(err, ErrUIDTaken) || errors.Is(err, errBadObject) || errors.Is(err, ErrBadName) {
+		switch {
+		case errors.Is(err, ErrUIDTaken):
 			// Two messages under one UID (a partition let two writers
-			// hand it out): refused here; the writer renumbers one of
-			// them when it loads the mailbox. Or bad input: refused.
+			// hand it out): refused here as a conflict, which makes the
+			// pusher ask the writer to renumber one of them.
 			m.logf("message object %s not applied: %v", ups[i].Object, err)
+			out, err = replica.Conflict, nil
+		case errors.Is(err, errBadObject) || errors.Is(err, ErrBadName):
+			m.logf("message object %s not applied: %v", ups[i].Object, err) // bad input: refused
 			out, err = replica.Failed, nil
 		}
 		if err != nil {

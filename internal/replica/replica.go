@@ -135,6 +135,11 @@ const (
 	NeedContent
 	// Failed: the replica could not apply it (logged there).
 	Failed
+	// Conflict: the replica holds another object in the place the update
+	// names (two writers cut off from each other gave one UID to two
+	// messages). Only the object's writer can resolve it, with a newer
+	// update (a new UID); until then the push is tried again.
+	Conflict
 )
 
 // Handler applies the updates of one kind of object to this node's
@@ -198,9 +203,13 @@ type Manager struct {
 	mu      sync.Mutex
 	entries map[string]*Entry // the log, by object
 	pushing map[string]bool   // object/node pushes in flight
-	kick    chan struct{}
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// conflicts are objects whose writer was asked to resolve a conflict,
+	// and when; onConflict is what asks it.
+	conflicts  map[string]time.Time
+	onConflict func(ctx context.Context, object string) error
+	kick       chan struct{}
+	stop       chan struct{}
+	wg         sync.WaitGroup
 
 	repair repairState
 }
@@ -209,7 +218,7 @@ type Manager struct {
 func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger) (*Manager, error) {
 	m := &Manager{self: self, db: db, clock: clock, log: log, handlers: map[string]Handler{},
 		RetireDelay: DefaultRetireDelay, MaxAge: DefaultMaxAge, ReplaceAfter: DefaultReplaceAfter,
-		entries: map[string]*Entry{}, pushing: map[string]bool{},
+		entries: map[string]*Entry{}, pushing: map[string]bool{}, conflicts: map[string]time.Time{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	it, err := db.PrefixIter(nil, store.KindPrefix(store.KindLog))
 	if err != nil {
@@ -389,8 +398,13 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 		for i, o := range outs {
 			// Stale: a newer version is here already; the peers answer for
 			// themselves (stale or applied both count as holding it).
-			if o != Applied && o != Stale {
-				return nil, fmt.Errorf("apply update of %s here: outcome %d", ups[i].Object, o)
+			switch o {
+			case Applied, Stale:
+			case Conflict:
+				m.conflicted([]string{ups[i].Object})
+				return nil, fmt.Errorf("apply update of %s here: its place holds another object", ups[i].Object)
+			default:
+				return nil, fmt.Errorf("apply update of %s here: not applied", ups[i].Object)
 			}
 		}
 		acked = append(acked, m.self)
@@ -542,6 +556,7 @@ func (m *Manager) push(n cluster.NodeID, ups []*Update, whole bool) error {
 		return fmt.Errorf("push to %s: %d outcomes for %d updates", n, len(rep.Outcomes), len(req.Entries))
 	}
 	var again []*Update
+	var conflicts []string
 	failed := 0
 	for i, o := range rep.Outcomes {
 		e := req.Entries[i]
@@ -551,10 +566,14 @@ func (m *Manager) push(n cluster.NodeID, ups []*Update, whole bool) error {
 		case NeedContent:
 			u := e.Update
 			again = append(again, &u)
+		case Conflict:
+			conflicts = append(conflicts, e.Object)
+			failed++
 		default:
 			failed++
 		}
 	}
+	m.conflicted(conflicts)
 	if len(again) > 0 && !whole {
 		return m.push(n, again, true)
 	}
@@ -562,6 +581,63 @@ func (m *Manager) push(n cluster.NodeID, ups []*Update, whole bool) error {
 		return fmt.Errorf("push to %s: %d of %d updates not applied", n, failed+len(again), len(req.Entries))
 	}
 	return nil
+}
+
+// conflictRetry is how often the writer of an object whose pushes are
+// refused for a conflict is asked again to resolve it: pushes are retried
+// every second, and asking each time would only repeat the writer's work.
+const conflictRetry = 10 * time.Second
+
+// SetConflictHandler installs what asks an object's writer to resolve a
+// conflict a replica reported (for messages: load the user's views, which
+// renumbers messages that share a UID).
+func (m *Manager) SetConflictHandler(fn func(ctx context.Context, object string) error) {
+	m.mu.Lock()
+	m.onConflict = fn
+	m.mu.Unlock()
+}
+
+// conflicted hands objects whose update a replica refused for a conflict
+// to the conflict handler, each at most once per conflictRetry. Without
+// it, such an update waits in the log until something else makes the
+// writer look at the object (a user reading the mailbox), and the object
+// has fewer replicas meanwhile.
+func (m *Manager) conflicted(objects []string) {
+	if len(objects) == 0 {
+		return
+	}
+	now := time.Now()
+	m.mu.Lock()
+	fn := m.onConflict
+	var ask []string
+	for _, o := range objects {
+		if t, ok := m.conflicts[o]; ok && now.Sub(t) < conflictRetry {
+			continue
+		}
+		m.conflicts[o] = now
+		ask = append(ask, o)
+	}
+	for o, t := range m.conflicts {
+		if now.Sub(t) >= conflictRetry {
+			delete(m.conflicts, o)
+		}
+	}
+	m.mu.Unlock()
+	if fn == nil {
+		return
+	}
+	for _, o := range ask {
+		m.log.Info("a replica refused an update for a conflict: asking the writer to resolve it", "object", o)
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
+			defer cancel()
+			if err := fn(ctx, o); err != nil {
+				m.log.Warn("could not have a conflict resolved", "object", o, "err", err)
+			}
+		}()
+	}
 }
 
 // acked records that node n holds the update of object with stamp s.

@@ -559,3 +559,35 @@ func (c *testCluster) peersAlive(id cluster.NodeID) bool {
 	defer c.mu.Unlock()
 	return c.alive[id]
 }
+
+// A replica that holds another message under the UID an update names
+// refuses it as a conflict, and the pusher asks the object's writer to
+// resolve it: once, not at every retry of the push.
+func TestConflictAsksTheWriter(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", ""), c.start("b", "")
+	if _, err := write(t, b, replica.One, message("other", 1, "b"), []byte("body\n")); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var asked []string
+	a.repl.SetConflictHandler(func(ctx context.Context, object string) error {
+		mu.Lock()
+		asked = append(asked, object)
+		mu.Unlock()
+		return nil
+	})
+	rep, err := write(t, a, replica.One, message("m1", 1, "a", "b"), []byte("body\n"))
+	if err != nil || !slices.Equal(rep.Acked, []cluster.NodeID{"a"}) {
+		t.Fatalf("write: %+v %v (want acknowledged by a alone: b holds another message at UID 1)", rep, err)
+	}
+	time.Sleep(3 * time.Second) // the log worker pushes again every second
+	mu.Lock()
+	defer mu.Unlock()
+	if want := mailbox.ObjectName(user, "m1"); !slices.Equal(asked, []string{want}) {
+		t.Fatalf("writer asked about %v, want %s once", asked, want)
+	}
+	if s := a.repl.Stats(); s.Pending != 1 {
+		t.Fatalf("log %+v: the refused update must wait for the writer", s)
+	}
+}

@@ -210,6 +210,41 @@ func (m *Manager) LocalRehome(ctx context.Context, req *RehomeRequest) (*struct{
 	return &struct{}{}, err
 }
 
+// ReloadRequest asks a user's writer to load the user's mailbox views again.
+type ReloadRequest struct {
+	User string `json:"user"`
+}
+
+// LocalReload loads every mailbox view of the user again from the
+// fragments; a load renumbers messages that share a UID, which is what
+// resolves a conflict a replica refused an update for.
+func (m *Manager) LocalReload(ctx context.Context, req *ReloadRequest) (*struct{}, error) {
+	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
+		for i := range p.Mailboxes {
+			def := &p.Mailboxes[i]
+			w.counters(def).loaded = false
+			if _, _, err := m.openBox(ctx, w, p, &MailboxRequest{ID: uint64(def.UIDValidity)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return &struct{}{}, err
+}
+
+// ResolveConflict asks the writer of a message object that a replica
+// refused for a conflict (its UID names another message there) to load the
+// user's views again, which renumbers both. The replication manager calls
+// it; objects of other kinds have no such conflicts.
+func (m *Manager) ResolveConflict(ctx context.Context, object string) error {
+	user, _, ok := mailbox.ParseObjectName(object)
+	if !ok {
+		return nil
+	}
+	_, err := Writer(ctx, m, user, "writer.Reload", &ReloadRequest{User: user}, m.LocalReload)
+	return err
+}
+
 // noteUser records a node in the mail map of a user this node manages.
 func (m *Manager) noteUser(user string, n cluster.NodeID) {
 	m.mu.Lock()

@@ -365,6 +365,14 @@ func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uin
 	}
 	for _, u := range rep.Fragments {
 		if bk := m.buckets[cluster.Bucket(u)]; bk != nil {
+			if bk.isReady && !bk.mailMap[u][n] {
+				// A fragment the mail map did not know of (a store whose
+				// confirmation never came, such as a failed delivery
+				// attempt kept by its coordinator): the views must read
+				// it, or its messages stay hidden and their UIDs may
+				// clash with later ones, which replicas then refuse.
+				bk.viewGen++
+			}
 			noteLocked(bk, u, n)
 		}
 	}

@@ -493,6 +493,7 @@ func (m *Manager) registerWriter(s *rpc.Server) {
 	s.Handle("writer.Copy", rpc.Method(m.LocalCopy))
 	s.Handle("writer.Version", rpc.Method(m.LocalVersion))
 	s.Handle("writer.Rehome", rpc.Method(m.LocalRehome))
+	s.Handle("writer.Reload", rpc.Method(m.LocalReload))
 }
 
 // --- any node's side

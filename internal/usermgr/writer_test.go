@@ -142,3 +142,84 @@ func TestWriterRenumbersClashingUIDs(t *testing.T) {
 		}
 	}
 }
+
+// A fragment the mail map did not know of, found by the manager's periodic
+// scan (a store whose confirmation never came, such as a delivery attempt
+// that failed after its coordinator stored it), makes the user's views
+// load again: its message is shown, and a UID it shares with a later
+// message is renumbered. Before, the views stayed as they were until the
+// next membership change, and the hidden message's replica pushes were
+// refused for its UID over and over.
+func TestRefreshedMailMapReloadsViews(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", "", 1)
+	b := c.start("b", "", 1)
+	c.setAlive("a", "b")
+	u := "orphan@example.org"
+	a.mgr.AddUser(ctx(t), u, "pw")
+	mgr := c.nodes[c.um.Manager(u)]
+	pl := alloc(t, mgr.mgr, u)
+	storeAndConfirmTo(t, a, mgr.mgr, pl, "confirmed on a")
+	if got := inbox(t, mgr.mgr, u); len(got.Messages) != 1 {
+		t.Fatalf("view before: %+v", got.Messages)
+	}
+	// The same place stored on b, never confirmed.
+	b.boxes.StoreAt([]mailbox.Placed{pl}, b.boxes.NewMessageID(), []byte("Subject: orphan on b\r\n\r\n"), time.Now())
+	mgr.mgr.Refresh(c.alive)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := inbox(t, mgr.mgr, u)
+		if len(got.Messages) == 2 {
+			if got.Messages[0].UID == got.Messages[1].UID {
+				t.Fatalf("UID %d names two messages: %+v", got.Messages[0].UID, got.Messages)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the message on b is still hidden after the refresh found its fragment: %+v", got.Messages)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A replica's conflict report makes the writer load the views again even
+// though nothing it knows of changed: the two messages sharing a UID are
+// both shown, under different UIDs.
+func TestResolveConflictRenumbers(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", "", 1)
+	b := c.start("b", "", 1)
+	c.setAlive("a", "b")
+	u := "conflict@example.org"
+	a.mgr.AddUser(ctx(t), u, "pw")
+	mgr := c.nodes[c.um.Manager(u)]
+	pl := alloc(t, mgr.mgr, u)
+	storeAndConfirmTo(t, a, mgr.mgr, pl, "confirmed on a")
+	// b holds the user's mail already (so the mail map has it), and then
+	// gets another message under the same UID, as a writer cut off from
+	// the first would have placed it.
+	pl2 := alloc(t, mgr.mgr, u)
+	storeAndConfirmTo(t, b, mgr.mgr, pl2, "second, on b")
+	if got := inbox(t, mgr.mgr, u); len(got.Messages) != 2 {
+		t.Fatalf("view before: %+v", got.Messages)
+	}
+	id := b.boxes.NewMessageID()
+	b.boxes.StoreAt([]mailbox.Placed{pl}, id, []byte("Subject: clash on b\r\n\r\n"), time.Now())
+	if got := inbox(t, mgr.mgr, u); len(got.Messages) != 2 {
+		t.Fatalf("the view changed by itself: %+v", got.Messages)
+	}
+	if err := b.mgr.ResolveConflict(ctx(t), mailbox.ObjectName(u, id)); err != nil {
+		t.Fatal(err)
+	}
+	got := inbox(t, mgr.mgr, u)
+	if len(got.Messages) != 3 {
+		t.Fatalf("after the conflict report: %+v, want 3 messages", got.Messages)
+	}
+	seen := map[uint32]bool{}
+	for _, m := range got.Messages {
+		if seen[m.UID] {
+			t.Fatalf("UID %d names two messages: %+v", m.UID, got.Messages)
+		}
+		seen[m.UID] = true
+	}
+}
