@@ -35,6 +35,22 @@ func storeAndConfirmTo(t *testing.T, n *testNode, mgr *Manager, pl mailbox.Place
 	}
 }
 
+// twoNodesOneUser starts nodes a and b, adds user u, and stores a first
+// message on a through the user's writer; it returns the nodes, the
+// writer's node and the first message's place.
+func twoNodesOneUser(t *testing.T, u, subject string) (c *testCluster, a, b, w *testNode, pl mailbox.Placed) {
+	t.Helper()
+	c = newTestCluster(t)
+	a = c.start("a", "", 1)
+	b = c.start("b", "", 1)
+	c.setAlive("a", "b")
+	a.mgr.AddUser(ctx(t), u, "pw")
+	w = c.nodes[c.um.Manager(u)]
+	pl = alloc(t, w.mgr, u)
+	storeAndConfirmTo(t, a, w.mgr, pl, subject)
+	return c, a, b, w, pl
+}
+
 func inbox(t *testing.T, m *Manager, user string) *MessagesReply {
 	t.Helper()
 	rep, err := m.LocalMessages(ctx(t), &MailboxRequest{User: user, Name: "INBOX"})
@@ -116,15 +132,8 @@ func TestWriterNeverReusesUIDsAfterCrash(t *testing.T) {
 
 // Two fragments claiming one UID for different messages both get new UIDs.
 func TestWriterRenumbersClashingUIDs(t *testing.T) {
-	c := newTestCluster(t)
-	a := c.start("a", "", 1)
-	b := c.start("b", "", 1)
-	c.setAlive("a", "b")
 	u := "w@example.org"
-	a.mgr.AddUser(ctx(t), u, "pw")
-	mgr := c.nodes[c.um.Manager(u)]
-	pl := alloc(t, mgr.mgr, u)
-	storeAndConfirmTo(t, a, mgr.mgr, pl, "on a")
+	c, _, b, mgr, pl := twoNodesOneUser(t, u, "on a")
 	// The same place stored on b too, as a writer cut off from the
 	// reservation might have done.
 	b.boxes.StoreAt([]mailbox.Placed{pl}, b.boxes.NewMessageID(), []byte("Subject: on b\r\n\r\n"), time.Now())
@@ -151,15 +160,8 @@ func TestWriterRenumbersClashingUIDs(t *testing.T) {
 // next membership change, and the hidden message's replica pushes were
 // refused for its UID over and over.
 func TestRefreshedMailMapReloadsViews(t *testing.T) {
-	c := newTestCluster(t)
-	a := c.start("a", "", 1)
-	b := c.start("b", "", 1)
-	c.setAlive("a", "b")
 	u := "orphan@example.org"
-	a.mgr.AddUser(ctx(t), u, "pw")
-	mgr := c.nodes[c.um.Manager(u)]
-	pl := alloc(t, mgr.mgr, u)
-	storeAndConfirmTo(t, a, mgr.mgr, pl, "confirmed on a")
+	c, _, b, mgr, pl := twoNodesOneUser(t, u, "confirmed on a")
 	if got := inbox(t, mgr.mgr, u); len(got.Messages) != 1 {
 		t.Fatalf("view before: %+v", got.Messages)
 	}
@@ -186,15 +188,8 @@ func TestRefreshedMailMapReloadsViews(t *testing.T) {
 // though nothing it knows of changed: the two messages sharing a UID are
 // both shown, under different UIDs.
 func TestResolveConflictRenumbers(t *testing.T) {
-	c := newTestCluster(t)
-	a := c.start("a", "", 1)
-	b := c.start("b", "", 1)
-	c.setAlive("a", "b")
 	u := "conflict@example.org"
-	a.mgr.AddUser(ctx(t), u, "pw")
-	mgr := c.nodes[c.um.Manager(u)]
-	pl := alloc(t, mgr.mgr, u)
-	storeAndConfirmTo(t, a, mgr.mgr, pl, "confirmed on a")
+	_, _, b, mgr, pl := twoNodesOneUser(t, u, "confirmed on a")
 	// b holds the user's mail already (so the mail map has it), and then
 	// gets another message under the same UID, as a writer cut off from
 	// the first would have placed it.
