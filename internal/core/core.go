@@ -111,7 +111,10 @@ type Core struct {
 	rpcLn   net.Listener
 	stop    chan struct{}
 	full    atomic.Bool
-	dataDir string
+	// critical: under half of MinFree is free; the node then refuses new
+	// message content even as a replica (replica.Manager.SetRoom).
+	critical atomic.Bool
+	dataDir  string
 }
 
 // DiskFull reports whether the data directory's file system has less than
@@ -123,9 +126,13 @@ func (c *Core) checkDisk() {
 	if err := syscall.Statfs(c.dataDir, &st); err != nil {
 		return
 	}
-	full := int64(st.Bavail*uint64(st.Bsize)) < c.Opts.MinFree
-	if full != c.full.Swap(full) {
-		c.log.Warn("disk space", "data", c.dataDir, "full", full, "free_bytes", st.Bavail*uint64(st.Bsize))
+	free := int64(st.Bavail * uint64(st.Bsize))
+	full := free < c.Opts.MinFree
+	critical := free < c.Opts.MinFree/2
+	fullChanged := full != c.full.Swap(full)
+	criticalChanged := critical != c.critical.Swap(critical)
+	if fullChanged || criticalChanged {
+		c.log.Warn("disk space", "data", c.dataDir, "full", full, "critical", critical, "free_bytes", free)
 	}
 }
 
@@ -218,6 +225,7 @@ func New(o Options) (*Core, error) {
 		Spread: balance.DefaultSpread, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
 	c.Repl.SetRepair(c.Users.Rehome, c.Proxy.ChooseReplicas)
 	c.Repl.SetConflictHandler(c.Users.ResolveConflict)
+	c.Repl.SetRoom(func() bool { return !c.critical.Load() })
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC)
 	c.Proxy.Register(c.RPC)

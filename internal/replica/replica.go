@@ -207,9 +207,13 @@ type Manager struct {
 	// and when; onConflict is what asks it.
 	conflicts  map[string]time.Time
 	onConflict func(ctx context.Context, object string) error
-	kick       chan struct{}
-	stop       chan struct{}
-	wg         sync.WaitGroup
+	// room reports whether the disk can take new content; noRoomLogged
+	// is when a refusal for lack of it was last logged.
+	room         func() bool
+	noRoomLogged time.Time
+	kick         chan struct{}
+	stop         chan struct{}
+	wg           sync.WaitGroup
 
 	repair repairState
 }
@@ -330,6 +334,9 @@ func without(set []cluster.NodeID, drop ...cluster.NodeID) []cluster.NodeID {
 // coordinator's log and reaches the others when they can be reached.
 var ErrPolicy = errors.New("write policy not met")
 
+// ErrNoRoom refuses new content on a node whose disk is nearly full.
+var ErrNoRoom = errors.New("disk nearly full: no new content taken")
+
 // WriteRequest is an update sent to its coordinator.
 type WriteRequest struct {
 	Updates []*Update `json:"updates"`
@@ -374,6 +381,9 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 	}
 	remaining := without(targets, m.self)
 	local := slices.Contains(targets, m.self)
+	if local && slices.ContainsFunc(ups, func(u *Update) bool { return len(u.Blob) > 0 }) && !m.hasRoom(len(ups)) {
+		return nil, fmt.Errorf("update of %s on %s: %w", ups[0].Object, m.self, ErrNoRoom)
+	}
 	now := time.Now()
 	logged := make([]*Entry, 0, len(ups))
 	var acked []cluster.NodeID
@@ -583,6 +593,36 @@ func (m *Manager) push(n cluster.NodeID, ups []*Update, whole bool) error {
 	return nil
 }
 
+// SetRoom installs what says whether this node's disk can take new content
+// (message bytes). A node whose disk is nearly full refuses updates that
+// carry content, here and in pushes; the coordinators keep them in their
+// logs until it has room again. Without this the disk could fill up
+// entirely, and Pebble ends the process when it cannot write its WAL.
+func (m *Manager) SetRoom(fn func() bool) {
+	m.mu.Lock()
+	m.room = fn
+	m.mu.Unlock()
+}
+
+// hasRoom reports whether new content may be written here, and logs a
+// refusal at most once per noRoomLogEvery.
+func (m *Manager) hasRoom(refused int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.room == nil || m.room() {
+		return true
+	}
+	if refused > 0 && time.Since(m.noRoomLogged) >= noRoomLogEvery {
+		m.noRoomLogged = time.Now()
+		m.log.Warn("updates with content refused: the disk is nearly full", "updates", refused)
+	}
+	return false
+}
+
+// noRoomLogEvery spaces the log lines about refusals for lack of room:
+// coordinators retry every second.
+const noRoomLogEvery = 10 * time.Second
+
 // conflictRetry is how often the writer of an object whose pushes are
 // refused for a conflict is asked again to resolve it: pushes are retried
 // every second, and asking each time would only repeat the writer's work.
@@ -669,8 +709,15 @@ func (m *Manager) acked(object string, s Stamp, n cluster.NodeID) {
 func (m *Manager) Push(ctx context.Context, req *PushRequest) (*PushReply, error) {
 	out := &PushReply{Outcomes: make([]Outcome, len(req.Entries))}
 	byKind := map[string][]int{}
+	withContent := 0
+	for _, e := range req.Entries {
+		if e != nil && len(e.Blob) > 0 {
+			withContent++
+		}
+	}
+	room := withContent == 0 || m.hasRoom(withContent)
 	for i, e := range req.Entries {
-		if e == nil {
+		if e == nil || (len(e.Blob) > 0 && !room) {
 			out.Outcomes[i] = Failed
 			continue
 		}

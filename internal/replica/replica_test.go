@@ -591,3 +591,29 @@ func TestConflictAsksTheWriter(t *testing.T) {
 		t.Fatalf("log %+v: the refused update must wait for the writer", s)
 	}
 }
+
+// A node whose disk is nearly full refuses pushes that carry content and
+// takes those that do not; the coordinator keeps the refused update and
+// delivers it once the node has room again.
+func TestNoRoomRefusesContentUntilThereIsRoom(t *testing.T) {
+	c := newCluster(t)
+	a, b := c.start("a", ""), c.start("b", "")
+	var full sync.Mutex
+	room := false
+	b.repl.SetRoom(func() bool { full.Lock(); defer full.Unlock(); return room })
+	// ALL waits for b's answer, so the refusal is in before the checks.
+	rep, err := write(t, a, replica.All, message("m1", 1, "a", "b"), []byte("body\n"))
+	if !errors.Is(err, replica.ErrPolicy) || !slices.Equal(rep.Acked, []cluster.NodeID{"a"}) {
+		t.Fatalf("write: %+v %v, want a alone (b has no room)", rep, err)
+	}
+	if has(b, "m1") {
+		t.Fatal("b took content with no room")
+	}
+	if _, err := write(t, b, replica.One, message("m2", 2, "b"), []byte("body\n")); !errors.Is(err, replica.ErrNoRoom) {
+		t.Fatalf("a write with content on b itself: %v, want ErrNoRoom", err)
+	}
+	full.Lock()
+	room = true
+	full.Unlock()
+	waitFor(t, "b to get m1 once it has room", func() bool { return has(b, "m1") })
+}
