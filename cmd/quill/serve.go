@@ -52,7 +52,7 @@ command line win over the file.`,
 	f.StringVar(&cfg.Hostname, "hostname", cfg.Hostname, "host name used in greetings and Received headers")
 	f.Int64Var(&cfg.MaxMessageBytes, "max-message-size", cfg.MaxMessageBytes, "largest message accepted by SMTP, in bytes")
 	f.DurationVar(&cfg.AuthFailDelay, "auth-fail-delay", cfg.AuthFailDelay, "delay before answering a failed login")
-	f.Int64Var(&cfg.MinFree, "min-free", cfg.MinFree, "free disk bytes under which the node takes no new mail (disk full)")
+	f.Int64Var(&cfg.MinFree, "min-free", cfg.MinFree, "free disk bytes under which the node takes no new mail (disk full); under half of it, not even replica copies")
 	f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "copies of each message, for users who set none")
 	f.StringVar(&cfg.WritePolicy, "write-policy", cfg.WritePolicy, "replicas that must hold a message before SMTP says 250, for users who set none: one, quorum or all")
 	f.DurationVar(&cfg.ReplaceAfter, "replace-after", cfg.ReplaceAfter, "how long a node may be away before its messages get replicas on other nodes")
