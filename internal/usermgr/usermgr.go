@@ -382,19 +382,27 @@ func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uin
 			m.checkReadyLocked(bk, alive)
 		}
 	}
-	var deleted []string
-	for _, u := range rep.Fragments {
-		if bk := m.buckets[cluster.Bucket(u)]; bk != nil && bk.isReady {
+	// Mail of deleted users, in the buckets this merge leaves complete:
+	// whichever node's scan came last, every fragment is known by now.
+	drops := map[cluster.NodeID][]string{}
+	for _, b := range buckets {
+		bk := m.buckets[b]
+		if bk == nil || !bk.isReady {
+			continue
+		}
+		for u, nodes := range bk.mailMap {
 			if p, ok := bk.profiles[u]; ok && p.Deleted {
-				deleted = append(deleted, u)
+				for nd := range nodes {
+					drops[nd] = append(drops[nd], u)
+				}
 			}
 		}
 	}
-	if len(deleted) > 0 {
+	for nd, users := range drops {
 		m.pulls.Add(1)
 		go func() {
 			defer m.pulls.Done()
-			m.dropDeleted(n, deleted)
+			m.dropDeleted(nd, users)
 		}()
 	}
 }
@@ -420,6 +428,11 @@ func (m *Manager) dropDeleted(n cluster.NodeID, users []string) {
 			continue
 		}
 		m.log.Info("mail of a deleted user left on a node: dropped", "user", u, "node", n)
+		m.mu.Lock()
+		if bk := m.buckets[cluster.Bucket(u)]; bk != nil {
+			delete(bk.mailMap[u], n)
+		}
+		m.mu.Unlock()
 	}
 }
 
