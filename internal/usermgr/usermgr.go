@@ -176,6 +176,12 @@ func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
 	gen := m.gen
 	for b := 0; b < cluster.Buckets; b++ {
 		if um.Node[b] != m.self {
+			if bk := m.buckets[b]; bk != nil && !bk.isReady {
+				// Wake whoever waits for its rebuild: they find the
+				// bucket gone and ask its new manager (managed).
+				bk.isReady = true
+				close(bk.ready)
+			}
 			m.buckets[b] = nil
 			continue
 		}
@@ -514,18 +520,27 @@ type LookupReply struct {
 // reconstruction if it is under way.
 func (m *Manager) managed(ctx context.Context, user string) (*bucket, error) {
 	b := cluster.Bucket(user)
-	m.mu.RLock()
-	bk := m.buckets[b]
-	m.mu.RUnlock()
-	if bk == nil {
-		return nil, fmt.Errorf("bucket %d of %s on %s: %w", b, user, m.self, rpc.ErrNotManager)
+	for {
+		m.mu.RLock()
+		bk := m.buckets[b]
+		m.mu.RUnlock()
+		if bk == nil {
+			return nil, fmt.Errorf("bucket %d of %s on %s: %w", b, user, m.self, rpc.ErrNotManager)
+		}
+		select {
+		case <-bk.ready:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("bucket %d: soft state not rebuilt yet: %w", b, ctx.Err())
+		}
+		m.mu.RLock()
+		still := m.buckets[b] == bk
+		m.mu.RUnlock()
+		if still {
+			return bk, nil
+		}
+		// The bucket was dropped while we waited (the user map moved it,
+		// perhaps back again as a new bucket): look again.
 	}
-	select {
-	case <-bk.ready:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("bucket %d: soft state not rebuilt yet: %w", b, ctx.Err())
-	}
-	return bk, nil
 }
 
 // LocalLookup answers a lookup for a user of a bucket this node manages.

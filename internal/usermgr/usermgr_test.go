@@ -346,3 +346,50 @@ func TestRefreshFindsUnnotedFragments(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A lookup waiting for a bucket's rebuild is not left waiting when the
+// bucket moves to another node meanwhile: it is told at once that this
+// node no longer manages the user (and the caller asks the new manager).
+// Before, it waited for its whole deadline on a bucket nobody would finish:
+// deliveries stalled for up to the 2 minutes of SMTP's DeliverTimeout.
+func TestLookupWaitingForADroppedBucketReturns(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", "", 1)
+	c.start("b", "", 1)
+	all := []cluster.Member{{ID: "a", Boot: 1}, {ID: "b", Boot: 1}, {ID: "ghost", Boot: 1}}
+	var alive []cluster.MemberInfo
+	for _, m := range all {
+		alive = append(alive, cluster.MemberInfo{Member: m, State: "alive"})
+	}
+	um1 := cluster.Compute(all, 1, nil)
+	// ghost never answers its scan, so a's buckets wait (reconstructWait).
+	a.mgr.Reconcile(um1, alive)
+	var u string
+	for i := 0; u == ""; i++ {
+		if cand := fmt.Sprintf("u%d@example.org", i); um1.Manager(cand) == "a" {
+			u = cand
+		}
+	}
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		cx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := a.mgr.LocalLookup(cx, &LookupRequest{User: u})
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	only := []cluster.Member{{ID: "b", Boot: 1}}
+	a.mgr.Reconcile(cluster.Compute(only, 2, &um1), []cluster.MemberInfo{{Member: only[0], State: "alive"}})
+	select {
+	case err := <-done:
+		if !errors.Is(err, rpc.ErrNotManager) {
+			t.Fatalf("lookup after the bucket moved: %v, want not the manager", err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("lookup returned after %v", took)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("lookup still waiting on a bucket this node dropped")
+	}
+}

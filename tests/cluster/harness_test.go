@@ -298,10 +298,12 @@ func (n *Node) Stop() {
 }
 
 // keepLogs copies the stderr logs of every start of the node to
-// QUILL_TEST_LOGS/TEST-NAME if that is set and the test failed.
+// QUILL_TEST_LOGS/TEST-NAME if that is set and the test failed (or passed
+// too, with QUILL_TEST_LOGS_ALWAYS set: for a slow phase in a passing run).
 func (n *Node) keepLogs() {
 	root := os.Getenv("QUILL_TEST_LOGS")
-	if root == "" || !n.t.Failed() || n.logsKept {
+	failedOrAlways := n.t.Failed() || os.Getenv("QUILL_TEST_LOGS_ALWAYS") != ""
+	if root == "" || !failedOrAlways || n.logsKept {
 		return
 	}
 	n.logsKept = true
