@@ -89,7 +89,9 @@ func (p *Proxy) choose(holders []cluster.NodeID, spread int, exclude map[cluster
 // the user's manager cannot be reached (a temporary failure).
 func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	addr = userdb.Normalize(addr)
-	_, _, err := p.Users.Lookup(ctx, addr)
+	lctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+	_, _, err := p.Users.Lookup(lctx, addr)
+	cancel()
 	if err == nil {
 		return nil
 	}
@@ -163,7 +165,9 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 		groups := map[string]*group{}
 		var order []string
 		for _, u := range pending {
-			a, err := usermgr.Writer(ctx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
+			actx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+			a, err := usermgr.Writer(actx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
+			cancel()
 			if err != nil {
 				return nil, err
 			}
@@ -305,6 +309,13 @@ func (p *Proxy) ChooseReplicas(exclude []cluster.NodeID, n int) []cluster.NodeID
 	return p.chooseSet(nil, n, n, ex)
 }
 
+// writerCallTimeout bounds one call to a user's manager or writer on the
+// delivery path (lookup, allocation, confirmation). Without it a call took
+// the session's whole deadline (SMTP's 2 minutes) when the writer hung,
+// paused or busy behind another operation of the user; 15 s covers a view
+// load that waits on a few unreachable fragments (3 s each).
+const writerCallTimeout = 15 * time.Second
+
 // confirmAttempts and confirmBackoff bound how hard a proxy tries to tell
 // the writer that a message was stored (or not): the writer may be paused
 // or failing over. If it never hears, the allocation expires and the writer
@@ -318,7 +329,10 @@ const (
 // writer is unreachable.
 func (p *Proxy) confirm(ctx context.Context, c *usermgr.ConfirmRequest) {
 	for i := 0; i < confirmAttempts; i++ {
-		if _, err := usermgr.Writer(ctx, p.Users, c.Place.User, "writer.Confirm", c, p.Users.LocalConfirm); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+		_, err := usermgr.Writer(cctx, p.Users, c.Place.User, "writer.Confirm", c, p.Users.LocalConfirm)
+		cancel()
+		if err == nil {
 			return
 		}
 		select {
