@@ -36,6 +36,12 @@ const repairDuty = 0.05
 // lost a peer with much mail spreads the copying over rounds.
 const repairBatch = 2000
 
+// rehomeChunk bounds the moves handed to a user's writer in one call: the
+// writer holds the user's lock while it copies them, and the user's
+// deliveries and sessions wait behind it. A round of 2000 in one call kept
+// deliveries waiting for minutes after a wipe.
+const rehomeChunk = 50
+
 // Held is an object this node holds a replica of.
 type Held struct {
 	Object   string
@@ -191,11 +197,15 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 	}
 	scanTook := time.Since(scanStart)
 	for user, moves := range byUser {
-		if err := rehome(ctx, user, moves); err != nil {
-			m.log.Warn("repair: could not re-home objects", "user", user, "objects", len(moves), "err", err)
-			continue
+		for len(moves) > 0 {
+			chunk := moves[:min(len(moves), rehomeChunk)]
+			moves = moves[len(chunk):]
+			if err := rehome(ctx, user, chunk); err != nil {
+				m.log.Warn("repair: could not re-home objects", "user", user, "objects", len(chunk), "err", err)
+				break
+			}
+			st.Rehomed += len(chunk)
 		}
-		st.Rehomed += len(moves)
 	}
 	if st.Rehomed > 0 || st.UnderReplicated > 0 {
 		m.log.Info("repair", "objects", st.Objects, "under_replicated", st.UnderReplicated, "rehomed", st.Rehomed)

@@ -617,3 +617,43 @@ func TestNoRoomRefusesContentUntilThereIsRoom(t *testing.T) {
 	full.Unlock()
 	waitFor(t, "b to get m1 once it has room", func() bool { return has(b, "m1") })
 }
+
+// Repair hands a user's writer its moves in small chunks, so the writer's
+// lock (which the user's deliveries wait on) is never held for a whole
+// round of copying.
+func TestRepairRehomesInChunks(t *testing.T) {
+	c := newCluster(t)
+	a := c.start("a", "")
+	c.start("b", "")
+	c.start("d", "")
+	req := &replica.WriteRequest{Policy: replica.All}
+	for i := 1; i <= 120; i++ {
+		o := message(fmt.Sprintf("m%d", i), uint32(i), "a", "b")
+		u, err := o.Update(a.repl.Now(), o.Replicas, []byte("body\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Updates = append(req.Updates, u)
+	}
+	if _, err := a.repl.Write(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	var calls []int
+	a.repl.ReplaceAfter = 0
+	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {
+		calls = append(calls, len(ms))
+		return nil
+	}, func(exclude []cluster.NodeID, n int) []cluster.NodeID { return []cluster.NodeID{"d"} })
+	c.stop("b")
+	a.repl.RepairOnce(context.Background())
+	total := 0
+	for _, n := range calls {
+		if n > 50 {
+			t.Fatalf("a call with %d moves (calls %v)", n, calls)
+		}
+		total += n
+	}
+	if total != 120 || a.repl.RepairStats().Rehomed != 120 {
+		t.Fatalf("calls %v, stats %+v: want all 120 re-homed", calls, a.repl.RepairStats())
+	}
+}
