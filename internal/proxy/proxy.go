@@ -219,7 +219,9 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 			if slices.Contains(g.set, p.Self) {
 				coord = p.Self
 			}
-			rep, err := p.write(ctx, coord, req)
+			wctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+			rep, err := p.write(wctx, coord, req)
+			cancel()
 			if err != nil {
 				lastErr = err
 				for _, n := range g.set {
@@ -315,6 +317,13 @@ func (p *Proxy) ChooseReplicas(exclude []cluster.NodeID, n int) []cluster.NodeID
 // paused or busy behind another operation of the user; 15 s covers a view
 // load that waits on a few unreachable fragments (3 s each).
 const writerCallTimeout = 15 * time.Second
+
+// storeCallTimeout bounds one store at a coordinator: it answers after its
+// fsync and the pushes its write policy waits for (each bounded by the
+// replication manager's push timeout, 5 s). A fault run saw a store wait
+// the whole 2 minutes of the SMTP session for a connection to a node that
+// had been paused; past this the message is placed on another set.
+const storeCallTimeout = 15 * time.Second
 
 // confirmAttempts and confirmBackoff bound how hard a proxy tries to tell
 // the writer that a message was stored (or not): the writer may be paused
