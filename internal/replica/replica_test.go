@@ -155,6 +155,24 @@ func write(t *testing.T, n *node, policy replica.Policy, o *mailbox.Object, body
 	return n.repl.Write(context.Background(), &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: policy})
 }
 
+// writeBatch writes messages m<from>..m<to> (UIDs from..to) through n in
+// one write with the given replicas.
+func writeBatch(tb testing.TB, n *node, policy replica.Policy, from, to int, replicas ...cluster.NodeID) {
+	tb.Helper()
+	req := &replica.WriteRequest{Policy: policy}
+	for i := from; i <= to; i++ {
+		o := message(fmt.Sprintf("m%d", i), uint32(i), replicas...)
+		u, err := o.Update(n.repl.Now(), o.Replicas, []byte("body\n"))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		req.Updates = append(req.Updates, u)
+	}
+	if _, err := n.repl.Write(context.Background(), req); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 func has(n *node, id string) bool {
 	b, err := n.boxes.Body(user, id)
 	return err == nil && string(b) == "body\n"
@@ -498,18 +516,7 @@ func BenchmarkRepairScan(b *testing.B) {
 	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error { return nil },
 		func(exclude []cluster.NodeID, n int) []cluster.NodeID { return nil })
 	for i := 0; i < repairBenchObjects; i += 1000 {
-		req := &replica.WriteRequest{Policy: replica.One}
-		for j := i; j < i+1000; j++ {
-			o := message(fmt.Sprintf("m%d", j), uint32(j+1), "a", "d")
-			u, err := o.Update(a.repl.Now(), o.Replicas, []byte("body\n"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			req.Updates = append(req.Updates, u)
-		}
-		if _, err := a.repl.Write(context.Background(), req); err != nil {
-			b.Fatal(err)
-		}
+		writeBatch(b, a, replica.One, i+1, i+1000, "a", "d")
 	}
 	b.ResetTimer()
 	for b.Loop() {
@@ -626,18 +633,7 @@ func TestRepairRehomesInChunks(t *testing.T) {
 	a := c.start("a", "")
 	c.start("b", "")
 	c.start("d", "")
-	req := &replica.WriteRequest{Policy: replica.All}
-	for i := 1; i <= 120; i++ {
-		o := message(fmt.Sprintf("m%d", i), uint32(i), "a", "b")
-		u, err := o.Update(a.repl.Now(), o.Replicas, []byte("body\n"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Updates = append(req.Updates, u)
-	}
-	if _, err := a.repl.Write(context.Background(), req); err != nil {
-		t.Fatal(err)
-	}
+	writeBatch(t, a, replica.All, 1, 120, "a", "b")
 	var calls []int
 	a.repl.ReplaceAfter = 0
 	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {

@@ -57,17 +57,11 @@ func TestFaultsLoseNoAcknowledgedMail(t *testing.T) {
 		s.setDown(victim, true)
 		tried, failed := s.counts()
 		rec := faultRecord{n: f, victim: victim.ID, start: time.Now()}
-		if rnd.IntN(2) == 0 {
-			rec.kind = faultKill9
-			victim.Kill9()
-			time.Sleep(time.Duration(1000+rnd.IntN(3000)) * time.Millisecond)
-			victim.Restart()
-		} else {
+		rec.kind = faultKill9
+		if rnd.IntN(2) != 0 {
 			rec.kind = faultSigstop
-			victim.Pause()
-			time.Sleep(time.Duration(2000+rnd.IntN(6000)) * time.Millisecond)
-			victim.Resume()
 		}
+		stopFor(victim, rec.kind, rnd)
 		s.setDown(victim, false)
 		rec.end = time.Now()
 		s.record(rec, tried, failed)
@@ -93,6 +87,20 @@ const (
 )
 
 var faultKinds = []string{faultKill9, faultSigstop, faultPartition, faultDiskFull, faultWipe}
+
+// stopFor runs a kill9 fault (SIGKILL, restart after 1-4 s) or a sigstop
+// fault (SIGSTOP for 2-8 s, then SIGCONT) on the victim.
+func stopFor(victim *Node, kind string, rnd *rand.Rand) {
+	if kind == faultKill9 {
+		victim.Kill9()
+		time.Sleep(time.Duration(1000+rnd.IntN(3000)) * time.Millisecond)
+		victim.Restart()
+		return
+	}
+	victim.Pause()
+	time.Sleep(time.Duration(2000+rnd.IntN(6000)) * time.Millisecond)
+	victim.Resume()
+}
 
 // replStatus is the JSON of GET /api/replication.
 type replStatus struct {
@@ -303,17 +311,9 @@ func TestFaultsNetns(t *testing.T) {
 		rec.start = time.Now()
 		tried, failed := s.counts()
 		switch kind {
-		case faultKill9:
+		case faultKill9, faultSigstop:
 			s.setDown(victim, true)
-			victim.Kill9()
-			time.Sleep(time.Duration(1000+rnd.IntN(3000)) * time.Millisecond)
-			victim.Restart()
-			s.setDown(victim, false)
-		case faultSigstop:
-			s.setDown(victim, true)
-			victim.Pause()
-			time.Sleep(time.Duration(2000+rnd.IntN(6000)) * time.Millisecond)
-			victim.Resume()
+			stopFor(victim, kind, rnd)
 			s.setDown(victim, false)
 		case faultPartition:
 			c.Partition([]*Node{victim}, without(nodes, victim))

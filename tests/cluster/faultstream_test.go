@@ -6,7 +6,6 @@ package cluster_test
 // every node at the end.
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -585,38 +584,12 @@ func (n *Node) pop3Has(user, pw, subject string) (bool, error) {
 // pop3Subjects logs in over POP3 through the node and calls fn with the
 // subject of each message (TOP n 0), last first, while fn returns true.
 func (n *Node) pop3Subjects(user, pw string, fn func(subject string) bool) error {
-	conn, err := net.DialTimeout("tcp", n.Addrs["pop3"], ioTimeout)
+	c, err := n.pop3Login(user, pw, 6*ioTimeout)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(6 * ioTimeout))
-	r := bufio.NewReader(conn)
-	line := func() (string, error) {
-		l, err := r.ReadString('\n')
-		if err != nil {
-			return "", err
-		}
-		l = strings.TrimRight(l, "\r\n")
-		if strings.HasPrefix(l, "-ERR") {
-			return l, fmt.Errorf("pop3: %s", l)
-		}
-		return l, nil
-	}
-	cmd := func(c string) (string, error) {
-		fmt.Fprintf(conn, "%s\r\n", c)
-		return line()
-	}
-	if _, err := line(); err != nil {
-		return err
-	}
-	if _, err := cmd("USER " + user); err != nil {
-		return err
-	}
-	if _, err := cmd("PASS " + pw); err != nil {
-		return err
-	}
-	st, err := cmd("STAT")
+	defer c.quit()
+	st, err := c.cmd("STAT")
 	if err != nil {
 		return err
 	}
@@ -624,23 +597,17 @@ func (n *Node) pop3Subjects(user, pw string, fn func(subject string) bool) error
 	if f := strings.Fields(st); len(f) >= 2 {
 		count, _ = strconv.Atoi(f[1])
 	}
-	defer fmt.Fprintf(conn, "QUIT\r\n")
 	for i := count; i >= 1; i-- {
-		if _, err := cmd(fmt.Sprintf("TOP %d 0", i)); err != nil {
+		if _, err := c.cmd(fmt.Sprintf("TOP %d 0", i)); err != nil {
 			return err
 		}
 		subject := ""
-		for {
-			l, err := line()
-			if err != nil {
-				return err
-			}
-			if l == "." {
-				break
-			}
+		if err := c.lines(func(l string) {
 			if v, ok := strings.CutPrefix(l, "Subject: "); ok {
 				subject = v
 			}
+		}); err != nil {
+			return err
 		}
 		if !fn(subject) {
 			return nil

@@ -48,48 +48,89 @@ func (n *Node) send(rcpt, subject string) error {
 // uidl logs in over POP3 through the node and returns the maildrop's unique
 // ids.
 func (n *Node) uidl(user, pw string) (map[string]bool, error) {
+	c, err := n.pop3Login(user, pw, ioTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.quit()
+	if _, err := c.cmd("UIDL"); err != nil {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	err = c.lines(func(l string) {
+		if f := strings.Fields(l); len(f) == 2 {
+			ids[f[1]] = true
+		}
+	})
+	return ids, err
+}
+
+// pop3Conn is a line-level POP3 client for the tests.
+type pop3Conn struct {
+	n    *Node
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+// pop3Login connects to the node's POP3 listener and logs in, with every
+// read and write of the session due within d.
+func (n *Node) pop3Login(user, pw string, d time.Duration) (*pop3Conn, error) {
 	conn, err := net.DialTimeout("tcp", n.Addrs["pop3"], ioTimeout)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(ioTimeout))
-	r := bufio.NewReader(conn)
-	line := func() (string, error) {
-		l, err := r.ReadString('\n')
-		if err != nil {
-			return "", err
-		}
-		l = strings.TrimRight(l, "\r\n")
-		if strings.HasPrefix(l, "-ERR") {
-			return l, fmt.Errorf("pop3 on %s: %s", n.ID, l)
-		}
-		return l, nil
-	}
-	if _, err := line(); err != nil {
+	conn.SetDeadline(time.Now().Add(d))
+	c := &pop3Conn{n: n, conn: conn, r: bufio.NewReader(conn)}
+	if _, err := c.line(); err != nil {
+		conn.Close()
 		return nil, err
 	}
-	for _, cmd := range []string{"USER " + user, "PASS " + pw, "UIDL"} {
-		fmt.Fprintf(conn, "%s\r\n", cmd)
-		if _, err := line(); err != nil {
+	for _, cmd := range []string{"USER " + user, "PASS " + pw} {
+		if _, err := c.cmd(cmd); err != nil {
+			conn.Close()
 			return nil, err
 		}
 	}
-	ids := map[string]bool{}
+	return c, nil
+}
+
+// line reads one line; -ERR is an error naming the node.
+func (c *pop3Conn) line() (string, error) {
+	l, err := c.r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	l = strings.TrimRight(l, "\r\n")
+	if strings.HasPrefix(l, "-ERR") {
+		return l, fmt.Errorf("pop3 on %s: %s", c.n.ID, l)
+	}
+	return l, nil
+}
+
+// cmd sends a command and reads its status line.
+func (c *pop3Conn) cmd(s string) (string, error) {
+	fmt.Fprintf(c.conn, "%s\r\n", s)
+	return c.line()
+}
+
+// lines calls fn with each line of a multi-line answer up to its ".".
+func (c *pop3Conn) lines(fn func(string)) error {
 	for {
-		l, err := line()
+		l, err := c.line()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if l == "." {
-			break
+			return nil
 		}
-		if f := strings.Fields(l); len(f) == 2 {
-			ids[f[1]] = true
-		}
+		fn(l)
 	}
-	fmt.Fprintf(conn, "QUIT\r\n")
-	return ids, nil
+}
+
+// quit ends the session and closes the connection.
+func (c *pop3Conn) quit() {
+	fmt.Fprintf(c.conn, "QUIT\r\n")
+	c.conn.Close()
 }
 
 // ready reports whether every node sees the given members and has rebuilt
