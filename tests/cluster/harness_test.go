@@ -9,11 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -45,25 +47,66 @@ func TestMain(m *testing.M) {
 }
 
 // freeAddr returns a loopback address whose TCP and UDP ports are both free
-// (gossip uses both).
+// (gossip uses both). The port is taken below the kernel's ephemeral range:
+// a port picked by binding port 0 and released goes back to that pool, and
+// a node binding its own RPC listener to port 0 could be handed it before
+// it binds the address it was told to use ("address already in use").
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			fatalf(t, "%v", err)
+	lo := ephemeralLow()
+	picked.Lock()
+	defer picked.Unlock()
+	if picked.ports == nil {
+		picked.ports = map[int]bool{}
+	}
+	for i := 0; i < 200; i++ {
+		port := fixedPortFloor + rand.IntN(lo-fixedPortFloor)
+		if picked.ports[port] {
+			continue
 		}
-		addr := l.Addr().String()
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
 		l.Close()
 		u, err := net.ListenPacket("udp", addr)
 		if err != nil {
 			continue
 		}
 		u.Close()
+		picked.ports[port] = true
 		return addr
 	}
-	fatalf(t, "no free port pair")
+	fatalf(t, "no free port pair below %d", lo)
 	return ""
+}
+
+// fixedPortFloor is the lowest port freeAddr hands out (above the usual
+// system services).
+const fixedPortFloor = 10000
+
+// picked are the ports freeAddr handed out in this test process.
+var picked struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// ephemeralLow returns the start of the kernel's ephemeral port range
+// (32768 if it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	if lo, err := strconv.Atoi(f[0]); err == nil && lo > fixedPortFloor+1000 {
+		return lo
+	}
+	return 32768
 }
 
 // Node is one quill process.
