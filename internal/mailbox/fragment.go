@@ -79,7 +79,7 @@ func (m *Manager) fragmentFor(t *tx, p *Placed) (*Mailbox, error) {
 	name := normName(p.Mailbox)
 	if mb != nil {
 		if mb.Name != name { // renamed cluster-wide since
-			if err := t.b.Delete(mailboxKey(p.User, mb.Name), nil); err != nil {
+			if err := t.b.Delete(mailboxKey(p.User, mb.Name)); err != nil {
 				return nil, err
 			}
 			mb.Name = name
@@ -186,7 +186,7 @@ func (m *Manager) DropMailbox(user string, v uint32) error {
 		t.abort()
 		return err
 	}
-	if err := t.b.Delete(mailboxKey(user, mb.Name), nil); err != nil {
+	if err := t.b.Delete(mailboxKey(user, mb.Name)); err != nil {
 		t.abort()
 		return err
 	}

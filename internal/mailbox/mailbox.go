@@ -31,7 +31,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
@@ -229,9 +228,9 @@ func ValidateName(name string) error {
 
 // --- reads
 
-func getJSON(r pebble.Reader, key []byte, v any) (bool, error) {
+func getJSON(r store.Reader, key []byte, v any) (bool, error) {
 	b, closer, err := r.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
@@ -246,7 +245,7 @@ func (m *Manager) Mailbox(user, name string) (*Mailbox, error) {
 	return m.getMailbox(m.db, user, name)
 }
 
-func (m *Manager) getMailbox(r pebble.Reader, user, name string) (*Mailbox, error) {
+func (m *Manager) getMailbox(r store.Reader, user, name string) (*Mailbox, error) {
 	var mb Mailbox
 	ok, err := getJSON(r, mailboxKey(user, name), &mb)
 	if err != nil {
@@ -281,7 +280,7 @@ func (m *Manager) Messages(user string, mbox uint64) ([]Message, error) {
 // Body returns the whole message as stored (CRLF line endings).
 func (m *Manager) Body(user, id string) ([]byte, error) {
 	b, closer, err := m.db.Get(bodyKey(user, id))
-	if errors.Is(err, pebble.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("user %s message %s: %w", user, id, ErrNoMessage)
 	}
 	if err != nil {
@@ -297,7 +296,7 @@ func (m *Manager) Body(user, id string) ([]byte, error) {
 // batch's own writes, and commit makes them durable.
 type tx struct {
 	m       *Manager
-	b       *pebble.Batch
+	b       *store.Batch
 	changed map[string]map[uint64]bool
 }
 
@@ -317,7 +316,7 @@ func (t *tx) putJSON(key []byte, v any) error {
 	if err != nil {
 		return err
 	}
-	return t.b.Set(key, b, nil)
+	return t.b.Set(key, b)
 }
 
 func (t *tx) putMailbox(user string, mb *Mailbox) error {
@@ -361,15 +360,15 @@ func (t *tx) dropMessages(user string, mbox uint64) error {
 		return err
 	}
 	for _, msg := range msgs {
-		if err := t.b.Delete(bodyKey(user, msg.ID), nil); err != nil {
+		if err := t.b.Delete(bodyKey(user, msg.ID)); err != nil {
 			return err
 		}
 	}
 	p := messagePrefix(user, mbox)
-	return t.b.DeleteRange(p, store.UpperBound(p), nil)
+	return t.b.DeleteRange(p, store.UpperBound(p))
 }
 
-func (m *Manager) messagesIn(r pebble.Reader, user string, mbox uint64) ([]Message, error) {
+func (m *Manager) messagesIn(r store.Reader, user string, mbox uint64) ([]Message, error) {
 	it, err := m.db.PrefixIter(r, messagePrefix(user, mbox))
 	if err != nil {
 		return nil, err
@@ -387,7 +386,7 @@ func (m *Manager) messagesIn(r pebble.Reader, user string, mbox uint64) ([]Messa
 	return out, it.Error()
 }
 
-func (m *Manager) mailboxesIn(r pebble.Reader, user string) ([]Mailbox, error) {
+func (m *Manager) mailboxesIn(r store.Reader, user string) ([]Mailbox, error) {
 	it, err := m.db.PrefixIter(r, store.UserPrefix(store.KindMailbox, user))
 	if err != nil {
 		return nil, err
@@ -413,7 +412,7 @@ const (
 	FlagsRemove
 )
 
-func (m *Manager) mailboxByID(r pebble.Reader, user string, id uint64) (*Mailbox, error) {
+func (m *Manager) mailboxByID(r store.Reader, user string, id uint64) (*Mailbox, error) {
 	all, err := m.mailboxesIn(r, user)
 	if err != nil {
 		return nil, err
@@ -428,7 +427,7 @@ func (m *Manager) mailboxByID(r pebble.Reader, user string, id uint64) (*Mailbox
 
 func (t *tx) message(user string, mbox uint64, uid uint32) (Message, bool, error) {
 	b, closer, err := t.b.Get(messageKey(user, mbox, uid))
-	if errors.Is(err, pebble.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) {
 		return Message{}, false, nil
 	}
 	if err != nil {
@@ -453,7 +452,7 @@ func (m *Manager) DeleteUser(user string) error {
 	defer b.Close()
 	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject} {
 		p := store.UserPrefix(kind, user)
-		if err := b.DeleteRange(p, store.UpperBound(p), nil); err != nil {
+		if err := b.DeleteRange(p, store.UpperBound(p)); err != nil {
 			return err
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cockroachdb/pebble"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
@@ -98,7 +97,7 @@ func (t *tx) objectRecord(user, id string) (*objectRecord, error) {
 
 func (t *tx) has(key []byte) (bool, error) {
 	_, closer, err := t.b.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
@@ -110,7 +109,7 @@ func (t *tx) has(key []byte) (bool, error) {
 
 // Apply implements replica.Handler: each update newer than the replica here
 // becomes it, all in one durable batch with the log entries logw writes.
-func (m *Manager) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
+func (m *Manager) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
 	objs := make([]*Object, len(ups))
 	users := make([]string, len(ups))
 	for i, u := range ups {
@@ -194,19 +193,19 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 		}
 		switch {
 		case u.Blob != nil:
-			if err := t.b.Set(bodyKey(o.User, o.ID), u.Blob, nil); err != nil {
+			if err := t.b.Set(bodyKey(o.User, o.ID), u.Blob); err != nil {
 				return 0, err
 			}
 		case have:
 		case o.BodyFrom != "":
 			raw, closer, err := t.b.Get(bodyKey(o.User, o.BodyFrom))
-			if errors.Is(err, pebble.ErrNotFound) {
+			if errors.Is(err, store.ErrNotFound) {
 				return replica.NeedContent, nil
 			}
 			if err != nil {
 				return 0, err
 			}
-			err = t.b.Set(bodyKey(o.User, o.ID), raw, nil)
+			err = t.b.Set(bodyKey(o.User, o.ID), raw)
 			closer.Close()
 			if err != nil {
 				return 0, err
@@ -233,7 +232,7 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 			return 0, err
 		}
 		if old != nil {
-			if err := t.b.Delete(messageKey(o.User, old.ID, rec.UID), nil); err != nil {
+			if err := t.b.Delete(messageKey(o.User, old.ID, rec.UID)); err != nil {
 				return 0, err
 			}
 			t.follow(old, 0, o.ModSeq)
@@ -246,14 +245,14 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 		}
 	}
 	if drop {
-		if err := t.b.Delete(bodyKey(o.User, o.ID), nil); err != nil {
+		if err := t.b.Delete(bodyKey(o.User, o.ID)); err != nil {
 			return 0, err
 		}
 		return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, Deleted: true})
 	}
 	msg := Message{UID: o.UID, ID: o.ID, Size: o.Size, Date: o.Date, Flags: cleanFlags(o.Flags), ModSeq: o.ModSeq,
 		Version: u.Stamp, Replicas: o.Replicas, Want: o.Want}
-	if err := t.b.Set(messageKey(o.User, mb.ID, o.UID), encodeMessage(&msg), nil); err != nil {
+	if err := t.b.Set(messageKey(o.User, mb.ID, o.UID), encodeMessage(&msg)); err != nil {
 		return 0, err
 	}
 	t.follow(mb, o.UID, o.ModSeq)

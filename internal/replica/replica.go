@@ -37,7 +37,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/rpc"
@@ -149,7 +148,7 @@ type Handler interface {
 	// newer than what is here, and calls logw with the batch and the
 	// outcomes before committing, so log entries and replicas are durable
 	// together (one fsync).
-	Apply(ups []*Update, logw func(b *pebble.Batch, outs []Outcome) error) ([]Outcome, error)
+	Apply(ups []*Update, logw func(b *store.Batch, outs []Outcome) error) ([]Outcome, error)
 	// Fill sets u.Blob from the local replica, for a peer that lacks it;
 	// it fails if the replica here no longer matches the update.
 	Fill(u *Update) error
@@ -252,9 +251,9 @@ func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger) 
 		b := db.NewBatch()
 		defer b.Close()
 		for _, k := range stale {
-			b.Delete(k, nil)
+			b.Delete(k)
 		}
-		if err := b.Commit(pebble.NoSync); err != nil {
+		if err := b.Commit(store.NoSync); err != nil {
 			return nil, fmt.Errorf("update log: %w", err)
 		}
 	}
@@ -388,7 +387,7 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 	logged := make([]*Entry, 0, len(ups))
 	var acked []cluster.NodeID
 	if local {
-		outs, err := h.Apply(ups, func(b *pebble.Batch, outs []Outcome) error {
+		outs, err := h.Apply(ups, func(b *store.Batch, outs []Outcome) error {
 			for i, u := range ups {
 				if outs[i] != Applied || len(remaining) == 0 {
 					continue
@@ -495,22 +494,22 @@ func (m *Manager) install(entries []*Entry) {
 	}
 }
 
-func setEntry(b *pebble.Batch, e *Entry) error {
+func setEntry(b *store.Batch, e *Entry) error {
 	v, err := json.Marshal(e)
 	if err != nil {
 		return err
 	}
-	return b.Set(logKey(e.Object, e.Stamp), v, nil)
+	return b.Set(logKey(e.Object, e.Stamp), v)
 }
 
 // replaceEntry writes e into b and removes the older entry of the same
 // object, if this node logged one.
-func (m *Manager) replaceEntry(b *pebble.Batch, e *Entry) error {
+func (m *Manager) replaceEntry(b *store.Batch, e *Entry) error {
 	m.mu.Lock()
 	old := m.entries[e.Object]
 	m.mu.Unlock()
 	if old != nil && old.Stamp != e.Stamp {
-		if err := b.Delete(logKey(old.Object, old.Stamp), nil); err != nil {
+		if err := b.Delete(logKey(old.Object, old.Stamp)); err != nil {
 			return err
 		}
 	}
@@ -700,7 +699,7 @@ func (m *Manager) acked(object string, s Stamp, n cluster.NodeID) {
 	b := m.db.NewBatch()
 	defer b.Close()
 	if err := setEntry(b, &ne); err == nil {
-		b.Commit(pebble.NoSync)
+		b.Commit(store.NoSync)
 	}
 }
 
@@ -738,7 +737,7 @@ func (m *Manager) Push(ctx context.Context, req *PushRequest) (*PushReply, error
 			ups[j] = &req.Entries[i].Update
 		}
 		var logged []*Entry
-		outs, err := h.Apply(ups, func(b *pebble.Batch, outs []Outcome) error {
+		outs, err := h.Apply(ups, func(b *store.Batch, outs []Outcome) error {
 			for j, i := range idx {
 				e := req.Entries[i]
 				rest := without(e.Remaining, m.self)
@@ -752,7 +751,7 @@ func (m *Manager) Push(ctx context.Context, req *PushRequest) (*PushReply, error
 					// The last remaining replica need not log it (§4.4),
 					// but an older entry of ours for the object is now moot.
 					if old != nil && old.Stamp.Less(e.Stamp) {
-						if err := b.Delete(logKey(old.Object, old.Stamp), nil); err != nil {
+						if err := b.Delete(logKey(old.Object, old.Stamp)); err != nil {
 							return err
 						}
 						logged = append(logged, &Entry{Update: Update{Object: e.Object}})
@@ -900,9 +899,9 @@ func (m *Manager) workLog() {
 	if len(retire) > 0 {
 		b := m.db.NewBatch()
 		for _, e := range retire {
-			b.Delete(logKey(e.Object, e.Stamp), nil)
+			b.Delete(logKey(e.Object, e.Stamp))
 		}
-		b.Commit(pebble.NoSync)
+		b.Commit(store.NoSync)
 		b.Close()
 		m.mu.Lock()
 		for _, e := range retire {

@@ -8,14 +8,20 @@
 // Keys are grouped by user-map bucket so that one range scan yields every
 // fragment and profile of a bucket (Porcupine §6.1 groups fragment files in
 // per-bucket directories for the same reason).
+//
+// Every operation passes a gate (gate.go): once Close has begun, new
+// operations fail with ErrClosed instead of reaching a closed Pebble, which
+// panics, and Close waits for the operations already inside. No shutdown
+// ordering elsewhere has to be perfect for a late RPC or session to be
+// safe.
 package store
 
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
@@ -38,19 +44,22 @@ const (
 // client: the WAL is fsync'd before Commit returns.
 var Sync = pebble.Sync
 
+// NoSync is the write option for what may be lost in a crash (an
+// acknowledgement recorded in the update log, which only makes an update go
+// out once more).
+var NoSync = pebble.NoSync
+
+// ErrNotFound is returned by Get for a key that is not there.
+var ErrNotFound = pebble.ErrNotFound
+
+// IterOptions are Pebble's.
+type IterOptions = pebble.IterOptions
+
 // DB is the node's database.
 type DB struct {
-	*pebble.DB
-	dir       string
-	closeOnce sync.Once
-	closeErr  error
-}
-
-// Close closes the database; later calls return the first call's result, so
-// shutdown paths need not coordinate.
-func (d *DB) Close() error {
-	d.closeOnce.Do(func() { d.closeErr = d.DB.Close() })
-	return d.closeErr
+	p   *pebble.DB
+	dir string
+	gate
 }
 
 // Open opens (creating if needed) the database under dir/store.
@@ -82,11 +91,149 @@ func Open(dir string) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
-	return &DB{DB: db, dir: path}, nil
+	d := &DB{p: db, dir: path}
+	d.gate.init(path)
+	return d, nil
+}
+
+// Close waits for the operations in progress (at most closeWait), refuses
+// new ones, and closes the database. Later calls return the first call's
+// result, so shutdown paths need not coordinate.
+func (d *DB) Close() error {
+	return d.gate.close(d.p.Close)
 }
 
 // Dir is the directory of the database files.
 func (d *DB) Dir() string { return d.dir }
+
+// Get returns the value of key (ErrNotFound if missing); it is valid until
+// closer.Close, which must be called.
+func (d *DB) Get(key []byte) ([]byte, io.Closer, error) {
+	if err := d.enter(); err != nil {
+		return nil, nil, err
+	}
+	v, c, err := d.p.Get(key)
+	if err != nil {
+		d.exit()
+		return nil, nil, err
+	}
+	return v, &exitCloser{c: c, g: &d.gate}, nil
+}
+
+// Set writes one key.
+func (d *DB) Set(key, value []byte, o *pebble.WriteOptions) error {
+	if err := d.enter(); err != nil {
+		return err
+	}
+	defer d.exit()
+	return d.p.Set(key, value, o)
+}
+
+// NewBatch returns a write-only batch.
+func (d *DB) NewBatch() *Batch { return &Batch{b: d.p.NewBatch(), db: d} }
+
+// NewIndexedBatch returns a batch whose reads see its own writes.
+func (d *DB) NewIndexedBatch() *Batch { return &Batch{b: d.p.NewIndexedBatch(), db: d} }
+
+// NewIter returns an iterator over the database; Close must be called.
+func (d *DB) NewIter(o *IterOptions) (*Iter, error) {
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	it, err := d.p.NewIter(o)
+	if err != nil {
+		d.exit()
+		return nil, err
+	}
+	return &Iter{Iterator: it, g: &d.gate}, nil
+}
+
+// Metrics returns Pebble's figures.
+func (d *DB) Metrics() (*pebble.Metrics, error) {
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	defer d.exit()
+	return d.p.Metrics(), nil
+}
+
+// Reader is what reads go through: the database or an indexed batch.
+type Reader interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+	NewIter(o *IterOptions) (*Iter, error)
+}
+
+// Batch is a Pebble batch whose commit and reads pass the gate.
+type Batch struct {
+	b  *pebble.Batch
+	db *DB
+}
+
+// Set, Delete and DeleteRange add to the batch (no I/O).
+func (b *Batch) Set(key, value []byte) error { return b.b.Set(key, value, nil) }
+func (b *Batch) Delete(key []byte) error     { return b.b.Delete(key, nil) }
+func (b *Batch) DeleteRange(start, end []byte) error {
+	return b.b.DeleteRange(start, end, nil)
+}
+
+// Empty reports whether the batch holds no writes.
+func (b *Batch) Empty() bool { return b.b.Empty() }
+
+// Commit applies the batch to the database.
+func (b *Batch) Commit(o *pebble.WriteOptions) error {
+	if err := b.db.enter(); err != nil {
+		return err
+	}
+	defer b.db.exit()
+	return b.b.Commit(o)
+}
+
+// Close releases the batch (after Commit, or instead of it).
+func (b *Batch) Close() error { return b.b.Close() }
+
+// Get reads through an indexed batch: its own writes, then the database.
+func (b *Batch) Get(key []byte) ([]byte, io.Closer, error) {
+	if err := b.db.enter(); err != nil {
+		return nil, nil, err
+	}
+	v, c, err := b.b.Get(key)
+	if err != nil {
+		b.db.exit()
+		return nil, nil, err
+	}
+	return v, &exitCloser{c: c, g: &b.db.gate}, nil
+}
+
+// NewIter iterates an indexed batch over the database.
+func (b *Batch) NewIter(o *IterOptions) (*Iter, error) {
+	if err := b.db.enter(); err != nil {
+		return nil, err
+	}
+	it, err := b.b.NewIter(o)
+	if err != nil {
+		b.db.exit()
+		return nil, err
+	}
+	return &Iter{Iterator: it, g: &b.db.gate}, nil
+}
+
+// Iter is a Pebble iterator that holds the gate until Close.
+type Iter struct {
+	*pebble.Iterator
+	g    *gate
+	done bool
+}
+
+// Close closes the iterator and lets the store close.
+func (it *Iter) Close() error {
+	if it.done {
+		return nil
+	}
+	it.done = true
+	err := it.Iterator.Close()
+	it.g.exit()
+	return err
+}
 
 // UserPrefix returns kind, bucket, lower-cased user and a 0 separator: the
 // prefix of every key of that kind belonging to the user.
@@ -115,12 +262,13 @@ func UpperBound(p []byte) []byte {
 	return nil
 }
 
-// PrefixIter returns an iterator over the keys with prefix p.
-func (d *DB) PrefixIter(r pebble.Reader, p []byte) (*pebble.Iterator, error) {
+// PrefixIter returns an iterator over the keys with prefix p, read through
+// r (the database when nil).
+func (d *DB) PrefixIter(r Reader, p []byte) (*Iter, error) {
 	if r == nil {
-		r = d.DB
+		r = d
 	}
-	return r.NewIter(&pebble.IterOptions{LowerBound: p, UpperBound: UpperBound(p)})
+	return r.NewIter(&IterOptions{LowerBound: p, UpperBound: UpperBound(p)})
 }
 
 // quietLogger keeps Pebble's routine compaction chatter out of the node log

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
@@ -122,7 +121,7 @@ func key(addr string) []byte {
 func (d *DB) Get(addr string) (*Profile, error) {
 	addr = Normalize(addr)
 	v, closer, err := d.db.Get(key(addr))
-	if errors.Is(err, pebble.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("user %s: %w", addr, ErrNotFound)
 	}
 	if err != nil {
@@ -173,7 +172,7 @@ func ObjectName(addr string) string { return ProfileKind + "/" + addr }
 // Apply implements replica.Handler: profiles are replicated like messages
 // (Porcupine §4.1), each update a whole profile ordered by its HLC version.
 // OnApply, if set, hears of every profile applied.
-func (d *DB) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
+func (d *DB) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b := d.db.NewIndexedBatch()
@@ -201,10 +200,10 @@ func (d *DB) Apply(ups []*replica.Update, logw func(b *pebble.Batch, outs []repl
 				outs[i] = replica.Stale
 				continue
 			}
-		} else if !errors.Is(err, pebble.ErrNotFound) {
+		} else if !errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("user %s: read profile: %w", p.Address, err)
 		}
-		if err := b.Set(key(p.Address), u.Data, nil); err != nil {
+		if err := b.Set(key(p.Address), u.Data); err != nil {
 			return nil, err
 		}
 		applied = append(applied, &p)
