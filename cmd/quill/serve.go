@@ -57,6 +57,7 @@ command line win over the file.`,
 	f.StringVar(&cfg.WritePolicy, "write-policy", cfg.WritePolicy, "replicas that must hold a message before SMTP says 250, for users who set none: one, quorum or all")
 	f.DurationVar(&cfg.ReplaceAfter, "replace-after", cfg.ReplaceAfter, "how long a node may be away before its messages get replicas on other nodes")
 	f.DurationVar(&cfg.LogMaxAge, "log-max-age", cfg.LogMaxAge, "how long update log entries wait for an absent node; a node away longer rejoins as a new node")
+	f.DurationVar(&cfg.AuditInterval, "audit-interval", cfg.AuditInterval, "how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)")
 	f.DurationVar(&cfg.ClockSkew, "clock-skew", 0, "shift this node's clock (testing clock skew)")
 	rootCmd.AddCommand(cmd)
 }

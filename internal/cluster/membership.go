@@ -114,6 +114,8 @@ type Membership struct {
 	// joining is set while a rejoin attempt runs (it can block for
 	// memberlist's TCP timeout on an unreachable address).
 	joining atomic.Bool
+	// leaveOnce makes Leave (and the Leave in Shutdown) happen once.
+	leaveOnce sync.Once
 }
 
 // StartMembership starts gossip (when cfg.Bind is set) and computes the
@@ -244,12 +246,26 @@ func (m *Membership) Lookup(id NodeID) (MemberInfo, bool) {
 	return mi, ok
 }
 
-// Shutdown leaves the cluster gracefully and stops gossip.
+// Leave stops watching the membership and tells the others that this node
+// leaves (memberlist's graceful leave, at most leaveTimeout), so they take
+// its buckets at once instead of after failure detection. Gossip goes on
+// answering until Shutdown.
+func (m *Membership) Leave() {
+	m.leaveOnce.Do(func() {
+		close(m.stop)
+		m.wg.Wait()
+		if m.ml != nil {
+			if err := m.ml.Leave(leaveTimeout); err != nil && m.cfg.Logger != nil {
+				m.cfg.Logger.Warn("leave not announced to every member", "err", err)
+			}
+		}
+	})
+}
+
+// Shutdown leaves the cluster (if Leave was not called) and stops gossip.
 func (m *Membership) Shutdown() {
-	close(m.stop)
-	m.wg.Wait()
+	m.Leave()
 	if m.ml != nil {
-		m.ml.Leave(leaveTimeout)
 		m.ml.Shutdown()
 	}
 }

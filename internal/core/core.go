@@ -25,6 +25,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
@@ -88,8 +89,15 @@ const (
 // node (Porcupine §4.4).
 const aliveInterval = time.Minute
 
-// releaseTimeout bounds giving back reserved UIDs at shutdown.
-const releaseTimeout = 5 * time.Second
+// A node notices that its process stood still — SIGSTOP, a paused VM, a
+// machine swapping — by a clock that ticks every stallTick: a gap longer
+// than stallAfter (well under the ~5 s the others take to declare a node
+// dead) means others may have managed its buckets meanwhile while its own
+// view of the membership never changed, so its soft state is rebuilt.
+const (
+	stallTick  = 250 * time.Millisecond
+	stallAfter = 2 * time.Second
+)
 
 // Core is the part of a node below the protocol servers: store, managers,
 // membership, RPC and the proxies' shared half. Tests use it alone; Start
@@ -159,6 +167,10 @@ type Options struct {
 	// ClockSkew shifts this node's clock, to test that skew loses no
 	// update (BLUEPRINT invariant 6).
 	ClockSkew time.Duration
+	// AuditInterval is how often the writers' anti-entropy audit runs
+	// (usermgr/audit.go); 0 is usermgr.DefaultAuditInterval, negative
+	// turns it off (tests of what it would hide).
+	AuditInterval time.Duration
 }
 
 // DefaultReplicas is how many copies of each message a cluster keeps unless
@@ -306,26 +318,91 @@ func New(o Options) (*Core, error) {
 			}
 		}
 	}()
+	go c.watchStalls()
+	if o.AuditInterval == 0 {
+		o.AuditInterval = usermgr.DefaultAuditInterval
+	}
+	c.Users.StartAudit(o.AuditInterval)
 	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
 	return c, nil
 }
 
-// Close stops membership, RPC and the managers, then closes the store.
+// watchStalls rebuilds the soft state after the process stood still.
+func (c *Core) watchStalls() {
+	t := time.NewTicker(stallTick)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		// Monotonic time: it goes on while the process is stopped.
+		if gap := time.Since(last); gap > stallAfter {
+			c.log.Warn("the node stood still: rebuilding the soft state of its buckets", "for", gap.Round(time.Millisecond))
+			metrics.Stalls.Inc()
+			// Allocations made before now are from before the stall
+			// (none can be made during it, and this tick is the first
+			// after it): their deliveries went to whoever stood in.
+			c.Users.Rebuild(c.Members.UserMap(), c.Members.Alive(), time.Now())
+		}
+		last = time.Now()
+	}
+}
+
+// Timeouts of the orderly shutdown (Close).
+const (
+	// handoffTimeout bounds handing the node's buckets to their new
+	// managers: each waits for the operations in progress on its writers.
+	handoffTimeout = 10 * time.Second
+	// rpcDrainTimeout bounds the calls other nodes have in progress here
+	// (a store, a fragment read): past it they are cancelled, and their
+	// callers retry elsewhere.
+	rpcDrainTimeout = 5 * time.Second
+)
+
+// Close is the orderly shutdown of the managers (the protocol servers are
+// stopped before it, internal/node): drop every bucket and fence its
+// writers, wait for their operations in progress, tell the cluster the node
+// leaves, and hand each bucket to its new manager, with the writers'
+// counters, allocations in flight and reservations (a cluster of one gives
+// its unused reservations back instead); then let the calls of other nodes
+// in progress here finish (cancelling them past rpcDrainTimeout), stop the
+// replication manager and the user manager, and only then close the store.
+// Anything that still reaches the store after that gets store.ErrClosed,
+// never a closed Pebble.
 func (c *Core) Close() error {
 	if c.stop != nil {
 		close(c.stop)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	c.Users.Release(ctx)
-	cancel()
-	if c.Members != nil {
-		c.Members.Shutdown()
+	announce := func() {
+		if c.Members != nil {
+			c.Members.Leave()
+		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
+	handed, err := c.Users.Leave(ctx, announce)
+	if err != nil {
+		c.log.Warn("shutdown: buckets not all handed over", "err", err)
+	}
+	if !handed {
+		c.Users.Release(ctx)
+	}
+	cancel()
+	announce()
+	ctx, cancel = context.WithTimeout(context.Background(), rpcDrainTimeout)
+	if left := c.RPC.Drain(ctx); left > 0 {
+		c.log.Warn("shutdown: calls of other nodes still running after they were cancelled", "calls", left)
+	}
+	cancel()
 	if c.Repl != nil {
 		c.Repl.Close()
 	}
-	c.RPC.Stop()
 	c.Users.Close()
+	if c.Members != nil {
+		c.Members.Shutdown()
+	}
 	c.Peers.RPC.Close()
 	return c.DB.Close()
 }

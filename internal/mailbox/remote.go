@@ -29,6 +29,9 @@ func (m *Manager) Register(s *rpc.Server) {
 	s.Handle("fragment.Drop", rpc.Method(func(ctx context.Context, r *FragmentRequest) (*Empty, error) {
 		return &Empty{}, m.DropMailbox(r.User, r.UIDValidity)
 	}))
+	s.Handle("fragment.Audit", rpc.Method(func(ctx context.Context, r *AuditRequest) (*AuditReply, error) {
+		return m.Audit(r)
+	}))
 	s.Handle("fragment.DropUser", rpc.Method(func(ctx context.Context, r *FragmentRequest) (*Empty, error) {
 		return &Empty{}, m.DeleteUser(r.User)
 	}))

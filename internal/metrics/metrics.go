@@ -20,9 +20,22 @@ var (
 		Name: "quill_sessions_total", Help: "Protocol sessions accepted."}, []string{"protocol"})
 	AuthFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quill_auth_failures_total", Help: "Failed logins."}, []string{"protocol"})
+	// Stalls counts the times the process stood still long enough for its
+	// soft state to be rebuilt (core.watchStalls).
+	Stalls = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_stalls_total", Help: "Times the process stood still (paused) and rebuilt its soft state."})
+	// AuditRepairs counts what the writers' anti-entropy audit found
+	// wrong and repaired; every one is a missed trigger elsewhere.
+	AuditRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_audit_repairs_total", Help: "Differences the anti-entropy audit found between writers' views or mail maps and the fragments, and repaired."},
+		[]string{"kind"})
+	// Handoffs counts buckets handed to a new manager, by outcome.
+	Handoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_bucket_handoffs_total", Help: "Buckets handed over to their new manager, by outcome at the receiver (merged, rebuilt) or sender (given_up)."},
+		[]string{"outcome"})
 )
 
 func init() {
-	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures,
+	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/smtp"
+	"github.com/quillmail/quill/internal/usermgr"
 )
 
 // Config is everything an operator can set on a node. Each field is a flag
@@ -60,7 +61,10 @@ type Config struct {
 	LogMaxAge    time.Duration
 	// ClockSkew shifts this node's clock (--clock-skew, for tests).
 	ClockSkew time.Duration
-	Logger    *slog.Logger
+	// AuditInterval is how often the writers' anti-entropy audit runs
+	// (--audit-interval; 0 turns it off).
+	AuditInterval time.Duration
+	Logger        *slog.Logger
 }
 
 // DefaultConfig is a single node on loopback with the ports of the README.
@@ -83,6 +87,7 @@ func DefaultConfig() Config {
 		WritePolicy:     string(replica.One),
 		ReplaceAfter:    replica.DefaultReplaceAfter,
 		LogMaxAge:       replica.DefaultMaxAge,
+		AuditInterval:   usermgr.DefaultAuditInterval,
 		Logger:          slog.Default(),
 	}
 }
@@ -110,7 +115,7 @@ func Start(cfg Config) (*Node, error) {
 	}
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
-		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew})
+		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval)})
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +129,14 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+// auditInterval maps the flag (0: off) to core's option (0: default).
+func auditInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func (n *Node) listen(proto, addr string, serve func(net.Listener) error) error {

@@ -95,11 +95,23 @@ type Server struct {
 	load    func() Load
 	mu      sync.RWMutex
 	methods map[string]Handler
+
+	// active counts handlers running; idle is signalled when it drops to
+	// zero (Drain waits for it: gRPC's Stop cancels calls but does not
+	// wait for their handlers to return).
+	activeMu sync.Mutex
+	active   int
+	idle     *sync.Cond
 }
+
+// handlerExitWait bounds how long Drain waits, after cancelling the calls
+// still running, for their handlers to notice and return.
+const handlerExitWait = 5 * time.Second
 
 // NewServer returns a server that reports load() on every reply.
 func NewServer(load func() Load) *Server {
 	s := &Server{load: load, methods: map[string]Handler{}}
+	s.idle = sync.NewCond(&s.activeMu)
 	s.g = grpc.NewServer(grpc.ForceServerCodec(jsonCodec{}), grpc.UnknownServiceHandler(s.dispatch))
 	return s
 }
@@ -116,6 +128,34 @@ func (s *Server) Serve(l net.Listener) error { return s.g.Serve(l) }
 
 // Stop ends every call and closes the listener.
 func (s *Server) Stop() { s.g.Stop() }
+
+// Drain stops taking calls and lets the calls in progress finish until ctx
+// is done; then it cancels the rest and waits (at most handlerExitWait) for
+// their handlers to return, so that what they use can be closed after.
+// It reports how many handlers were still running when it gave up.
+func (s *Server) Drain(ctx context.Context) int {
+	done := make(chan struct{})
+	go func() { s.g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.g.Stop()
+		<-done
+	}
+	deadline := time.Now().Add(handlerExitWait)
+	t := time.AfterFunc(handlerExitWait, func() {
+		s.activeMu.Lock()
+		s.idle.Broadcast()
+		s.activeMu.Unlock()
+	})
+	defer t.Stop()
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	for s.active > 0 && time.Now().Before(deadline) {
+		s.idle.Wait()
+	}
+	return s.active
+}
 
 func (s *Server) dispatch(srv any, stream grpc.ServerStream) error {
 	full, ok := grpc.MethodFromServerStream(stream)
@@ -136,6 +176,16 @@ func (s *Server) dispatch(srv any, stream grpc.ServerStream) error {
 	if err := stream.RecvMsg(&req); err != nil {
 		return err
 	}
+	s.activeMu.Lock()
+	s.active++
+	s.activeMu.Unlock()
+	defer func() {
+		s.activeMu.Lock()
+		if s.active--; s.active == 0 {
+			s.idle.Broadcast()
+		}
+		s.activeMu.Unlock()
+	}()
 	resp, err := h(stream.Context(), req.b)
 	ld := s.load()
 	stream.SetHeader(metadata.Pairs(loadKey, strconv.Itoa(ld.Pending)+","+strconv.FormatBool(ld.DiskFull)))

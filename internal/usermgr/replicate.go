@@ -43,7 +43,10 @@ type change struct {
 	// leaving are replicas the object leaves: they get the update too, so
 	// they drop their copy when they come back.
 	leaving []cluster.NodeID
-	err     error
+	// stamp is the new version's, once written: the view records it, so
+	// the audit can tell a view that is behind its fragments.
+	stamp replica.Stamp
+	err   error
 }
 
 // replicate writes each change through a coordinator, grouping changes that
@@ -96,6 +99,7 @@ func (m *Manager) replicate(ctx context.Context, changes []*change) {
 		stamp := m.repl.Now()
 		req := &replica.WriteRequest{Policy: replica.One}
 		for _, c := range g.members {
+			c.stamp = stamp
 			u, err := c.obj.Update(stamp, g.targets, nil)
 			if err != nil {
 				c.err = err
@@ -199,7 +203,7 @@ func (m *Manager) LocalRehome(ctx context.Context, req *RehomeRequest) (*struct{
 				}
 				continue
 			}
-			views[i].Replicas = c.obj.Replicas
+			views[i].Replicas, views[i].Version = c.obj.Replicas, c.stamp
 			views[i].Holders = uniq(append(views[i].Holders, c.obj.Replicas...))
 			for _, n := range c.obj.Replicas {
 				m.noteUser(p.Address, n)

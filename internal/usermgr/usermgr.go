@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -53,6 +54,13 @@ const (
 	// briefly disagree on the user map.
 	notManagerRetries = 5
 	notManagerBackoff = 200 * time.Millisecond
+	// heldRetry and heldRetryMax space the scans asked again of a node
+	// that still manages a bucket this node has taken over (its view of
+	// the membership lags): the bucket is not complete until that node
+	// has let go of it, so that two writers never serve one user for
+	// longer than the membership takes to agree.
+	heldRetry    = 100 * time.Millisecond
+	heldRetryMax = 2 * time.Second
 )
 
 // Peers is what the user manager needs of the cluster: its view of the
@@ -84,6 +92,30 @@ type Manager struct {
 	gen     uint64 // bumped at every reconcile; stale pulls are dropped
 	closed  bool
 	pulls   sync.WaitGroup
+	// um and alive are what the last reconcile was given, for rebuilds
+	// that are not caused by a membership change (Rebuild, handoffs).
+	um    cluster.UserMap
+	alive []cluster.MemberInfo
+	// tenures counts this process's tenures of buckets; ended holds,
+	// per bucket, the last of them that ended (the bucket was dropped).
+	// A scan reply carries ended, so a manager that later receives a
+	// handoff knows whether its soft state was read before or after the
+	// sender let go (handoff.go).
+	tenures uint64
+	ended   [cluster.Buckets]uint64
+	// draining counts, per bucket, drops whose writers are still being
+	// drained (handoff.go): scans of it are answered Held meanwhile.
+	draining [cluster.Buckets]int
+	// ctx ends the manager's background work (scans, handoffs, repairs,
+	// the audit) at Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// leaving is set once Leave handed every bucket over: later
+	// membership changes (the node's own view still has it) change
+	// nothing.
+	leaving bool
+	// audit counts what the anti-entropy audit repaired (audit.go).
+	audit auditState
 
 	// verified caches, per user, a keyed MAC of the last password that
 	// passed the argon2id check against a stored hash, so a client polling
@@ -124,12 +156,20 @@ type bucket struct {
 	complete bool
 	writers  map[string]*userWriter // the mailbox writers of this bucket's users
 	viewGen  uint64                 // bumped when views must be loaded again
+	// tenure names this node's tenure of the bucket (handoff.go), and
+	// since is when it began.
+	tenure uint64
+	since  time.Time
+	// ended holds, per contributing node, the tenure of this bucket that
+	// node had last ended when its merged scan was taken.
+	ended map[cluster.NodeID]uint64
 }
 
 func newBucket() *bucket {
 	return &bucket{contrib: map[cluster.NodeID]uint64{}, profiles: map[string]*userdb.Profile{},
 		holders: map[string]map[cluster.NodeID]bool{},
-		mailMap: map[string]map[cluster.NodeID]bool{}, ready: make(chan struct{})}
+		mailMap: map[string]map[cluster.NodeID]bool{}, ready: make(chan struct{}),
+		ended: map[cluster.NodeID]uint64{}, writers: map[string]*userWriter{}}
 }
 
 // New returns a user manager with no soft state; it fills as the membership
@@ -137,6 +177,7 @@ func newBucket() *bucket {
 func New(self cluster.NodeID, users *userdb.DB, boxes *mailbox.Manager, clock *hlc.Clock, log *slog.Logger) *Manager {
 	m := &Manager{self: self, users: users, boxes: boxes, clock: clock, log: log,
 		verified: map[string]verifiedPW{}}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	rand.Read(m.macKey[:])
 	m.dummyHash, _ = userdb.HashPassword("no such user")
 	return m
@@ -145,6 +186,8 @@ func New(self cluster.NodeID, users *userdb.DB, boxes *mailbox.Manager, clock *h
 // Close stops reconstruction and waits for scans in flight, so the store
 // can be closed after it.
 func (m *Manager) Close() {
+	m.stopAudit()
+	m.cancel()
 	m.mu.Lock()
 	m.closed = true
 	m.gen++
@@ -158,37 +201,100 @@ func (m *Manager) SetPeers(p Peers) { m.peers = p }
 // --- soft-state reconstruction (Porcupine §3.3)
 
 // Reconcile adapts the soft state to a new user map: buckets no longer ours
-// are dropped; for buckets that are ours, the contributions of nodes that
-// are gone are removed, and every live node whose scan is missing is asked
-// for it.
+// are dropped (and handed to their new manager, handoff.go); for buckets
+// that are ours, the contributions of nodes that are gone are removed, and
+// every live node whose scan is missing is asked for it.
 func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
+	m.reconcile(um, alive, nil)
+}
+
+// Rebuild throws away the soft state of every bucket this node manages and
+// builds it again from every live node's scan, as if each bucket were new
+// (the writers stay, their views are loaded again), and forgets the
+// allocations made before cutoff (the moment the stall was noticed). A node whose process stood still
+// (SIGSTOP, a paused VM) long enough for the others to declare it dead may
+// never see its own membership change, yet others managed its buckets
+// meanwhile: everything it holds about them is old, and the deliveries it
+// had allocated UIDs for confirmed to them.
+func (m *Manager) Rebuild(um cluster.UserMap, alive []cluster.MemberInfo, cutoff time.Time) {
+	all := map[int]time.Time{}
+	for b := 0; b < cluster.Buckets; b++ {
+		all[b] = cutoff
+	}
+	m.reconcile(um, alive, all)
+}
+
+// rebuildBuckets rebuilds some buckets under the last user map; each maps
+// to the time before which its writers' allocations are forgotten.
+func (m *Manager) rebuildBuckets(reset map[int]time.Time) {
+	m.mu.RLock()
+	um, alive := m.um, m.alive
+	m.mu.RUnlock()
+	m.reconcile(um, alive, reset)
+}
+
+// reconcile applies a user map, rebuilding from scratch the buckets in
+// reset, and hands the dropped buckets over.
+func (m *Manager) reconcile(um cluster.UserMap, alive []cluster.MemberInfo, reset map[int]time.Time) {
+	m.handOff(m.applyMap(um, alive, reset, false))
+}
+
+// applyMap does the work of reconcile and returns the buckets it dropped.
+// Once the node leaves (leave, from Leave) later maps change nothing: the
+// node's own view of the membership still has it.
+func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset map[int]time.Time, leave bool) []droppedBucket {
 	boot := map[cluster.NodeID]uint64{}
 	for _, a := range alive {
 		boot[a.ID] = a.Member.Boot
 	}
 	need := map[cluster.NodeID][]uint8{}
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return
+	var dropped []droppedBucket
+	type staleWriter struct {
+		w      *userWriter
+		cutoff time.Time
 	}
+	var stale []staleWriter
+	m.mu.Lock()
+	if m.closed || (m.leaving && !leave) {
+		m.mu.Unlock()
+		return nil
+	}
+	m.leaving = m.leaving || leave
 	m.gen++
 	gen := m.gen
+	m.um, m.alive = um, slices.Clone(alive)
 	for b := 0; b < cluster.Buckets; b++ {
 		if um.Node[b] != m.self {
-			if bk := m.buckets[b]; bk != nil && !bk.isReady {
-				// Wake whoever waits for its rebuild: they find the
-				// bucket gone and ask its new manager (managed).
-				bk.isReady = true
-				close(bk.ready)
+			if bk := m.buckets[b]; bk != nil {
+				bk.wake()
+				m.draining[b]++ // scans say Held until the writers are drained
+				dropped = append(dropped, droppedBucket{b: uint8(b), bk: bk})
 			}
 			m.buckets[b] = nil
 			continue
 		}
 		bk := m.buckets[b]
-		if bk == nil {
+		switch {
+		case bk == nil:
+			m.tenures++
 			bk = newBucket()
+			bk.tenure, bk.since = m.tenures, time.Now()
 			m.buckets[b] = bk
+		default:
+			cutoff, ok := reset[b]
+			if !ok {
+				break
+			}
+			// The same tenure and the same writers (so there is never a
+			// second writer for a user), everything else read again.
+			nb := newBucket()
+			nb.tenure, nb.since, nb.writers, nb.viewGen = bk.tenure, bk.since, bk.writers, bk.viewGen
+			bk.wake()
+			m.buckets[b] = nb
+			bk = nb
+			for _, w := range bk.writers {
+				stale = append(stale, staleWriter{w, cutoff})
+			}
 		}
 		// Mailbox views depend on which fragments are reachable: rebuild
 		// them lazily under the new membership. The writers themselves
@@ -198,6 +304,7 @@ func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
 		for n, nb := range bk.contrib {
 			if boot[n] != nb {
 				delete(bk.contrib, n)
+				delete(bk.ended, n)
 				for _, h := range bk.holders {
 					delete(h, n)
 				}
@@ -217,15 +324,15 @@ func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
 		m.checkReadyLocked(bk, boot)
 	}
 	m.mu.Unlock()
+	for _, sw := range stale {
+		m.forgetAllocations(sw.w, sw.cutoff)
+	}
 	for n, buckets := range need {
-		m.pulls.Add(1)
-		go func() {
-			defer m.pulls.Done()
-			m.pull(gen, n, boot[n], buckets, boot)
-		}()
+		m.spawn(func() { m.pull(gen, n, boot[n], buckets, boot) })
 	}
 	// A bucket whose contributions cannot all be had (a node that does not
-	// answer) becomes usable anyway after reconstructWait.
+	// answer, or one that still manages it) becomes usable anyway after
+	// reconstructWait.
 	time.AfterFunc(reconstructWait, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -239,6 +346,54 @@ func (m *Manager) Reconcile(um cluster.UserMap, alive []cluster.MemberInfo) {
 			}
 		}
 	})
+	return dropped
+}
+
+// forgetAllocations drops a writer's allocations in flight made before
+// cutoff by this node (not those a handoff brought): its bucket is rebuilt
+// from scratch because the soft state was stale (a pause), the deliveries
+// they were made for confirmed to whoever managed the bucket meanwhile, or
+// gave up, and each would hide every higher UID until allocTimeout. The
+// views load again and show what was stored.
+func (m *Manager) forgetAllocations(w *userWriter, cutoff time.Time) {
+	m.spawn(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, b := range w.boxes {
+			for uid, a := range b.inflight {
+				if !a.handed && a.at.Before(cutoff) {
+					delete(b.inflight, uid)
+					b.partial, b.loadedAt = true, time.Time{}
+				}
+			}
+		}
+	})
+}
+
+// spawn runs fn on a goroutine that Close waits for, unless the manager is
+// closed (a WaitGroup must not gain work while Close waits on it). It must
+// not be called with m.mu held.
+func (m *Manager) spawn(fn func()) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return false
+	}
+	m.pulls.Add(1)
+	go func() {
+		defer m.pulls.Done()
+		fn()
+	}()
+	return true
+}
+
+// wake releases whoever waits for the bucket's rebuild: they find the
+// bucket gone or replaced and look again (managed).
+func (bk *bucket) wake() {
+	if !bk.isReady {
+		bk.isReady = true
+		close(bk.ready)
+	}
 }
 
 func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
@@ -266,7 +421,7 @@ func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
 		go func() {
 			defer m.pulls.Done()
 			for i := range repair {
-				ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
+				ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
 				if err := m.writeProfile(ctx, &repair[i]); err != nil {
 					m.log.Warn("profile re-replication failed", "user", repair[i].Address, "err", err)
 				}
@@ -279,6 +434,8 @@ func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
 // ScanRequest asks a node for what its hard state implies for buckets.
 type ScanRequest struct {
 	Buckets []uint8 `json:"buckets"`
+	// From is the manager asking (taking the buckets over).
+	From cluster.NodeID `json:"from,omitempty"`
 }
 
 // ScanReply is one node's contribution: the profiles it stores and the
@@ -288,11 +445,29 @@ type ScanReply struct {
 	Boot      uint64           `json:"boot"`
 	Profiles  []userdb.Profile `json:"profiles"`
 	Fragments []string         `json:"fragments"`
+	// Held are requested buckets this node still manages (its view of
+	// the membership has not caught up): their part of the scan may still
+	// change, so it is not final; ask again.
+	Held []uint8 `json:"held,omitempty"`
+	// Ended is, for each scanned bucket in request order, this node's
+	// last ended tenure of it (0: none).
+	Ended []uint64 `json:"ended,omitempty"`
 }
 
-// Scan is the bucket-scoped disk scan every node runs for a manager.
+// Scan is the bucket-scoped disk scan every node runs for a manager. A
+// bucket this node still manages for itself is reported Held: until it
+// lets go, its writers may still change what a scan would say.
 func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error) {
 	out := &ScanReply{Node: m.self}
+	m.mu.RLock()
+	for _, b := range req.Buckets {
+		if req.From != "" && req.From != m.self && (m.buckets[b] != nil || m.draining[b] > 0) {
+			out.Held = append(out.Held, b)
+			continue
+		}
+		out.Ended = append(out.Ended, m.ended[b])
+	}
+	m.mu.RUnlock()
 	for _, b := range req.Buckets {
 		if err := m.users.Scan(int(b), func(p *userdb.Profile) error {
 			out.Profiles = append(out.Profiles, *p)
@@ -313,33 +488,59 @@ func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error
 }
 
 func (m *Manager) pull(gen uint64, n cluster.NodeID, boot uint64, buckets []uint8, alive map[cluster.NodeID]uint64) {
-	for {
+	held := heldRetry
+	for len(buckets) > 0 {
 		if m.closedOrStale(gen) {
 			return
 		}
 		var rep ScanReply
 		var err error
+		req := &ScanRequest{Buckets: buckets, From: m.self}
 		if n == m.self {
 			var r *ScanReply
-			r, err = m.Scan(context.Background(), &ScanRequest{Buckets: buckets})
+			r, err = m.Scan(m.ctx, req)
 			if r != nil {
 				rep = *r
 			}
 		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
-			err = m.peers.Call(ctx, n, "usermgr.Scan", &ScanRequest{Buckets: buckets}, &rep)
+			ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
+			err = m.peers.Call(ctx, n, "usermgr.Scan", req, &rep)
 			cancel()
 		}
 		if err != nil {
 			m.log.Warn("soft-state scan failed, retrying", "node", n, "buckets", len(buckets), "err", err)
-			time.Sleep(pullRetry)
+			select {
+			case <-time.After(pullRetry):
+			case <-m.ctx.Done():
+				return
+			}
 			continue
 		}
 		if m.closedOrStale(gen) {
 			return
 		}
-		m.merge(gen, n, boot, buckets, &rep, alive)
-		return
+		final := make([]uint8, 0, len(buckets))
+		for _, b := range buckets {
+			if !slices.Contains(rep.Held, b) {
+				final = append(final, b)
+			}
+		}
+		if len(rep.Ended) != len(final) {
+			rep.Ended = make([]uint64, len(final)) // an older node: no tenures
+		}
+		// Held buckets' data is merged too (a bucket served before the
+		// holder lets go, after reconstructWait, then misses little), but
+		// is not the node's contribution yet.
+		m.merge(gen, n, boot, final, &rep, alive)
+		if len(rep.Held) > 0 {
+			select {
+			case <-time.After(held):
+			case <-m.ctx.Done():
+				return
+			}
+			held = min(2*held, heldRetryMax)
+		}
+		buckets = rep.Held
 	}
 }
 
@@ -349,6 +550,8 @@ func (m *Manager) closedOrStale(gen uint64) bool {
 	return m.closed || m.gen != gen
 }
 
+// merge takes a scan reply into the soft state; buckets are those for which
+// it is the node's final contribution.
 func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uint8, rep *ScanReply, alive map[cluster.NodeID]uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -382,9 +585,10 @@ func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uin
 			noteLocked(bk, u, n)
 		}
 	}
-	for _, b := range buckets {
+	for i, b := range buckets {
 		if bk := m.buckets[b]; bk != nil {
 			bk.contrib[n] = boot
+			bk.ended[n] = rep.Ended[i]
 			m.checkReadyLocked(bk, alive)
 		}
 	}
@@ -426,7 +630,7 @@ func (m *Manager) dropDeleted(n cluster.NodeID, users []string) {
 		return
 	}
 	for _, u := range users {
-		ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
+		ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
 		err := m.onNode(ctx, n, "fragment.DropUser", &mailbox.FragmentRequest{User: u}, func() error { return m.boxes.DeleteUser(u) })
 		cancel()
 		if err != nil {
@@ -469,21 +673,17 @@ func (m *Manager) Refresh(alive []cluster.MemberInfo) {
 	gen := m.gen
 	var mine []uint8
 	for b, bk := range m.buckets {
-		if bk != nil && bk.isReady {
+		// An incomplete bucket has pulls of its own still retrying.
+		if bk != nil && bk.complete {
 			mine = append(mine, uint8(b))
 		}
 	}
-	closed := m.closed
 	m.mu.RUnlock()
-	if closed || len(mine) == 0 {
+	if len(mine) == 0 {
 		return
 	}
 	for n, nb := range boot {
-		m.pulls.Add(1)
-		go func() {
-			defer m.pulls.Done()
-			m.pull(gen, n, nb, mine, boot)
-		}()
+		m.spawn(func() { m.pull(gen, n, nb, mine, boot) })
 	}
 }
 
@@ -671,6 +871,7 @@ func (m *Manager) Register(s *rpc.Server) {
 	s.Handle("usermgr.Update", rpc.Method(m.LocalUpdate))
 	s.Handle("usermgr.Put", rpc.Method(m.LocalPut))
 	s.Handle("usermgr.List", rpc.Method(m.LocalList))
+	s.Handle("usermgr.Handoff", rpc.Method(m.LocalHandoff))
 	m.registerWriter(s)
 }
 

@@ -22,10 +22,13 @@ import (
 // testCluster is N user managers on real stores, talking over real RPC on
 // loopback, with a membership the test sets by hand.
 type testCluster struct {
-	t      *testing.T
-	mu     sync.Mutex
-	alive  []cluster.MemberInfo
-	um     cluster.UserMap
+	t     *testing.T
+	mu    sync.Mutex
+	alive []cluster.MemberInfo
+	um    cluster.UserMap
+	// views are what each node was last told (setAliveTell can leave a
+	// node out, as a paused process hears nothing).
+	views  map[cluster.NodeID]nodeView
 	epoch  uint64
 	nodes  map[cluster.NodeID]*testNode
 	client *rpc.Client
@@ -43,6 +46,11 @@ type testNode struct {
 	boot  uint64
 }
 
+type nodeView struct {
+	um    cluster.UserMap
+	alive []cluster.MemberInfo
+}
+
 type peers struct {
 	c    *testCluster
 	self cluster.NodeID
@@ -51,11 +59,17 @@ type peers struct {
 func (p peers) UserMap() cluster.UserMap {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
+	if v, ok := p.c.views[p.self]; ok {
+		return v.um
+	}
 	return p.c.um
 }
 func (p peers) Alive() []cluster.MemberInfo {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
+	if v, ok := p.c.views[p.self]; ok {
+		return append([]cluster.MemberInfo(nil), v.alive...)
+	}
 	return append([]cluster.MemberInfo(nil), p.c.alive...)
 }
 func (p peers) Expected() int {
@@ -88,7 +102,7 @@ func (p peers) Call(ctx context.Context, node cluster.NodeID, method string, req
 }
 
 func newTestCluster(t *testing.T) *testCluster {
-	c := &testCluster{t: t, nodes: map[cluster.NodeID]*testNode{}, client: rpc.NewClient()}
+	c := &testCluster{t: t, nodes: map[cluster.NodeID]*testNode{}, client: rpc.NewClient(), views: map[cluster.NodeID]nodeView{}}
 	t.Cleanup(func() {
 		for _, n := range c.nodes {
 			n.repl.Close()
@@ -140,7 +154,12 @@ func (c *testCluster) start(id cluster.NodeID, dir string, boot uint64) *testNod
 }
 
 // setAlive installs a membership and tells every live manager.
-func (c *testCluster) setAlive(ids ...cluster.NodeID) {
+func (c *testCluster) setAlive(ids ...cluster.NodeID) { c.setAliveTell(ids, ids) }
+
+// setAliveTell installs a membership and tells only the managers in tell;
+// the others keep their old view (a paused process hears nothing, and a
+// resumed one may never see its own membership change).
+func (c *testCluster) setAliveTell(ids, tell []cluster.NodeID) {
 	c.mu.Lock()
 	c.alive = nil
 	var members []cluster.Member
@@ -154,8 +173,11 @@ func (c *testCluster) setAlive(ids ...cluster.NodeID) {
 	c.epoch++
 	c.um = cluster.Compute(members, c.epoch, &prev)
 	um, alive := c.um, append([]cluster.MemberInfo(nil), c.alive...)
+	for _, id := range tell {
+		c.views[id] = nodeView{um: um, alive: alive}
+	}
 	c.mu.Unlock()
-	for _, id := range ids {
+	for _, id := range tell {
 		c.nodes[id].mgr.Reconcile(um, alive)
 	}
 }

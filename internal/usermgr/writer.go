@@ -15,6 +15,7 @@ package usermgr
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -75,25 +76,100 @@ type boxView struct {
 	gen      uint64 // the bucket's viewGen the view was loaded under
 	msgs     map[uint32]*ViewMsg
 	inflight map[uint32]allocation
+	// settled are allocations confirmed or cancelled in the last
+	// allocTimeout: a handoff that still lists one (its confirmation
+	// overtook it) must not bring it back to hide the UIDs above it.
+	settled map[uint32]time.Time
 	// partial says a fragment could not be read when the view was
 	// loaded; the view is loaded again at the next use after
 	// partialRetry, so a node that was briefly unreachable does not stay
 	// hidden until the next membership change.
 	partial  bool
 	loadedAt time.Time
+	// gone are messages this writer took out of the mailbox (expunged,
+	// moved away) and the stamp that did it, kept for goneKeep: a replica
+	// that has not heard yet still lists them, and neither a reload nor
+	// the audit should take that for a message to show.
+	gone map[string]goneMsg
+	// mineUID and mineMod are the reserved ends this writer wrote into
+	// the profile (or started from). A profile that shows other ends
+	// carries another writer's reservation (a handoff, or two managers
+	// for a moment): this writer then continues past it (absorb).
+	mineUID uint32
+	mineMod uint64
+}
+
+// settle records that an allocation was confirmed or cancelled.
+func (b *boxView) settle(uid uint32) {
+	delete(b.inflight, uid)
+	if b.settled == nil {
+		b.settled = map[uint32]time.Time{}
+	}
+	now := time.Now()
+	b.settled[uid] = now
+	for u, at := range b.settled {
+		if now.Sub(at) > allocTimeout {
+			delete(b.settled, u)
+		}
+	}
+}
+
+// goneMsg is a message a writer removed from a mailbox.
+type goneMsg struct {
+	stamp replica.Stamp
+	at    time.Time
+}
+
+// goneKeep is how long a writer remembers what it removed: far longer than
+// a replica takes to apply the removal while it is up (the update log
+// pushes every second); one that was down longer may show it again until
+// the log reaches it, as Porcupine allows (BLUEPRINT invariant 4).
+const goneKeep = 10 * time.Minute
+
+// remove takes a message out of the view and remembers that it did.
+func (b *boxView) remove(vm *ViewMsg, stamp replica.Stamp) {
+	delete(b.msgs, vm.UID)
+	if b.gone == nil {
+		b.gone = map[string]goneMsg{}
+	}
+	now := time.Now()
+	b.gone[vm.ID] = goneMsg{stamp: stamp, at: now}
+	for id, g := range b.gone {
+		if now.Sub(g.at) > goneKeep {
+			delete(b.gone, id)
+		}
+	}
+}
+
+// removed reports whether the writer took out the message with this id at
+// or after version v.
+func (b *boxView) removed(id string, v replica.Stamp) bool {
+	g, ok := b.gone[id]
+	return ok && !g.stamp.Less(v) && time.Since(g.at) <= goneKeep
 }
 
 // allocation is a UID handed out and not yet confirmed or cancelled.
 type allocation struct {
 	at   time.Time
 	from cluster.Member // the node that will confirm it, and its boot
+	// handed says a handoff brought it from the previous writer: its
+	// delivery confirms here.
+	handed bool
 }
 
 type userWriter struct {
 	mu      sync.Mutex
 	boxes   map[uint32]*boxView
 	version uint64
+	// dead is set when the writer's bucket moved to another node
+	// (handoff.go): an operation that takes the lock after that is sent
+	// to the new manager instead of changing a view nobody reads.
+	dead bool
+	// used is when an operation last ran under the lock.
+	used time.Time
 }
+
+func newUserWriter() *userWriter { return &userWriter{boxes: map[uint32]*boxView{}} }
 
 // writer returns the writer of a user of a bucket this node manages.
 func (m *Manager) writer(ctx context.Context, user string) (*userWriter, error) {
@@ -103,14 +179,32 @@ func (m *Manager) writer(ctx context.Context, user string) (*userWriter, error) 
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if bk.writers == nil {
-		bk.writers = map[string]*userWriter{}
+	if m.buckets[cluster.Bucket(user)] != bk {
+		// Dropped or rebuilt since managed returned it: a writer made
+		// on it would be a second writer, or one no drain fences.
+		return nil, fmt.Errorf("user %s: bucket changed: %w", user, rpc.ErrNotManager)
 	}
 	w := bk.writers[user]
 	if w == nil {
-		w = &userWriter{boxes: map[uint32]*boxView{}}
+		w = newUserWriter()
 		bk.writers[user] = w
 	}
+	return w, nil
+}
+
+// lockWriter returns the user's writer, locked, or ErrNotManager if its
+// bucket moved away (then or while the lock was awaited).
+func (m *Manager) lockWriter(ctx context.Context, user string) (*userWriter, error) {
+	w, err := m.writer(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	if w.dead {
+		w.mu.Unlock()
+		return nil, fmt.Errorf("user %s: writer handed over: %w", user, rpc.ErrNotManager)
+	}
+	w.used = time.Now()
 	return w, nil
 }
 
@@ -153,15 +247,28 @@ func (w *userWriter) counters(def *userdb.MailboxDef) *boxView {
 	b := w.boxes[def.UIDValidity]
 	if b == nil {
 		b = &boxView{uidNext: max(def.UIDReserved, 1), modseq: max(def.ModSeqReserved, 1),
-			inflight: map[uint32]allocation{}}
+			inflight: map[uint32]allocation{}, mineUID: def.UIDReserved, mineMod: def.ModSeqReserved}
 		w.boxes[def.UIDValidity] = b
 	}
 	return b
 }
 
+// absorb moves the counters past reserved ends in the profile that this
+// writer did not write: another writer may have handed out anything below
+// them.
+func (b *boxView) absorb(def *userdb.MailboxDef) {
+	if def.UIDReserved != b.mineUID && def.UIDReserved > b.uidNext {
+		b.uidNext = def.UIDReserved
+	}
+	if def.ModSeqReserved != b.mineMod && def.ModSeqReserved > b.modseq {
+		b.modseq = def.ModSeqReserved
+	}
+}
+
 // reserve makes sure n more UIDs and MODSEQs are covered by the profile's
 // reservations, writing the profile if not.
 func (m *Manager) reserve(ctx context.Context, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, uids int, modseqs int) error {
+	b.absorb(def)
 	needUID := uint64(b.uidNext)+uint64(uids) > uint64(def.UIDReserved)
 	needMod := b.modseq+uint64(modseqs) >= def.ModSeqReserved
 	if !needUID && !needMod {
@@ -172,6 +279,7 @@ func (m *Manager) reserve(ctx context.Context, p *userdb.Profile, def *userdb.Ma
 	}
 	def.UIDReserved = b.uidNext + uint32(uids) + reserveBlock
 	def.ModSeqReserved = b.modseq + uint64(modseqs) + reserveBlock
+	b.mineUID, b.mineMod = def.UIDReserved, def.ModSeqReserved
 	return m.saveProfile(ctx, p, 1)
 }
 
@@ -202,16 +310,19 @@ func (m *Manager) Release(ctx context.Context) {
 	for _, it := range all {
 		it.w.mu.Lock()
 		p, err := m.profileOf(it.user)
-		if err == nil {
+		if err == nil && !it.w.dead {
 			changed := false
 			for i := range p.Mailboxes {
 				def := &p.Mailboxes[i]
 				b := it.w.boxes[def.UIDValidity]
-				if b == nil || len(b.inflight) > 0 {
+				// Only this writer's own reservation is given back: one
+				// it has not absorbed is another writer's.
+				if b == nil || len(b.inflight) > 0 || def.UIDReserved != b.mineUID || def.ModSeqReserved != b.mineMod {
 					continue
 				}
 				if def.UIDReserved > b.uidNext || def.ModSeqReserved > b.modseq {
 					def.UIDReserved, def.ModSeqReserved = b.uidNext, b.modseq
+					b.mineUID, b.mineMod = b.uidNext, b.modseq
 					changed = true
 				}
 			}
@@ -265,15 +376,14 @@ func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocRepl
 			def = &p.Mailboxes[len(p.Mailboxes)-1]
 		}
 		b := w.counters(def)
-		if !b.loaded {
-			// A new writer (first use, or a failover) takes the highest UID
-			// any fragment holds, not only the reservation in the profile:
-			// a reservation written to one replica that then died is not
-			// in the profile it sees.
-			b.expire(m.peers.Alive())
-			if err := m.load(ctx, p.Address, p, def, b); err != nil {
-				return err
-			}
+		// A new writer (first use, or a failover) takes the highest UID
+		// any fragment holds, not only the reservation in the profile: a
+		// reservation written to one replica that then died is not in
+		// the profile it sees. A view made stale by a membership change
+		// or a handoff is loaded again for the same reason.
+		b.expire(m.peers.Alive())
+		if err := m.load(ctx, p.Address, p, def, b); err != nil {
+			return err
 		}
 		if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
 			return err
@@ -305,45 +415,54 @@ type ConfirmRequest struct {
 // LocalConfirm records a stored message in the view and the mail map.
 func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struct{}, error) {
 	user := userdb.Normalize(req.Place.User)
-	if !req.Cancel {
-		for _, n := range uniq(append(slices.Clone(req.Nodes), req.Message.Replicas...)) {
-			if _, err := m.LocalNote(ctx, &NoteRequest{User: user, Node: n}); err != nil {
-				return nil, err
-			}
-		}
-		if m.repl != nil {
-			m.repl.Observe(req.Message.Version)
+	// A cancelled store names the replica set it tried: one of them may
+	// have stored it all the same (its answer was lost), and the reload
+	// below must read it.
+	for _, n := range uniq(append(slices.Clone(req.Nodes), req.Message.Replicas...)) {
+		if _, err := m.LocalNote(ctx, &NoteRequest{User: user, Node: n}); err != nil {
+			return nil, err
 		}
 	}
-	w, err := m.writer(ctx, user)
+	if !req.Cancel && m.repl != nil {
+		m.repl.Observe(req.Message.Version)
+	}
+	w, err := m.lockWriter(ctx, user)
 	if err != nil {
 		return nil, err
 	}
-	w.mu.Lock()
 	defer w.mu.Unlock()
 	v := req.Place.UIDValidity
-	if b := w.boxes[v]; b != nil {
-		delete(b.inflight, req.Place.UID)
-		if !req.Cancel {
-			b.markUsed(req.Place.UID, req.Place.ModSeq)
-		} else if b.loaded {
-			// A store whose answer was lost (a coordinator cut off after
-			// it applied) may have stored the message all the same:
-			// load the view again so it is not hidden until the next
-			// membership change.
+	b := w.boxes[v]
+	if b == nil {
+		// Not used here yet (a handoff may follow with the allocation):
+		// a bare view, loaded at its first use, that knows it settled.
+		b = &boxView{inflight: map[uint32]allocation{}}
+		w.boxes[v] = b
+	}
+	b.settle(req.Place.UID)
+	if !req.Cancel {
+		// Allocated by an earlier writer (before a handoff) past
+		// what this one knows: never hand that UID out again.
+		b.uidNext = max(b.uidNext, req.Place.UID+1)
+		b.modseq = max(b.modseq, req.Place.ModSeq)
+		b.markUsed(req.Place.UID, req.Place.ModSeq)
+	} else if b.loaded {
+		// A store whose answer was lost (a coordinator cut off after
+		// it applied) may have stored the message all the same:
+		// load the view again so it is not hidden until the next
+		// membership change.
+		b.reloadSoon()
+	}
+	if b.loaded && !req.Cancel {
+		msg := req.Message
+		if old := b.msgs[msg.UID]; old != nil && old.ID != msg.ID {
+			// Another writer handed out the same UID (two managers
+			// for a moment, after a pause or a partition): load the
+			// view again, which gives both messages new UIDs, rather
+			// than hide one of them.
 			b.reloadSoon()
 		}
-		if b.loaded && !req.Cancel {
-			msg := req.Message
-			if old := b.msgs[msg.UID]; old != nil && old.ID != msg.ID {
-				// Another writer handed out the same UID (two managers
-				// for a moment, after a pause or a partition): load the
-				// view again, which gives both messages new UIDs, rather
-				// than hide one of them.
-				b.reloadSoon()
-			}
-			b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: uniq(req.Nodes)}
-		}
+		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: uniq(req.Nodes)}
 	}
 	w.changed(m, user, v)
 	return &struct{}{}, nil
@@ -366,13 +485,15 @@ type ApplyRequest struct {
 // LocalApply runs a profile change at the user's manager.
 func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Profile, error) {
 	user := userdb.Normalize(req.Address)
-	w, err := m.writer(ctx, user)
+	w, err := m.lockWriter(ctx, user)
 	if err != nil {
 		return nil, err
 	}
-	w.mu.Lock()
 	defer w.mu.Unlock()
 	p, err := m.profileOf(user)
+	if err != nil && !errors.Is(err, ErrUnknownUser) {
+		return nil, err // the bucket moved away meanwhile
+	}
 	switch req.Op {
 	case "add":
 		if err == nil {
@@ -381,8 +502,10 @@ func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Pr
 		now := time.Now().UTC()
 		np := &userdb.Profile{Address: user, PasswordHash: req.Hash, Created: now}
 		m.mu.RLock()
-		if old := m.buckets[cluster.Bucket(user)].profiles[user]; old != nil {
-			np.LastUIDValidity = old.LastUIDValidity // a deleted user's: never repeat
+		if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
+			if old := bk.profiles[user]; old != nil {
+				np.LastUIDValidity = old.LastUIDValidity // a deleted user's: never repeat
+			}
 		}
 		m.mu.RUnlock()
 		for _, d := range mailbox.DefaultMailboxes {
@@ -444,6 +567,7 @@ func (m *Manager) onNode(ctx context.Context, n cluster.NodeID, method string, r
 // that could not see a node's reservation, after a partition) both get new
 // UIDs, so no UID ever names two messages.
 func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
+	b.absorb(def)
 	gen := m.viewGen(user)
 	if b.loaded && b.gen == gen && !(b.partial && time.Since(b.loadedAt) > partialRetry) {
 		return nil
@@ -483,6 +607,9 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 			msg := d.Messages[i]
 			if m.repl != nil {
 				m.repl.Observe(msg.Version)
+			}
+			if b.removed(msg.ID, msg.Version) {
+				continue // a replica that has not applied the removal yet
 			}
 			old, ok := msgs[msg.UID]
 			switch {
@@ -536,7 +663,7 @@ func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, 
 	if c.err != nil {
 		return c.err
 	}
-	nv.Replicas = c.obj.Replicas
+	nv.Replicas, nv.Version = c.obj.Replicas, c.stamp
 	b.msgs[nv.UID] = &nv
 	b.markUsed(nv.UID, nv.ModSeq)
 	return nil

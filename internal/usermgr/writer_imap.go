@@ -39,11 +39,10 @@ type MessagesReply struct {
 // profile.
 func (m *Manager) withWriter(ctx context.Context, user string, fn func(w *userWriter, p *userdb.Profile) error) error {
 	user = userdb.Normalize(user)
-	w, err := m.writer(ctx, user)
+	w, err := m.lockWriter(ctx, user)
 	if err != nil {
 		return err
 	}
-	w.mu.Lock()
 	defer w.mu.Unlock()
 	p, err := m.profileOf(user)
 	if err != nil {
@@ -300,7 +299,7 @@ func (m *Manager) LocalStoreFlags(ctx context.Context, req *FlagsRequest) (*Flag
 				}
 				continue
 			}
-			nv.Replicas = changes[i].obj.Replicas
+			nv.Replicas, nv.Version = changes[i].obj.Replicas, changes[i].stamp
 			b.msgs[nv.UID] = nv
 			b.markUsed(0, nv.ModSeq)
 			out.Updated = append(out.Updated, nv.Message)
@@ -357,7 +356,7 @@ func (m *Manager) LocalExpunge(ctx context.Context, req *FlagsRequest) (*UIDsRep
 				m.log.Warn("expunge not replicated", "user", p.Address, "uid", vm.UID, "err", err)
 				continue
 			}
-			delete(b.msgs, vm.UID)
+			b.remove(vm, changes[i].stamp)
 			out.UIDs = append(out.UIDs, vm.UID)
 		}
 		b.modseq++
@@ -437,11 +436,11 @@ func (m *Manager) LocalCopy(ctx context.Context, req *CopyRequest) (*CopyReply, 
 				continue
 			}
 			nv := *vm
-			nv.UID, nv.ModSeq, nv.ID, nv.Replicas = c.obj.UID, c.obj.ModSeq, c.obj.ID, c.obj.Replicas
+			nv.UID, nv.ModSeq, nv.ID, nv.Replicas, nv.Version = c.obj.UID, c.obj.ModSeq, c.obj.ID, c.obj.Replicas, c.stamp
 			db.msgs[nv.UID] = &nv
 			db.markUsed(nv.UID, nv.ModSeq)
 			if req.Move {
-				delete(sb.msgs, vm.UID)
+				sb.remove(vm, c.stamp)
 			}
 			out.SrcUIDs = append(out.SrcUIDs, vm.UID)
 			out.DstUIDs = append(out.DstUIDs, nv.UID)
@@ -469,11 +468,10 @@ type VersionReply struct {
 
 // LocalVersion returns the user's change counter.
 func (m *Manager) LocalVersion(ctx context.Context, req *MailboxRequest) (*VersionReply, error) {
-	w, err := m.writer(ctx, userdb.Normalize(req.User))
+	w, err := m.lockWriter(ctx, userdb.Normalize(req.User))
 	if err != nil {
 		return nil, err
 	}
-	w.mu.Lock()
 	defer w.mu.Unlock()
 	return &VersionReply{Version: w.version}, nil
 }

@@ -30,6 +30,14 @@ func storeAndConfirmTo(t *testing.T, n *testNode, mgr *Manager, pl mailbox.Place
 		t.Fatal(err)
 	}
 	msg := mailbox.Message{UID: pl.UID, ID: id, Size: int64(len(raw)), ModSeq: pl.ModSeq}
+	// Confirm the version stored, as the delivering proxy does.
+	if d, err := n.boxes.Fragment(pl.User, pl.UIDValidity); err == nil {
+		for _, m := range d.Messages {
+			if m.ID == id {
+				msg.Version = m.Version
+			}
+		}
+	}
 	if _, err := mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: pl, Message: msg, Nodes: []cluster.NodeID{n.id}}); err != nil {
 		t.Fatal(err)
 	}
