@@ -326,17 +326,26 @@ func (n *Node) Stop() {
 		return
 	}
 	defer n.keepLogs()
-	n.cmd.Process.Signal(syscall.SIGCONT)
-	n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.exited:
-	case <-time.After(15 * time.Second):
-		n.cmd.Process.Kill()
-		<-n.exited
-	}
-	n.stopped = true
+	n.terminate(15 * time.Second)
 	if n.t.Failed() {
 		n.t.Logf("node %s log, last notable lines:\n%s", n.ID, tail(notable(n.Stderr()), 20))
+	}
+}
+
+// terminate sends SIGTERM (after SIGCONT, in case it is paused), waits up
+// to d for the process to exit and SIGKILLs it after that; it reports
+// whether it exited by itself.
+func (n *Node) terminate(d time.Duration) bool {
+	n.cmd.Process.Signal(syscall.SIGCONT)
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	defer func() { n.stopped = true }()
+	select {
+	case <-n.exited:
+		return true
+	case <-time.After(d):
+		n.cmd.Process.Kill()
+		<-n.exited
+		return false
 	}
 }
 
@@ -355,12 +364,7 @@ func (n *Node) keepLogs() {
 		n.t.Logf("keep logs: %v", err)
 		return
 	}
-	src := n.logs
-	if src == "" {
-		src = n.Data
-	}
-	logs, _ := filepath.Glob(filepath.Join(src, "stderr-*.log"))
-	for _, l := range logs {
+	for _, l := range n.logFiles() {
 		b, err := os.ReadFile(l)
 		if err == nil {
 			err = os.WriteFile(filepath.Join(dir, n.ID+"-"+filepath.Base(l)), b, 0o644)
@@ -370,6 +374,16 @@ func (n *Node) keepLogs() {
 		}
 	}
 	n.t.Logf("logs of node %s kept in %s", n.ID, dir)
+}
+
+// logFiles returns the stderr logs of every start of the node.
+func (n *Node) logFiles() []string {
+	src := n.logs
+	if src == "" {
+		src = n.Data
+	}
+	logs, _ := filepath.Glob(filepath.Join(src, "stderr-*.log"))
+	return logs
 }
 
 // Restart starts the node again on the same data directory and addresses.

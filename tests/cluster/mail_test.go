@@ -32,6 +32,19 @@ func (n *Node) addUser(t *testing.T, addr, pw string) {
 	}
 }
 
+// addUsers adds n users prefix0@cluster.example ... with password pw
+// through the node and returns their addresses.
+func (n *Node) addUsers(t *testing.T, prefix string, count int, pw string) []string {
+	t.Helper()
+	var users []string
+	for i := 0; i < count; i++ {
+		u := fmt.Sprintf("%s%d@cluster.example", prefix, i)
+		users = append(users, u)
+		n.addUser(t, u, pw)
+	}
+	return users
+}
+
 // send delivers one message through the node's SMTP listener.
 func (n *Node) send(rcpt, subject string) error {
 	conn, err := net.DialTimeout("tcp", n.Addrs["smtp"], ioTimeout)
