@@ -293,8 +293,12 @@ const (
 	// diskFullWait bounds the wait for a filled node to flag its disk
 	// full.
 	diskFullWait = 15 * time.Second
-	// netDiskPerFault sizes each node's tmpfs by the length of the run.
+	// netDiskPerFault sizes each node's tmpfs by the length of the run,
+	// up to netDiskMax: a full-disk fault writes a filler of nearly the
+	// whole tmpfs, which lives in memory (48 GB tmpfs for a 1,000-fault
+	// run had the kernel kill the test).
 	netDiskPerFault = 48 << 20
+	netDiskMax      = 6 << 30
 )
 
 // TestFaultsNetns is the fault harness over real processes in network
@@ -325,7 +329,7 @@ func TestFaultsNetns(t *testing.T) {
 	// Room for the run: write-ahead logs of ~70 MB each and the mail of a
 	// long run (see nsDiskSize); a disk full outside the full-disk fault
 	// would refuse mail for the wrong reason.
-	diskSize := max(nsDiskSize, int64(faults)*netDiskPerFault)
+	diskSize := min(max(nsDiskSize, int64(faults)*netDiskPerFault), netDiskMax)
 	c := startNetCluster(t, netFaultNodes, netOptions{tmpfs: true, diskSize: diskSize, extra: extra})
 	nodes := c.Nodes
 	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
