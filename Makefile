@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e fuzz faults faults-long vet clean
+.PHONY: build run test deps unit e2e fuzz faults faults-long vet proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -15,14 +15,22 @@ build:
 run: build
 	./$(BIN) serve
 
+# vet also checks that the generated RPC code is what proto/ generates.
 vet:
 	gofmt -l . | tee /dev/stderr | (! read)
 	$(GO) vet ./...
+	cd third_party/imapserver && $(GO) vet ./...
+	scripts/proto.sh check
+
+# Regenerates internal/nodepb from proto/quill/v1 (pinned protoc plugins).
+proto:
+	scripts/proto.sh
 
 # Unit tests, then the cluster tests alone: they run several quill processes
 # each and measure failure detection, so they get the machine to themselves.
 unit:
 	$(GO) test -count=1 ./cmd/... ./internal/...
+	cd third_party/imapserver && $(GO) test -count=1 ./...
 	$(GO) test -count=1 -p 1 -timeout 40m ./tests/cluster/
 
 e2e: build

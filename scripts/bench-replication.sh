@@ -1,14 +1,56 @@
 #!/bin/sh
 # Porcupine workload against a two-node Quill cluster on this machine, with
-# R=1, R=2 write policy ONE and R=2 write policy ALL (docs/benchmarks.md).
+# R=1, R=2 write policy ONE and R=2 write policy ALL, then R=2 ONE with
+# deliveries only (docs/benchmarks.md). After each run it reads both nodes'
+# RPC counters (quill_rpc_*: bytes and calls per method) and reports the
+# node-to-node bytes per delivered message next to the mean message size.
 # Usage: scripts/bench-replication.sh [QUILL_BIN] [DURATION] [OUTDIR]
+# RUNS="r2-one smtp-r2" picks runs; BENCH_ARGS adds flags to quill bench.
 set -eu
 Q=${1:-/tmp/quill}
 DUR=${2:-30s}
 OUT=${3:-/tmp/quill-bench-repl}
+RUNS=${RUNS:-"r1 r2-one r2-all smtp-r2"}
 mkdir -p "$OUT"
-run() { # name replicas policy
-	name=$1; r=$2; pol=$3
+
+# metrics NAME WHEN: both nodes' RPC counters, one file.
+metrics() {
+	for port in 8025 8035; do
+		curl -s "http://127.0.0.1:$port/metrics" | grep '^quill_rpc_' | sed "s/^/$port /"
+	done >"$OUT/$1-metrics-$2.txt"
+}
+
+# rpcbytes NAME: what the RPC counters of both nodes grew by during the
+# bench, per method (bytes sent by either side, which is every payload byte
+# once, and calls made), and the total per delivered message.
+rpcbytes() {
+	name=$1
+	delivered=$(grep -o '"delivered": *[0-9]*' "$OUT/$name.json" | head -1 | grep -o '[0-9]*$')
+	size=$(grep -o '"mean_message_size": *[0-9.]*' "$OUT/$name.json" | head -1 | grep -o '[0-9.]*$')
+	printf "%-28s %12s %10s %14s %12s\n" method bytes calls bytes/delivery calls/delivery
+	awk '
+		FNR == NR { before[$1 " " $2] = $3; next }
+		{ printf "%s %.0f\n", $2, $3 - before[$1 " " $2] }
+	' "$OUT/$name-metrics-before.txt" "$OUT/$name-metrics-after.txt" | awk -v d="$delivered" -v size="$size" '
+		/^quill_rpc_sent_bytes_total\{/ {
+			match($0, /method="[^"]*"/); m = substr($0, RSTART + 8, RLENGTH - 9)
+			bytes[m] += $NF; total += $NF
+		}
+		/^quill_rpc_calls_total\{/ && /side="client"/ {
+			match($0, /method="[^"]*"/); m = substr($0, RSTART + 8, RLENGTH - 9)
+			calls[m] += $NF; ncalls += $NF
+		}
+		END {
+			if (d == 0) { print "no deliveries"; exit }
+			for (m in bytes) printf "%-28s %12d %10d %14.0f %12.2f\n", m, bytes[m], calls[m], bytes[m] / d, calls[m] / d
+			printf "%-28s %12d %10d %14.0f %12.2f\n", "TOTAL", total, ncalls, total / d, ncalls / d
+			goal = 1.1 * size + 1024
+			printf "delivered %d, mean message %.0f B: RPC bytes per delivery %.0f (%.2f x the message); goal 1.1 x message + 1 KB = %.0f: %s\n", d, size, total / d, (total / d) / size, goal, (total / d < goal ? "met" : "NOT met")
+		}' | sort -k1,1 | awk '/^TOTAL|^delivered/ { tail = tail $0 "\n"; next } { print } END { printf "%s", tail }'
+}
+
+run() { # name replicas policy [bench flags]
+	name=$1; r=$2; pol=$3; shift 3
 	a=$(mktemp -d); b=$(mktemp -d)
 	"$Q" serve --data "$a" --smtp 127.0.0.1:2525 --pop3 127.0.0.1:1110 --imap 127.0.0.1:1143 --http 127.0.0.1:8025 \
 		--cluster 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-a.log" 2>&1 & pa=$!
@@ -16,14 +58,30 @@ run() { # name replicas policy
 	"$Q" serve --data "$b" --smtp 127.0.0.1:2535 --pop3 127.0.0.1:1120 --imap 127.0.0.1:1153 --http 127.0.0.1:8035 \
 		--cluster 127.0.0.1:7956 --join 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-b.log" 2>&1 & pb=$!
 	sleep 3
-	echo "== $name: replicas $r, write policy $pol (pids $pa $pb)" >&2
-	"$Q" bench --concurrency 16 --duration "$DUR" --server-pid "$pa,$pb" --quiet --json-file "$OUT/$name.json" >"$OUT/$name.txt"
+	echo "== $name: replicas $r, write policy $pol $* (pids $pa $pb)" >&2
+	# Users are created (and a few messages delivered) before the counters
+	# are read, so the figures are the workload's alone.
+	"$Q" bench --concurrency 4 --duration 2s --quiet "$@" >/dev/null
+	sleep 2
+	metrics "$name" before
+	# shellcheck disable=SC2086
+	"$Q" bench --no-create --concurrency 16 --duration "$DUR" --server-pid "$pa,$pb" --quiet --json-file "$OUT/$name.json" "$@" ${BENCH_ARGS:-} >"$OUT/$name.txt"
+	# Let the update logs drain so their pushes are counted.
+	sleep 3
+	metrics "$name" after
 	curl -s http://127.0.0.1:8025/api/replication >"$OUT/$name-repl-a.json" || true
 	curl -s http://127.0.0.1:8035/api/replication >"$OUT/$name-repl-b.json" || true
 	kill "$pa" "$pb"; wait "$pa" "$pb" 2>/dev/null || true
 	rm -rf "$a" "$b"
 	grep -E "delivered|SMTP|CPU" "$OUT/$name.txt" | head -6 >&2
+	rpcbytes "$name" | tee "$OUT/$name-rpc.txt" >&2
 }
-run r1 1 one
-run r2-one 2 one
-run r2-all 2 all
+for r in $RUNS; do
+	case $r in
+	r1) run r1 1 one ;;
+	r2-one) run r2-one 2 one ;;
+	r2-all) run r2-all 2 all ;;
+	smtp-r2) run smtp-r2 2 one --mix 1 ;;
+	*) echo "unknown run $r" >&2; exit 2 ;;
+	esac
+done

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync),
-# fetchmail from Debian, pytest from PyPI, and the Go modules.
+# fetchmail from Debian, pytest from PyPI, and the Go modules; protoc
+# (Debian protobuf-compiler) and its pinned Go plugins, for the check that
+# internal/nodepb is what proto/ generates (scripts/proto.sh).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail; do
+for pkg in curl isync fetchmail protobuf-compiler; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -15,3 +17,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest
 go mod download
+(cd third_party/imapserver && go mod download)
+go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -11,9 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quillmail/quill/internal/config"
 	"github.com/quillmail/quill/internal/node"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 // drainTimeout is how long SIGTERM waits for sessions to finish before
@@ -27,81 +26,70 @@ func init() {
 		Use:   "serve",
 		Short: "Run a Quill node (SMTP, POP3, IMAP, admin API)",
 		Long: `Run a Quill node. With no flags it is a single node on loopback that keeps its
-data in ./quill-data. Every flag is also a key of the optional config file
-(--config): lines of "key = value", '#' starts a comment; flags given on the
-command line win over the file.`,
+data in ./quill-data. Every setting is a flag, an environment variable
+(QUILL_ and the flag's name in upper case, '-' as '_') and a key of the
+optional TOML config file (--config); flags win over the environment, which
+wins over the file. docs/configuration.md lists them all.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if configFile != "" {
-				if err := applyConfigFile(cmd.Flags(), configFile); err != nil {
-					return err
-				}
+			note, err := config.Apply(cmd.Flags(), configFile, os.Getenv)
+			if err != nil {
+				return err
 			}
-			return serve(cfg)
+			return serve(cfg, note)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configFile, "config", "", "config file of key = value lines")
-	f.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory (hard state)")
-	f.StringVar(&cfg.SMTPAddr, "smtp", cfg.SMTPAddr, "SMTP listen address")
-	f.StringVar(&cfg.POP3Addr, "pop3", cfg.POP3Addr, "POP3 listen address")
-	f.StringVar(&cfg.IMAPAddr, "imap", cfg.IMAPAddr, "IMAP listen address")
-	f.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "admin API and dashboard listen address (needs the token in DATA/admin.token unless on loopback)")
-	f.StringVar(&cfg.ClusterAddr, "cluster", "", "gossip address of this node (host:port); empty runs a cluster of one")
-	f.StringSliceVar(&cfg.Join, "join", nil, "gossip addresses of other nodes to join (HOST:PORT[,HOST:PORT...]), retried until they answer")
-	f.StringVar(&cfg.Hostname, "hostname", cfg.Hostname, "host name used in greetings and Received headers")
-	f.Int64Var(&cfg.MaxMessageBytes, "max-message-size", cfg.MaxMessageBytes, "largest message accepted by SMTP, in bytes")
-	f.DurationVar(&cfg.AuthFailDelay, "auth-fail-delay", cfg.AuthFailDelay, "delay before answering a failed login")
-	f.Int64Var(&cfg.MinFree, "min-free", cfg.MinFree, "free disk bytes under which the node takes no new mail (disk full); under half of it, not even replica copies")
-	f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "copies of each message, for users who set none")
-	f.StringVar(&cfg.WritePolicy, "write-policy", cfg.WritePolicy, "replicas that must hold a message before SMTP says 250, for users who set none: one, quorum or all")
-	f.DurationVar(&cfg.ReplaceAfter, "replace-after", cfg.ReplaceAfter, "how long a node may be away before its messages get replicas on other nodes")
-	f.DurationVar(&cfg.LogMaxAge, "log-max-age", cfg.LogMaxAge, "how long update log entries wait for an absent node; a node away longer rejoins as a new node")
-	f.DurationVar(&cfg.AuditInterval, "audit-interval", cfg.AuditInterval, "how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)")
-	f.DurationVar(&cfg.ClockSkew, "clock-skew", 0, "shift this node's clock (testing clock skew)")
+	f.StringVar(&configFile, "config", "", "TOML config file; its keys are the flags' names")
+	config.Bind(f, &cfg)
 	rootCmd.AddCommand(cmd)
+
+	ref := &cobra.Command{
+		Use:   "config",
+		Short: "Configuration helpers",
+	}
+	ref.AddCommand(&cobra.Command{
+		Use:   "reference",
+		Short: "Print the table of every setting of quill serve (docs/configuration.md)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			fmt.Print(configReference())
+			return nil
+		},
+	})
+	rootCmd.AddCommand(ref)
 }
 
-// applyConfigFile sets every flag named in the file that was not given on
-// the command line.
-func applyConfigFile(fs *pflag.FlagSet, path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	line := 0
-	for sc.Scan() {
-		line++
-		text := strings.TrimSpace(sc.Text())
-		if i := strings.IndexByte(text, '#'); i >= 0 {
-			text = strings.TrimSpace(text[:i])
-		}
-		if text == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(text, "=")
-		if !ok {
-			return fmt.Errorf("config %s:%d: want key = value, got %q", path, line, text)
-		}
-		k, v = strings.TrimSpace(k), strings.Trim(strings.TrimSpace(v), `"`)
-		fl := fs.Lookup(k)
-		if fl == nil || k == "config" {
-			return fmt.Errorf("config %s:%d: unknown key %q", path, line, k)
-		}
-		if fl.Changed {
-			continue
-		}
-		if err := fs.Set(k, v); err != nil {
-			return fmt.Errorf("config %s:%d: %s: %w", path, line, k, err)
-		}
-	}
-	return sc.Err()
+// configReference is docs/configuration.md: the settings of quill serve,
+// from the same definition as its flags.
+func configReference() string {
+	def := node.DefaultConfig()
+	return `# Configuration
+
+Every setting of ` + "`quill serve`" + ` is a command-line flag, an environment variable and a
+key of the optional TOML config file given with ` + "`--config`" + `. A flag given on the command
+line wins over the environment, which wins over the file, which wins over the default.
+This page is generated by ` + "`quill config reference`" + ` (a test checks that it is current).
+
+    # quill.toml
+    data = "/var/lib/quill"
+    cluster = "10.0.0.1:7946"
+    join = ["10.0.0.2:7946", "10.0.0.3:7946"]
+    replicas = 2
+    write-policy = "quorum"
+    audit-interval = "20s"
+
+Durations are written like ` + "`30s`, `5m`, `168h`" + `. Config files of the older form (lines of
+` + "`key = value`" + ` without quotes) are still read; the node says so in its log.
+
+` + config.Markdown(&def)
 }
 
-func serve(cfg node.Config) error {
+func serve(cfg node.Config, configNote string) error {
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if configNote != "" {
+		cfg.Logger.Warn(configNote)
+	}
 	n, err := node.Start(cfg)
 	if err != nil {
 		return err

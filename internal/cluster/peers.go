@@ -1,12 +1,12 @@
 package cluster
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/quillmail/quill/internal/rpc"
+	"google.golang.org/grpc"
 )
 
 // Peers joins the membership view and the RPC client: the way every manager
@@ -76,15 +76,16 @@ func (p *Peers) Domains() map[string]bool {
 	return nil
 }
 
-// Call invokes method on node by RPC.
-func (p *Peers) Call(ctx context.Context, node NodeID, method string, req, resp any) error {
+// Conn returns the connection to a live (or suspect) member, for its
+// generated service clients; a node that is not live is unavailable.
+func (p *Peers) Conn(node NodeID) (grpc.ClientConnInterface, error) {
 	m := p.members.Load()
 	if m == nil {
-		return fmt.Errorf("node %s: %w: membership not started", node, rpc.ErrUnavailable)
+		return nil, fmt.Errorf("node %s: %w: membership not started", node, rpc.ErrUnavailable)
 	}
 	mi, ok := m.Lookup(node)
 	if !ok || mi.RPC == "" || (mi.State != "alive" && mi.State != "suspect") {
-		return fmt.Errorf("node %s: %w", node, rpc.ErrUnavailable)
+		return nil, fmt.Errorf("node %s: %w", node, rpc.ErrUnavailable)
 	}
-	return p.RPC.Call(ctx, mi.RPC, method, req, resp)
+	return p.RPC.Conn(mi.RPC)
 }

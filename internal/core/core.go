@@ -32,6 +32,7 @@ import (
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 // LoadNodeID returns the node id kept in the data directory, generating it
@@ -109,6 +110,8 @@ type Core struct {
 	DB      *store.DB
 	Boxes   *mailbox.Manager
 	Users   *usermgr.Manager
+	Writers *writer.Manager
+	Placer  *balance.Placer
 	Proxy   *proxy.Proxy
 	Members *cluster.Membership
 	Peers   *cluster.Peers
@@ -218,30 +221,29 @@ func New(o Options) (*Core, error) {
 	clock := hlc.NewSkewed(o.ClockSkew)
 	c.Boxes = mailbox.New(db)
 	c.Boxes.Self, c.Boxes.Log = id, log
-	c.Repl, err = replica.New(id, db, clock, log)
+	client := rpc.NewClient()
+	c.Peers = &cluster.Peers{RPC: client}
+	// Below half of MinFree the node refuses message content even as a
+	// replica.
+	c.Repl, err = replica.New(id, db, clock, log, replica.Options{Peers: c.Peers,
+		Room: func() bool { return !c.critical.Load() }, MaxAge: o.LogMaxAge, ReplaceAfter: o.ReplaceAfter})
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	c.Repl.MaxAge, c.Repl.ReplaceAfter = o.LogMaxAge, o.ReplaceAfter
 	c.Repl.Handle(mailbox.ObjectKind, c.Boxes)
 	profiles := userdb.New(db)
 	c.Repl.Handle(userdb.ProfileKind, profiles)
-	c.Users = usermgr.New(id, profiles, c.Boxes, clock, log)
-	c.Users.SetReplicator(c.Repl)
-	client := rpc.NewClient()
-	c.Peers = &cluster.Peers{RPC: client}
-	c.Users.SetPeers(c.Peers)
-	c.Repl.SetPeers(c.Peers)
-	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
-		Spread: balance.DefaultSpread, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
-	c.Repl.SetRepair(c.Users.Rehome, c.Proxy.ChooseReplicas)
-	c.Repl.SetConflictHandler(c.Users.ResolveConflict)
-	c.Repl.SetRoom(func() bool { return !c.critical.Load() })
+	c.Users = usermgr.New(usermgr.Config{Self: id, Users: profiles, Boxes: c.Boxes, Clock: clock, Log: log,
+		Repl: c.Repl, Peers: c.Peers})
+	c.Writers = c.Users.Writers()
+	c.Placer = balance.NewPlacer(c.Peers, c.Loads, balance.DefaultSpread)
+	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Writers: c.Writers, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
+		Placer: c.Placer, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
-	c.Users.Register(c.RPC)
-	c.Proxy.Register(c.RPC)
-	c.Repl.Register(c.RPC)
+	c.Users.Register(c.RPC.Registrar())
+	c.Boxes.Register(c.RPC.Registrar())
+	c.Repl.Register(c.RPC.Registrar())
 
 	rpcAddr := ""
 	if clusterAddr != "" {
@@ -294,7 +296,7 @@ func New(o Options) (*Core, error) {
 	c.Members = m
 	c.Peers.SetMembership(m)
 	m.Start()
-	c.Repl.Start()
+	c.Repl.Start(c.Writers, c.Placer)
 	c.stop = make(chan struct{})
 	c.noteAlive()
 	go func() {
@@ -320,9 +322,9 @@ func New(o Options) (*Core, error) {
 	}()
 	go c.watchStalls()
 	if o.AuditInterval == 0 {
-		o.AuditInterval = usermgr.DefaultAuditInterval
+		o.AuditInterval = writer.DefaultAuditInterval
 	}
-	c.Users.StartAudit(o.AuditInterval)
+	c.Writers.StartAudit(o.AuditInterval)
 	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
 	return c, nil
 }
@@ -387,7 +389,7 @@ func (c *Core) Close() error {
 		c.log.Warn("shutdown: buckets not all handed over", "err", err)
 	}
 	if !handed {
-		c.Users.Release(ctx)
+		c.Writers.Release(ctx)
 	}
 	cancel()
 	announce()

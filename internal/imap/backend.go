@@ -12,21 +12,23 @@ import (
 // the one in use: it reaches the user's mailbox writer and the fragments on
 // every node, on one node or many.
 type Store interface {
-	EnsureUser(user string) error
-	Mailboxes(user string) ([]mailbox.Mailbox, error)
-	Mailbox(user, name string) (*mailbox.Mailbox, error)
-	MailboxByID(user string, id uint64) (*mailbox.Mailbox, error)
-	Messages(user string, mbox uint64) ([]mailbox.Message, error)
-	Body(user, id string) ([]byte, error)
-	Append(user, name string, raw []byte, flags []string, date time.Time) (*mailbox.Mailbox, mailbox.Message, error)
-	CreateMailbox(user, name, specialUse string) (*mailbox.Mailbox, error)
-	DeleteMailbox(user, name string) error
-	RenameMailbox(user, from, to string) error
-	SetSubscribed(user, name string, on bool) error
-	StoreFlags(user string, mbox uint64, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error)
-	ExpungeDeleted(user string, mbox uint64, uids []uint32) ([]uint32, error)
-	Copy(user string, src uint64, uids []uint32, dst string, move bool) (*mailbox.CopyResult, error)
-	Subscribe(user string) (<-chan mailbox.Change, func())
+	EnsureUser(ctx context.Context, user string) error
+	Mailboxes(ctx context.Context, user string) ([]mailbox.Mailbox, error)
+	Mailbox(ctx context.Context, user, name string) (*mailbox.Mailbox, error)
+	MailboxByID(ctx context.Context, user string, id uint64) (*mailbox.Mailbox, error)
+	Messages(ctx context.Context, user string, mbox uint64) ([]mailbox.Message, error)
+	Body(ctx context.Context, user, id string) ([]byte, error)
+	Append(ctx context.Context, user, name string, raw []byte, flags []string, date time.Time) (*mailbox.Mailbox, mailbox.Message, error)
+	CreateMailbox(ctx context.Context, user, name, specialUse string) (*mailbox.Mailbox, error)
+	DeleteMailbox(ctx context.Context, user, name string) error
+	RenameMailbox(ctx context.Context, user, from, to string) error
+	SetSubscribed(ctx context.Context, user, name string, on bool) error
+	StoreFlags(ctx context.Context, user string, mbox uint64, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error)
+	ExpungeDeleted(ctx context.Context, user string, mbox uint64, uids []uint32) ([]uint32, error)
+	Copy(ctx context.Context, user string, src uint64, uids []uint32, dst string, move bool) (*mailbox.CopyResult, error)
+	// Subscribe tells of changes to the user's mail until its cancel is
+	// called or ctx ends.
+	Subscribe(ctx context.Context, user string) (<-chan mailbox.Change, func())
 }
 
 // Authenticator checks a user's password; proxy.IMAPAuth is the one in use.

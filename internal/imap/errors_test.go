@@ -1,6 +1,7 @@
 package imap
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
 )
@@ -19,7 +21,9 @@ type failingBodies struct {
 	err error
 }
 
-func (f failingBodies) Body(user, id string) ([]byte, error) { return nil, f.err }
+func (f failingBodies) Body(ctx context.Context, user, id string) ([]byte, error) {
+	return nil, f.err
+}
 
 // A command that fails for a cause the session did not turn into an IMAP
 // answer is NO with the command and the cause in the text; UNAVAILABLE
@@ -50,5 +54,48 @@ func TestFailedCommandNamesCodeAndCause(t *testing.T) {
 		}
 		// The session goes on.
 		r.ok("NOOP")
+	}
+}
+
+// blockingMessages is the production store whose Messages waits for its
+// context to end, as a view load waits on a fragment of a paused node, and
+// says when it did.
+type blockingMessages struct {
+	*proxy.IMAPStore
+	entered, ended chan struct{}
+}
+
+func (b blockingMessages) Messages(ctx context.Context, user string, mbox uint64) ([]mailbox.Message, error) {
+	close(b.entered)
+	<-ctx.Done()
+	close(b.ended)
+	return nil, ctx.Err()
+}
+
+// A client that hangs up in the middle of a command cancels the work the
+// command started (the store's context), instead of leaving it to run to
+// its deadline (30 s for an operation).
+func TestHangUpCancelsTheCommandsWork(t *testing.T) {
+	e := newEnv(t)
+	store := blockingMessages{e.store, make(chan struct{}), make(chan struct{})}
+	srv := New(store, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: time.Millisecond, IdlePoll: time.Minute})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { l.Close() })
+	r := (&env{t: t, addr: l.Addr().String()}).raw(true)
+	r.send("SELECT INBOX")
+	select {
+	case <-store.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("SELECT never reached the store")
+	}
+	r.c.Close()
+	select {
+	case <-store.ended:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the store's work went on after the client hung up")
 	}
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // Fetch answers FETCH and UID FETCH (RFC 9051 §6.4.5, RFC 7162 §3.1.4).
@@ -40,7 +40,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 				expungeIssued = true
 				continue
 			}
-			raw, err = s.srv.store.Body(s.user, m.id)
+			raw, err = s.srv.store.Body(s.ctx(), s.user, m.id)
 			if errors.Is(err, mailbox.ErrNoMessage) {
 				expungeIssued = true
 				continue
@@ -52,7 +52,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		flagsChanged := false
 		if setSeen && !m.gone && !m.has(`\Seen`) {
 			// RFC 9051 §6.4.5: BODY[...] (not .PEEK) sets \Seen.
-			upd, _, err := s.srv.store.StoreFlags(s.user, sel.id, []uint32{m.uid}, mailbox.FlagsAdd, []string{`\Seen`}, 0)
+			upd, _, err := s.srv.store.StoreFlags(s.ctx(), s.user, sel.id, []uint32{m.uid}, mailbox.FlagsAdd, []string{`\Seen`}, 0)
 			if err != nil {
 				return storeErr("FETCH (setting \\Seen)", err)
 			}

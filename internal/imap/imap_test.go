@@ -2,6 +2,7 @@ package imap
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"fmt"
 	"strings"
@@ -330,7 +331,7 @@ func TestSearchKeys(t *testing.T) {
 		time.Date(2026, 3, 6, 12, 0, 0, 0, time.UTC),
 	}
 	for i, m := range msgs {
-		if _, _, err := e.store.Append(testUser, "INBOX", []byte(m), nil, dates[i]); err != nil {
+		if _, _, err := e.store.Append(context.Background(), testUser, "INBOX", []byte(m), nil, dates[i]); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/emersion/go-imap/v2"
 	gomessage "github.com/emersion/go-message"
 	"github.com/emersion/go-message/textproto"
-	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // maxMIMEDepth bounds how deep BODYSTRUCTURE and SEARCH descend into nested

@@ -13,7 +13,7 @@ import (
 	_ "github.com/emersion/go-message/charset" // decode bodies in any charset for SEARCH
 	"github.com/emersion/go-message/mail"
 	"github.com/emersion/go-message/textproto"
-	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // Search answers SEARCH and UID SEARCH (RFC 9051 §6.4.4, RFC 4731 ESEARCH,
@@ -122,7 +122,7 @@ func (sm *searchMsg) load() []byte {
 	if !sm.loaded {
 		sm.loaded = true
 		if !sm.m.gone {
-			sm.raw, _ = sm.s.srv.store.Body(sm.s.user, sm.m.id)
+			sm.raw, _ = sm.s.srv.store.Body(sm.s.ctx(), sm.s.user, sm.m.id)
 		}
 	}
 	return sm.raw

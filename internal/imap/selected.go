@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // selected is a session's view of its selected mailbox: msgs[i] is message
@@ -139,7 +139,7 @@ func (s *session) Poll(w *imapserver.UpdateWriter, allowExpunge bool) error {
 func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	sel := s.sel
 	var fresh []mailbox.Message
-	mb, err := s.srv.store.MailboxByID(s.user, sel.id)
+	mb, err := s.srv.store.MailboxByID(s.ctx(), s.user, sel.id)
 	switch {
 	case errors.Is(err, mailbox.ErrNoMailbox):
 		// Deleted by another session: every message is gone.
@@ -148,7 +148,7 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	case mb.HighestModSeq == sel.modSeq && !(allowExpunge && sel.ghosts > 0):
 		return nil
 	default:
-		if fresh, err = s.srv.store.Messages(s.user, sel.id); err != nil {
+		if fresh, err = s.srv.store.Messages(s.ctx(), s.user, sel.id); err != nil {
 			return err
 		}
 		sel.modSeq = mb.HighestModSeq
@@ -322,7 +322,7 @@ func (s *session) Expunge(w *imapserver.ExpungeWriter, uids *imap.UIDSet) error 
 	if len(target) == 0 {
 		return nil
 	}
-	gone, err := s.srv.store.ExpungeDeleted(s.user, sel.id, target)
+	gone, err := s.srv.store.ExpungeDeleted(s.ctx(), s.user, sel.id, target)
 	if err != nil {
 		return storeErr("EXPUNGE", err)
 	}
@@ -379,7 +379,7 @@ func (s *session) Store(w *imapserver.FetchWriter, numSet imap.NumSet, flags *im
 	var updated []mailbox.Message
 	if len(uids) > 0 {
 		var f2 []uint32
-		updated, f2, err = s.srv.store.StoreFlags(s.user, sel.id, uids, op, names, options.UnchangedSince)
+		updated, f2, err = s.srv.store.StoreFlags(s.ctx(), s.user, sel.id, uids, op, names, options.UnchangedSince)
 		if err != nil {
 			return storeErr("STORE", err)
 		}
@@ -463,13 +463,13 @@ func (s *session) Copy(numSet imap.NumSet, dest string) (*imap.CopyData, error) 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.srv.store.Mailbox(s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
+	if _, err := s.srv.store.Mailbox(s.ctx(), s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
 		return nil, no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
 	}
 	if len(uids) == 0 {
 		return nil, nil
 	}
-	res, err := s.srv.store.Copy(s.user, s.sel.id, uids, dest, false)
+	res, err := s.srv.store.Copy(s.ctx(), s.user, s.sel.id, uids, dest, false)
 	if err != nil {
 		return nil, storeErr(what, err)
 	}
@@ -487,13 +487,13 @@ func (s *session) Move(w *imapserver.MoveWriter, numSet imap.NumSet, dest string
 	if err != nil {
 		return err
 	}
-	if _, err := s.srv.store.Mailbox(s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
+	if _, err := s.srv.store.Mailbox(s.ctx(), s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
 		return no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
 	}
 	if len(uids) == 0 {
 		return nil
 	}
-	res, err := s.srv.store.Copy(s.user, s.sel.id, uids, dest, true)
+	res, err := s.srv.store.Copy(s.ctx(), s.user, s.sel.id, uids, dest, true)
 	if err != nil {
 		return storeErr(what, err)
 	}

@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver"
+	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // Config tunes a Server. Zero fields take the default in their comment.
@@ -103,6 +104,9 @@ func New(store Store, auth Authenticator, cfg Config) *Server {
 		InsecureAuth: true,
 		ServerID:     []string{"name", "Quill", "vendor", "quillmail"},
 		ErrorCode:    errorCode,
+		// A client that hangs up during a command cancels the remote
+		// work it started.
+		CommandContext: hangup.Watch,
 	})
 	return s
 }
@@ -173,6 +177,7 @@ func (s *Server) removeSession(ss *session) {
 
 func (s *Server) newSession(c *imapserver.Conn) (imapserver.Session, *imapserver.GreetingData, error) {
 	ss := &session{srv: s, conn: c}
+	ss.life, ss.end = context.WithCancel(context.Background())
 	if !s.addSession(ss) {
 		return nil, nil, &imap.Error{Type: imap.StatusResponseTypeBye, Text: "Server shutting down"}
 	}

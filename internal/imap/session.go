@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
@@ -22,6 +22,10 @@ func sprintf(format string, args ...any) string { return fmt.Sprintf(format, arg
 type session struct {
 	srv  *Server
 	conn *imapserver.Conn
+	// life ends with the session (the change subscription runs under
+	// it); each command runs under the command's context (ctx).
+	life context.Context
+	end  context.CancelFunc
 
 	user     string
 	changes  <-chan mailbox.Change
@@ -64,7 +68,17 @@ func storeErr(what string, err error) error {
 	}
 }
 
+// ctx is the context of the command being run: it ends when the client
+// hangs up (imapserver.Options.CommandContext) or the session ends.
+func (s *session) ctx() context.Context {
+	if s.conn == nil {
+		return s.life
+	}
+	return s.conn.Context()
+}
+
 func (s *session) Close() error {
+	s.end()
 	if s.unsub != nil {
 		s.unsub()
 		s.unsub = nil
@@ -95,11 +109,11 @@ func (s *session) Login(username, password string) error {
 		}
 		return imapserver.ErrAuthFailed
 	}
-	if err := s.srv.store.EnsureUser(prof.Address); err != nil {
+	if err := s.srv.store.EnsureUser(s.ctx(), prof.Address); err != nil {
 		return no(imap.ResponseCodeUnavailable, "mailboxes of %s: %v", prof.Address, err)
 	}
 	s.user = prof.Address
-	s.changes, s.unsub = s.srv.store.Subscribe(s.user)
+	s.changes, s.unsub = s.srv.store.Subscribe(s.life, s.user)
 	return nil
 }
 
@@ -155,13 +169,13 @@ func (s *session) Create(name string, options *imap.CreateOptions) error {
 	}
 	// RFC 9051 §6.3.4: create the superior names the new one needs.
 	for _, p := range parentsOf(name) {
-		if _, err := s.srv.store.Mailbox(s.user, p); errors.Is(err, mailbox.ErrNoMailbox) {
-			if _, err := s.srv.store.CreateMailbox(s.user, p, ""); err != nil && !errors.Is(err, mailbox.ErrMailboxExists) {
+		if _, err := s.srv.store.Mailbox(s.ctx(), s.user, p); errors.Is(err, mailbox.ErrNoMailbox) {
+			if _, err := s.srv.store.CreateMailbox(s.ctx(), s.user, p, ""); err != nil && !errors.Is(err, mailbox.ErrMailboxExists) {
 				return storeErr(fmt.Sprintf("CREATE %q (parent %q)", name, p), err)
 			}
 		}
 	}
-	if _, err := s.srv.store.CreateMailbox(s.user, name, use); err != nil {
+	if _, err := s.srv.store.CreateMailbox(s.ctx(), s.user, name, use); err != nil {
 		return storeErr(fmt.Sprintf("CREATE %q", name), err)
 	}
 	return nil
@@ -171,11 +185,11 @@ func (s *session) Delete(name string) error {
 	if strings.EqualFold(name, mailbox.Inbox) {
 		return no(imap.ResponseCodeCannot, "DELETE INBOX: INBOX cannot be deleted")
 	}
-	mb, err := s.srv.store.Mailbox(s.user, name)
+	mb, err := s.srv.store.Mailbox(s.ctx(), s.user, name)
 	if err != nil {
 		return storeErr(fmt.Sprintf("DELETE %q", name), err)
 	}
-	if err := s.srv.store.DeleteMailbox(s.user, name); err != nil {
+	if err := s.srv.store.DeleteMailbox(s.ctx(), s.user, name); err != nil {
 		return storeErr(fmt.Sprintf("DELETE %q", name), err)
 	}
 	s.srv.recent.forget(s.user, mb.ID)
@@ -197,16 +211,16 @@ func (s *session) Rename(oldName, newName string, options *imap.RenameOptions) e
 	if strings.HasPrefix(newName, oldName+mailbox.Separator) {
 		return no(imap.ResponseCodeCannot, "%s: a mailbox cannot move below itself", what)
 	}
-	if _, err := s.srv.store.Mailbox(s.user, oldName); err != nil {
+	if _, err := s.srv.store.Mailbox(s.ctx(), s.user, oldName); err != nil {
 		return storeErr(what, err)
 	}
-	if err := s.srv.store.RenameMailbox(s.user, oldName, newName); err != nil {
+	if err := s.srv.store.RenameMailbox(s.ctx(), s.user, oldName, newName); err != nil {
 		return storeErr(what, err)
 	}
 	// RFC 9051 §6.3.6: superior names of the new name are created.
 	for _, p := range parentsOf(newName) {
-		if _, err := s.srv.store.Mailbox(s.user, p); errors.Is(err, mailbox.ErrNoMailbox) {
-			if _, err := s.srv.store.CreateMailbox(s.user, p, ""); err != nil && !errors.Is(err, mailbox.ErrMailboxExists) {
+		if _, err := s.srv.store.Mailbox(s.ctx(), s.user, p); errors.Is(err, mailbox.ErrNoMailbox) {
+			if _, err := s.srv.store.CreateMailbox(s.ctx(), s.user, p, ""); err != nil && !errors.Is(err, mailbox.ErrMailboxExists) {
 				return storeErr(what, err)
 			}
 		}
@@ -215,14 +229,14 @@ func (s *session) Rename(oldName, newName string, options *imap.RenameOptions) e
 }
 
 func (s *session) Subscribe(name string) error {
-	if err := s.srv.store.SetSubscribed(s.user, name, true); err != nil {
+	if err := s.srv.store.SetSubscribed(s.ctx(), s.user, name, true); err != nil {
 		return storeErr(fmt.Sprintf("SUBSCRIBE %q", name), err)
 	}
 	return nil
 }
 
 func (s *session) Unsubscribe(name string) error {
-	if err := s.srv.store.SetSubscribed(s.user, name, false); err != nil {
+	if err := s.srv.store.SetSubscribed(s.ctx(), s.user, name, false); err != nil {
 		return storeErr(fmt.Sprintf("UNSUBSCRIBE %q", name), err)
 	}
 	return nil
@@ -238,7 +252,7 @@ type listEntry struct {
 }
 
 func (s *session) listEntries() ([]*listEntry, error) {
-	boxes, err := s.srv.store.Mailboxes(s.user)
+	boxes, err := s.srv.store.Mailboxes(s.ctx(), s.user)
 	if err != nil {
 		return nil, err
 	}
@@ -350,7 +364,7 @@ func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, 
 }
 
 func (s *session) Status(name string, options *imap.StatusOptions) (*imap.StatusData, error) {
-	mb, err := s.srv.store.Mailbox(s.user, name)
+	mb, err := s.srv.store.Mailbox(s.ctx(), s.user, name)
 	if err != nil {
 		return nil, storeErr(fmt.Sprintf("STATUS %q", name), err)
 	}
@@ -360,7 +374,7 @@ func (s *session) Status(name string, options *imap.StatusOptions) (*imap.Status
 func (s *session) status(mb *mailbox.Mailbox, options *imap.StatusOptions) (*imap.StatusData, error) {
 	data := &imap.StatusData{Mailbox: mb.Name, UIDNext: imap.UID(mb.UIDNext), UIDValidity: mb.UIDValidity, HighestModSeq: mb.HighestModSeq}
 	if options.NumMessages || options.NumUnseen || options.NumDeleted || options.Size || options.NumRecent || options.DeletedStorage {
-		msgs, err := s.srv.store.Messages(s.user, mb.ID)
+		msgs, err := s.srv.store.Messages(s.ctx(), s.user, mb.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -397,7 +411,7 @@ const maxFlags = 128
 
 func (s *session) Append(name string, r imap.LiteralReader, options *imap.AppendOptions) (*imap.AppendData, error) {
 	what := fmt.Sprintf("APPEND to %q", name)
-	if _, err := s.srv.store.Mailbox(s.user, name); err != nil {
+	if _, err := s.srv.store.Mailbox(s.ctx(), s.user, name); err != nil {
 		if errors.Is(err, mailbox.ErrNoMailbox) {
 			// RFC 9051 §6.3.12: TRYCREATE when the mailbox does not exist.
 			return nil, no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
@@ -422,7 +436,7 @@ func (s *session) Append(name string, r imap.LiteralReader, options *imap.Append
 	if date.IsZero() {
 		date = time.Now()
 	}
-	mb, msg, err := s.srv.store.Append(s.user, name, raw, flags, date)
+	mb, msg, err := s.srv.store.Append(s.ctx(), s.user, name, raw, flags, date)
 	if err != nil {
 		return nil, storeErr(what, err)
 	}
@@ -437,11 +451,11 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 	if options.ReadOnly {
 		what = fmt.Sprintf("EXAMINE %q", name)
 	}
-	mb, err := s.srv.store.Mailbox(s.user, name)
+	mb, err := s.srv.store.Mailbox(s.ctx(), s.user, name)
 	if err != nil {
 		return nil, storeErr(what, err)
 	}
-	msgs, err := s.srv.store.Messages(s.user, mb.ID)
+	msgs, err := s.srv.store.Messages(s.ctx(), s.user, mb.ID)
 	if err != nil {
 		return nil, err
 	}

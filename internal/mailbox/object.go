@@ -2,7 +2,6 @@ package mailbox
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -61,7 +60,7 @@ func ParseObjectName(name string) (user, id string, ok bool) {
 
 // Update returns the replication update that makes o the message's content.
 func (o *Object) Update(stamp replica.Stamp, targets []cluster.NodeID, body []byte) (*replica.Update, error) {
-	data, err := json.Marshal(o)
+	data, err := encodeObject(o)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +113,7 @@ func (m *Manager) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []
 	users := make([]string, len(ups))
 	for i, u := range ups {
 		objs[i] = &Object{}
-		if err := json.Unmarshal(u.Data, objs[i]); err != nil {
+		if err := decodeObject(u.Data, objs[i]); err != nil {
 			return nil, fmt.Errorf("message object %s: %w", u.Object, err)
 		}
 		users[i] = objs[i].User
@@ -270,7 +269,7 @@ func (m *Manager) Fill(u *replica.Update) error {
 		return fmt.Errorf("object %q: not a message", u.Object)
 	}
 	var o Object
-	if err := json.Unmarshal(u.Data, &o); err != nil {
+	if err := decodeObject(u.Data, &o); err != nil {
 		return err
 	}
 	if o.Deleted {

@@ -18,53 +18,56 @@ import (
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/smtp"
-	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/writer"
 )
 
-// Config is everything an operator can set on a node. Each field is a flag
-// of `quill serve` and a key of its config file.
+// Config is everything an operator can set on a node. Each tagged field is
+// a flag of `quill serve`, a QUILL_* environment variable and a key of the
+// TOML config file (internal/config); DefaultConfig holds the defaults, and
+// docs/configuration.md is generated from both.
 type Config struct {
-	DataDir  string // --data: hard state lives here
-	SMTPAddr string // --smtp
-	POP3Addr string // --pop3
-	IMAPAddr string // --imap
-	HTTPAddr string // --http: admin API and dashboard
-	// ClusterAddr is the gossip address (--cluster); empty runs a cluster
-	// of one without gossip. Node-to-node RPC listens on the same host, on
-	// a port of its own that is gossiped to the others.
-	ClusterAddr string
-	// Join lists gossip addresses of other nodes (--join); they are retried
-	// for as long as the node runs.
-	Join     []string
-	Hostname string // --hostname: name in greetings and Received headers
-	// MaxMessageBytes is the SMTP SIZE limit (--max-message-size).
-	MaxMessageBytes int64
+	DataDir  string `flag:"data" help:"data directory: the node's hard state"`
+	SMTPAddr string `flag:"smtp" help:"SMTP listen address (mail from other servers)"`
+	POP3Addr string `flag:"pop3" help:"POP3 listen address"`
+	IMAPAddr string `flag:"imap" help:"IMAP listen address"`
+	HTTPAddr string `flag:"http" help:"admin API, dashboard and /metrics listen address (needs the token in DATA/admin.token unless on loopback)"`
+	// ClusterAddr is the gossip address; empty runs a cluster of one
+	// without gossip. Node-to-node RPC listens on the same host, on a port
+	// of its own that is gossiped to the others.
+	ClusterAddr string `flag:"cluster" help:"gossip address of this node (host:port); empty runs a cluster of one"`
+	// Join lists gossip addresses of other nodes; they are retried for as
+	// long as the node runs.
+	Join     []string `flag:"join" help:"gossip addresses of other nodes to join (host:port,...), retried until they answer"`
+	Hostname string   `flag:"hostname" help:"host name used in greetings and Received headers" doc:"the machine's host name"`
+	// MaxMessageBytes is the SMTP SIZE limit.
+	MaxMessageBytes int64 `flag:"max-message-size" help:"largest message accepted, in bytes"`
 	// AuthFailDelay is how long a wrong password waits before its error,
-	// slowing password guessing (--auth-fail-delay).
-	AuthFailDelay time.Duration
+	// slowing password guessing.
+	AuthFailDelay time.Duration `flag:"auth-fail-delay" help:"delay before answering a failed login"`
 	// MinFree is the free disk space under which the node takes no new
-	// mail (--min-free).
-	MinFree int64
+	// mail; under half of it, not even replica copies.
+	MinFree int64 `flag:"min-free" help:"free disk bytes under which the node takes no new mail (under half of it, not even replica copies)"`
 	// Replicas and WritePolicy are the cluster defaults for users who set
-	// none (--replicas, --write-policy).
-	Replicas    int
-	WritePolicy string
+	// none.
+	Replicas    int    `flag:"replicas" help:"copies of each message, for users who set none"`
+	WritePolicy string `flag:"write-policy" help:"replicas that must hold a message before SMTP says 250, for users who set none: one, quorum or all"`
 	// ReplaceAfter is how long a node may be away before its messages get
-	// replicas elsewhere (--replace-after); LogMaxAge how long the update
-	// log waits for an absent node (--log-max-age).
-	ReplaceAfter time.Duration
-	LogMaxAge    time.Duration
-	// ClockSkew shifts this node's clock (--clock-skew, for tests).
-	ClockSkew time.Duration
-	// AuditInterval is how often the writers' anti-entropy audit runs
-	// (--audit-interval; 0 turns it off).
-	AuditInterval time.Duration
-	Logger        *slog.Logger
+	// replicas elsewhere; LogMaxAge how long the update log waits for an
+	// absent node.
+	ReplaceAfter time.Duration `flag:"replace-after" help:"how long a node may be away before its messages get replicas on other nodes"`
+	LogMaxAge    time.Duration `flag:"log-max-age" help:"how long update log entries wait for an absent node; a node away longer rejoins as a new node"`
+	// AuditInterval is how often the writers' anti-entropy audit runs (0
+	// turns it off).
+	AuditInterval time.Duration `flag:"audit-interval" help:"how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)"`
+	// ClockSkew shifts this node's clock (tests).
+	ClockSkew time.Duration `flag:"clock-skew" help:"shift this node's clock (for testing clock skew)"`
+	Logger    *slog.Logger
 }
 
 // DefaultConfig is a single node on loopback with the ports of the README.
@@ -87,7 +90,7 @@ func DefaultConfig() Config {
 		WritePolicy:     string(replica.One),
 		ReplaceAfter:    replica.DefaultReplaceAfter,
 		LogMaxAge:       replica.DefaultMaxAge,
-		AuditInterval:   usermgr.DefaultAuditInterval,
+		AuditInterval:   writer.DefaultAuditInterval,
 		Logger:          slog.Default(),
 	}
 }
@@ -174,6 +177,7 @@ func (n *Node) startListeners() error {
 	pc.Hostname = cfg.Hostname
 	pc.AuthFailDelay = cfg.AuthFailDelay
 	pc.Logger = cfg.Logger
+	pc.CommandContext = hangup.Watch
 	n.pop3 = pop3.New(proxy.POP3{P: n.Proxy, Log: cfg.Logger}, pc)
 	if err := n.listen("pop3", cfg.POP3Addr, n.pop3.Serve); err != nil {
 		return err

@@ -49,6 +49,11 @@ type Config struct {
 	// Logger receives session events; passwords are never logged.
 	// Default: discard.
 	Logger *slog.Logger
+	// CommandContext, if set, makes the context each command runs under
+	// from the session's, so that a client that hangs up during a command
+	// cancels the work it started (hangup.Watch); stop is called when the
+	// command is over.
+	CommandContext func(parent context.Context, conn net.Conn) (ctx context.Context, stop func())
 }
 
 func (c Config) withDefaults() Config {
@@ -288,7 +293,8 @@ type session struct {
 	srv  *Server
 	conn net.Conn
 	log  *slog.Logger
-	ctx  context.Context
+	ctx  context.Context // the session's: ends with it, or at Shutdown
+	cmd  context.Context // the running command's (backend calls use it)
 	r    *bufio.Reader
 	w    *bufio.Writer
 	line []byte // readLine's buffer, reused
@@ -328,7 +334,14 @@ func (c *session) run() error {
 				c.fail("%v", perr)
 				break
 			}
-			if err := c.dispatch(cmd, args); err != nil {
+			c.cmd = c.ctx
+			stop := func() {}
+			if cc := c.srv.cfg.CommandContext; cc != nil {
+				c.cmd, stop = cc(c.ctx, c.conn)
+			}
+			err := c.dispatch(cmd, args)
+			stop()
+			if err != nil {
 				if errors.Is(err, errQuit) {
 					return nil
 				}
@@ -728,7 +741,7 @@ func parsePlain(msg []byte) (authz, user, pass string, err error) {
 // login authenticates and, on success, takes the snapshot that numbers the
 // messages for the rest of the session, entering the TRANSACTION state.
 func (c *session) login(mech, user, pass string) {
-	md, err := c.srv.backend.Login(c.ctx, user, pass)
+	md, err := c.srv.backend.Login(c.cmd, user, pass)
 	if errors.Is(err, ErrAuthFailed) {
 		c.log.Info("pop3: login failed", "user", user, "mech", mech)
 		c.authFailDelay()
@@ -752,7 +765,7 @@ func (c *session) login(mech, user, pass string) {
 			}
 		}
 	}()
-	msgs, err := md.List(c.ctx)
+	msgs, err := md.List(c.cmd)
 	if err != nil {
 		c.sysTemp(mech+": listing maildrop", err)
 		return
@@ -825,7 +838,7 @@ func (c *session) cmdUIDL(args []string) {
 // is deleted, and the client will retry.
 func (c *session) send(cmd string, i, lines int) error {
 	m := c.msgs[i]
-	rc, err := c.md.Open(c.ctx, m.UID)
+	rc, err := c.md.Open(c.cmd, m.UID)
 	if err != nil {
 		c.sysTemp(fmt.Sprintf("%s %d: opening message", cmd, i+1), err)
 		return nil
@@ -865,7 +878,7 @@ func (c *session) quit() error {
 		}
 	}
 	if len(uids) > 0 {
-		if err := c.md.Delete(c.ctx, uids); err != nil {
+		if err := c.md.Delete(c.cmd, uids); err != nil {
 			c.sysTemp("QUIT: some deleted messages not removed", err)
 			return errQuit
 		}

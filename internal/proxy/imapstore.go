@@ -10,7 +10,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/userdb"
-	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 // IMAPStore is the IMAP retrieval proxy's view of a user's mail across the
@@ -36,8 +36,10 @@ const opTimeout = 30 * time.Second
 // session within this time.
 const versionPoll = 500 * time.Millisecond
 
-func (s *IMAPStore) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), opTimeout)
+// op bounds one operation of a command, under the command's context (which
+// ends when the client hangs up).
+func withOpTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, opTimeout)
 }
 
 // IMAPAuth authenticates IMAP logins through the proxy and counts them.
@@ -56,21 +58,21 @@ func (a IMAPAuth) Login(ctx context.Context, user, password string) (*userdb.Pro
 
 // EnsureUser implements imap.Store; a user's mailboxes are made with the
 // profile.
-func (s *IMAPStore) EnsureUser(user string) error { return nil }
+func (s *IMAPStore) EnsureUser(ctx context.Context, user string) error { return nil }
 
 // Mailboxes implements imap.Store.
-func (s *IMAPStore) Mailboxes(user string) ([]mailbox.Mailbox, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) Mailboxes(ctx context.Context, user string) ([]mailbox.Mailbox, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Mailboxes", &usermgr.MailboxRequest{User: user}, s.P.Users.LocalMailboxes)
+	rep, err := s.P.Writers.For(user).Mailboxes(ctx, &writer.MailboxRequest{User: user})
 	if err != nil {
 		return nil, err
 	}
 	return rep.Mailboxes, nil
 }
 
-func (s *IMAPStore) find(user string, match func(*mailbox.Mailbox) bool, what string) (*mailbox.Mailbox, error) {
-	all, err := s.Mailboxes(user)
+func (s *IMAPStore) find(ctx context.Context, user string, match func(*mailbox.Mailbox) bool, what string) (*mailbox.Mailbox, error) {
+	all, err := s.Mailboxes(ctx, user)
 	if err != nil {
 		return nil, err
 	}
@@ -83,22 +85,22 @@ func (s *IMAPStore) find(user string, match func(*mailbox.Mailbox) bool, what st
 }
 
 // Mailbox implements imap.Store.
-func (s *IMAPStore) Mailbox(user, name string) (*mailbox.Mailbox, error) {
+func (s *IMAPStore) Mailbox(ctx context.Context, user, name string) (*mailbox.Mailbox, error) {
 	want := mailbox.NormName(name)
-	return s.find(user, func(m *mailbox.Mailbox) bool { return m.Name == want }, fmt.Sprintf("%q", name))
+	return s.find(ctx, user, func(m *mailbox.Mailbox) bool { return m.Name == want }, fmt.Sprintf("%q", name))
 }
 
 // MailboxByID implements imap.Store; a mailbox's id is its UIDVALIDITY.
-func (s *IMAPStore) MailboxByID(user string, id uint64) (*mailbox.Mailbox, error) {
-	return s.find(user, func(m *mailbox.Mailbox) bool { return m.ID == id }, fmt.Sprintf("id %d", id))
+func (s *IMAPStore) MailboxByID(ctx context.Context, user string, id uint64) (*mailbox.Mailbox, error) {
+	return s.find(ctx, user, func(m *mailbox.Mailbox) bool { return m.ID == id }, fmt.Sprintf("id %d", id))
 }
 
 // Messages implements imap.Store.
-func (s *IMAPStore) Messages(user string, id uint64) ([]mailbox.Message, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) Messages(ctx context.Context, user string, id uint64) ([]mailbox.Message, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
 	user = userdb.Normalize(user)
-	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Messages", &usermgr.MailboxRequest{User: user, ID: id}, s.P.Users.LocalMessages)
+	rep, err := s.P.Writers.For(user).Messages(ctx, &writer.MailboxRequest{User: user, ID: id})
 	if err != nil {
 		return nil, err
 	}
@@ -121,8 +123,8 @@ func (s *IMAPStore) Messages(user string, id uint64) ([]mailbox.Message, error) 
 }
 
 // Body implements imap.Store.
-func (s *IMAPStore) Body(user, id string) ([]byte, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) Body(ctx context.Context, user, id string) ([]byte, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
 	user = userdb.Normalize(user)
 	s.mu.Lock()
@@ -146,11 +148,11 @@ func (s *IMAPStore) Body(user, id string) ([]byte, error) {
 
 // Append implements imap.Store (IMAP APPEND): stored like a delivery, into
 // the named mailbox, with its flags and date.
-func (s *IMAPStore) Append(user, name string, raw []byte, flags []string, date time.Time) (*mailbox.Mailbox, mailbox.Message, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) Append(ctx context.Context, user, name string, raw []byte, flags []string, date time.Time) (*mailbox.Mailbox, mailbox.Message, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
 	user = userdb.Normalize(user)
-	mb, err := s.Mailbox(user, name)
+	mb, err := s.Mailbox(ctx, user, name)
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
@@ -158,58 +160,55 @@ func (s *IMAPStore) Append(user, name string, raw []byte, flags []string, date t
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
-	mb, err = s.Mailbox(user, name)
+	mb, err = s.Mailbox(ctx, user, name)
 	return mb, stored[user], err
 }
 
 // CreateMailbox implements imap.Store.
-func (s *IMAPStore) CreateMailbox(user, name, specialUse string) (*mailbox.Mailbox, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) CreateMailbox(ctx context.Context, user, name, specialUse string) (*mailbox.Mailbox, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	return usermgr.Writer(ctx, s.P.Users, user, "writer.Create", &usermgr.MailboxRequest{User: user, Name: name, SpecialUse: specialUse}, s.P.Users.LocalCreate)
+	return s.P.Writers.For(user).Create(ctx, &writer.MailboxRequest{User: user, Name: name, SpecialUse: specialUse})
 }
 
 // DeleteMailbox implements imap.Store.
-func (s *IMAPStore) DeleteMailbox(user, name string) error {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) DeleteMailbox(ctx context.Context, user, name string) error {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	_, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Delete", &usermgr.MailboxRequest{User: user, Name: name}, s.P.Users.LocalDelete)
-	return err
+	return s.P.Writers.For(user).Delete(ctx, &writer.MailboxRequest{User: user, Name: name})
 }
 
 // RenameMailbox implements imap.Store.
-func (s *IMAPStore) RenameMailbox(user, from, to string) error {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) RenameMailbox(ctx context.Context, user, from, to string) error {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	_, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Rename", &usermgr.MailboxRequest{User: user, Name: from, NewName: to}, s.P.Users.LocalRename)
-	return err
+	return s.P.Writers.For(user).Rename(ctx, &writer.MailboxRequest{User: user, Name: from, NewName: to})
 }
 
 // SetSubscribed implements imap.Store.
-func (s *IMAPStore) SetSubscribed(user, name string, on bool) error {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) SetSubscribed(ctx context.Context, user, name string, on bool) error {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	_, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Subscribe", &usermgr.MailboxRequest{User: user, Name: name, On: on}, s.P.Users.LocalSubscribe)
-	return err
+	return s.P.Writers.For(user).Subscribe(ctx, &writer.MailboxRequest{User: user, Name: name, On: on})
 }
 
 // StoreFlags implements imap.Store.
-func (s *IMAPStore) StoreFlags(user string, mbox uint64, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) StoreFlags(ctx context.Context, user string, mbox uint64, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.StoreFlags", &usermgr.FlagsRequest{User: user, ID: mbox, UIDs: uids,
-		Op: op, Flags: flags, UnchangedSince: unchangedSince}, s.P.Users.LocalStoreFlags)
+	rep, err := s.P.Writers.For(user).StoreFlags(ctx, &writer.FlagsRequest{User: user, ID: mbox, UIDs: uids,
+		Op: op, Flags: flags, UnchangedSince: unchangedSince})
 	if err != nil {
 		return nil, nil, err
 	}
 	return rep.Updated, rep.Failed, nil
 }
 
-func (s *IMAPStore) expunge(user string, mbox uint64, uids []uint32, onlyDeleted bool) ([]uint32, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) expunge(ctx context.Context, user string, mbox uint64, uids []uint32, onlyDeleted bool) ([]uint32, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Expunge", &usermgr.FlagsRequest{User: user, ID: mbox, UIDs: uids,
-		OnlyDeleted: onlyDeleted}, s.P.Users.LocalExpunge)
+	rep, err := s.P.Writers.For(user).Expunge(ctx, &writer.FlagsRequest{User: user, ID: mbox, UIDs: uids,
+		OnlyDeleted: onlyDeleted})
 	if err != nil {
 		return nil, err
 	}
@@ -217,21 +216,21 @@ func (s *IMAPStore) expunge(user string, mbox uint64, uids []uint32, onlyDeleted
 }
 
 // Expunge implements imap.Store.
-func (s *IMAPStore) Expunge(user string, mbox uint64, uids []uint32) ([]uint32, error) {
-	return s.expunge(user, mbox, uids, false)
+func (s *IMAPStore) Expunge(ctx context.Context, user string, mbox uint64, uids []uint32) ([]uint32, error) {
+	return s.expunge(ctx, user, mbox, uids, false)
 }
 
 // ExpungeDeleted implements imap.Store.
-func (s *IMAPStore) ExpungeDeleted(user string, mbox uint64, uids []uint32) ([]uint32, error) {
-	return s.expunge(user, mbox, uids, true)
+func (s *IMAPStore) ExpungeDeleted(ctx context.Context, user string, mbox uint64, uids []uint32) ([]uint32, error) {
+	return s.expunge(ctx, user, mbox, uids, true)
 }
 
 // Copy implements imap.Store.
-func (s *IMAPStore) Copy(user string, src uint64, uids []uint32, dst string, move bool) (*mailbox.CopyResult, error) {
-	ctx, cancel := s.ctx()
+func (s *IMAPStore) Copy(ctx context.Context, user string, src uint64, uids []uint32, dst string, move bool) (*mailbox.CopyResult, error) {
+	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
-	rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Copy", &usermgr.CopyRequest{User: user, ID: src, UIDs: uids,
-		Dest: dst, Move: move}, s.P.Users.LocalCopy)
+	rep, err := s.P.Writers.For(user).Copy(ctx, &writer.CopyRequest{User: user, ID: src, UIDs: uids,
+		Dest: dst, Move: move})
 	if err != nil {
 		return nil, err
 	}
@@ -242,10 +241,10 @@ func (s *IMAPStore) Copy(user string, src uint64, uids []uint32, dst string, mov
 // Subscribe implements imap.Store: changes the writer makes on this node
 // arrive at once; changes made through another node are noticed by polling
 // the writer's change counter every versionPoll.
-func (s *IMAPStore) Subscribe(user string) (<-chan mailbox.Change, func()) {
+func (s *IMAPStore) Subscribe(ctx context.Context, user string) (<-chan mailbox.Change, func()) {
 	user = userdb.Normalize(user)
 	out := make(chan mailbox.Change, 16)
-	local, unsub := s.P.Users.Subscribe(user)
+	local, unsub := s.P.Writers.Subscribe(user)
 	stop := make(chan struct{})
 	send := func(c mailbox.Change) {
 		select {
@@ -254,9 +253,9 @@ func (s *IMAPStore) Subscribe(user string) (<-chan mailbox.Change, func()) {
 		}
 	}
 	version := func() (uint64, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), versionPoll*4)
+		vctx, cancel := context.WithTimeout(ctx, versionPoll*4)
 		defer cancel()
-		rep, err := usermgr.Writer(ctx, s.P.Users, user, "writer.Version", &usermgr.MailboxRequest{User: user}, s.P.Users.LocalVersion)
+		rep, err := s.P.Writers.For(user).Version(vctx, &writer.MailboxRequest{User: user})
 		if err != nil {
 			return 0, err
 		}
@@ -273,6 +272,8 @@ func (s *IMAPStore) Subscribe(user string) (<-chan mailbox.Change, func()) {
 		for {
 			select {
 			case <-stop:
+				return
+			case <-ctx.Done():
 				return
 			case c := <-local:
 				send(c)

@@ -10,7 +10,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/pop3"
-	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 // POP3 adapts the proxy to the POP3 server's Backend: a maildrop is the
@@ -48,8 +48,7 @@ type location struct {
 }
 
 func (d *maildrop) List(ctx context.Context) ([]pop3.Message, error) {
-	rep, err := usermgr.Writer(ctx, d.p.Users, d.user, "writer.Messages",
-		&usermgr.MailboxRequest{User: d.user, Name: mailbox.Inbox}, d.p.Users.LocalMessages)
+	rep, err := d.p.Writers.For(d.user).Messages(ctx, &writer.MailboxRequest{User: d.user, Name: mailbox.Inbox})
 	if err != nil {
 		return nil, err
 	}
@@ -81,8 +80,7 @@ func (d *maildrop) Delete(ctx context.Context, uids []string) error {
 	if len(imapUIDs) == 0 {
 		return nil
 	}
-	_, err := usermgr.Writer(ctx, d.p.Users, d.user, "writer.Expunge",
-		&usermgr.FlagsRequest{User: d.user, ID: d.mbox, UIDs: imapUIDs}, d.p.Users.LocalExpunge)
+	_, err := d.p.Writers.For(d.user).Expunge(ctx, &writer.FlagsRequest{User: d.user, ID: d.mbox, UIDs: imapUIDs})
 	return err
 }
 

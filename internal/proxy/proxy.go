@@ -10,10 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/balance"
@@ -21,13 +18,13 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 var (
-	// ErrUnknownUser: the recipient's domain is ours but the user is not.
-	ErrUnknownUser = errors.New("no such user here")
 	// ErrForeignDomain: we do not serve the recipient's domain (and do not
 	// relay for unauthenticated senders).
 	ErrForeignDomain = errors.New("domain not served here")
@@ -44,48 +41,30 @@ const storeAttempts = 3
 type Peers interface {
 	Alive() []cluster.MemberInfo
 	Degraded() bool
-	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
+	cluster.Conns
 }
 
 // Proxy joins the managers of one node for the protocol servers.
 type Proxy struct {
 	Self  cluster.NodeID
 	Users *usermgr.Manager
-	Boxes *mailbox.Manager
-	Peers Peers
-	Loads *balance.Tracker
-	// Spread is how many nodes a user's mail may spread over.
-	Spread int
+	// Writers are the node's mailbox writers (those of the users whose
+	// bucket it manages); calls reach any user's through Writers.For.
+	Writers *writer.Manager
+	Boxes   *mailbox.Manager
+	Peers   Peers
+	Loads   *balance.Tracker
+	// Placer chooses every new message's replica set (Porcupine §5).
+	Placer *balance.Placer
 	// Repl is the node's replication manager; Replicas and Policy are the
 	// cluster's defaults for users who set none.
 	Repl     *replica.Manager
 	Replicas int
 	Policy   replica.Policy
-
-	rndMu sync.Mutex
-	rnd   *rand.Rand
-}
-
-func (p *Proxy) choose(holders []cluster.NodeID, spread int, exclude map[cluster.NodeID]bool, suspects bool) (cluster.NodeID, bool) {
-	if spread <= 0 {
-		spread = p.Spread
-	}
-	var live []cluster.NodeID
-	for _, m := range p.Peers.Alive() {
-		if !exclude[m.ID] && (suspects || m.State != "suspect") {
-			live = append(live, m.ID)
-		}
-	}
-	p.rndMu.Lock()
-	defer p.rndMu.Unlock()
-	if p.rnd == nil {
-		p.rnd = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	}
-	return balance.Choose(holders, live, spread, p.Loads.Get, p.rnd)
 }
 
 // CheckRecipient says whether mail for addr is accepted here: nil, or an
-// error wrapping ErrUnknownUser or ErrForeignDomain, or another error when
+// error wrapping userdb.ErrNotFound or ErrForeignDomain, or another error when
 // the user's manager cannot be reached (a temporary failure).
 func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	addr = userdb.Normalize(addr)
@@ -95,7 +74,7 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	if err == nil {
 		return nil
 	}
-	if !errors.Is(err, usermgr.ErrUnknownUser) {
+	if !errors.Is(err, userdb.ErrNotFound) {
 		return err
 	}
 	if p.Peers.Degraded() {
@@ -106,7 +85,7 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	if !p.Users.ServesDomain(userdb.Domain(addr)) {
 		return fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)
 	}
-	return fmt.Errorf("recipient %s: %w", addr, ErrUnknownUser)
+	return fmt.Errorf("recipient %s: %w", addr, userdb.ErrNotFound)
 }
 
 // Deliver stores one message for every recipient (Porcupine §2.3.1): for
@@ -166,7 +145,7 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 		var order []string
 		for _, u := range pending {
 			actx, cancel := context.WithTimeout(ctx, writerCallTimeout)
-			a, err := usermgr.Writer(actx, p.Users, u, "writer.Alloc", &usermgr.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)}, p.Users.LocalAlloc)
+			a, err := p.Writers.For(u).Alloc(actx, &writer.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)})
 			cancel()
 			if err != nil {
 				return nil, err
@@ -179,9 +158,9 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 			if policy == "" {
 				policy = p.Policy
 			}
-			set := p.chooseSet(a.MailMap, a.Spread, max(want, 1), failed)
+			set := p.Placer.Set(a.MailMap, a.Spread, max(want, 1), failed)
 			if len(set) == 0 || len(set) < policy.Need(want) {
-				p.confirm(ctx, &usermgr.ConfirmRequest{Place: a.Place, Cancel: true})
+				p.confirm(ctx, &writer.ConfirmRequest{Place: a.Place, Cancel: true})
 				why := "no earlier attempt"
 				if lastErr != nil {
 					why = "last attempt: " + lastErr.Error()
@@ -240,7 +219,7 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 				if rep != nil {
 					acked = rep.Acked
 				}
-				p.confirm(ctx, &usermgr.ConfirmRequest{Place: pl, Message: msg, Nodes: acked, Cancel: len(acked) == 0})
+				p.confirm(ctx, &writer.ConfirmRequest{Place: pl, Message: msg, Nodes: acked, Cancel: len(acked) == 0})
 				if err == nil {
 					stored[pl.User] = msg
 				} else {
@@ -254,61 +233,7 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 
 // write sends updates to their coordinator.
 func (p *Proxy) write(ctx context.Context, coord cluster.NodeID, req *replica.WriteRequest) (*replica.WriteReply, error) {
-	if coord == p.Self {
-		return p.Repl.Write(ctx, req)
-	}
-	var rep replica.WriteReply
-	if err := p.Peers.Call(ctx, coord, "replica.Write", req, &rep); err != nil {
-		return nil, err
-	}
-	if rep.Short != "" {
-		return &rep, fmt.Errorf("%s: %w", rep.Short, replica.ErrPolicy)
-	}
-	return &rep, nil
-}
-
-// chooseSet picks the r nodes of a new message's replica set, least loaded
-// first (the first coordinates), within the user's spread where it can.
-func (p *Proxy) chooseSet(holders []cluster.NodeID, spread, r int, exclude map[cluster.NodeID]bool) []cluster.NodeID {
-	if spread <= 0 {
-		spread = p.Spread
-	}
-	spread = max(spread, r)
-	var set []cluster.NodeID
-	ex := maps.Clone(exclude)
-	if ex == nil {
-		ex = map[cluster.NodeID]bool{}
-	}
-	// Suspect members (memberlist missed their acks: paused, overloaded,
-	// or about to be declared dead) are taken only when the set cannot be
-	// filled otherwise: a store that waits on one waits for its deadline.
-	for _, suspects := range []bool{false, true} {
-		for len(set) < r {
-			var hs []cluster.NodeID
-			for _, h := range holders {
-				if !ex[h] {
-					hs = append(hs, h)
-				}
-			}
-			n, ok := p.choose(hs, spread-len(set), ex, suspects)
-			if !ok {
-				break
-			}
-			set = append(set, n)
-			ex[n] = true
-		}
-	}
-	return set
-}
-
-// ChooseReplicas picks n live nodes outside exclude for new replicas of
-// existing messages (the replication manager's repair).
-func (p *Proxy) ChooseReplicas(exclude []cluster.NodeID, n int) []cluster.NodeID {
-	ex := map[cluster.NodeID]bool{}
-	for _, e := range exclude {
-		ex[e] = true
-	}
-	return p.chooseSet(nil, n, n, ex)
+	return p.Repl.On(coord).Write(ctx, req)
 }
 
 // writerCallTimeout bounds one call to a user's manager or writer on the
@@ -325,31 +250,21 @@ const writerCallTimeout = 15 * time.Second
 // had been paused; past this the message is placed on another set.
 const storeCallTimeout = 15 * time.Second
 
-// confirmAttempts and confirmBackoff bound how hard a proxy tries to tell
-// the writer that a message was stored (or not): the writer may be paused
-// or failing over. If it never hears, the allocation expires and the writer
-// loads the mailbox again from the fragments, which finds the message.
-const (
-	confirmAttempts = 4
-	confirmBackoff  = 500 * time.Millisecond
-)
+// confirmRetry bounds how hard a proxy tries to tell the writer that a
+// message was stored (or not): the writer may be paused or failing over
+// (about 4 s of tries). If it never hears, the allocation expires and the
+// writer loads the mailbox again from the fragments, which finds the
+// message.
+var confirmRetry = retry.Policy{Attempts: 4, Base: 500 * time.Millisecond, Factor: 2}
 
 // confirm tells the writer the outcome of a store, retrying while the
 // writer is unreachable.
-func (p *Proxy) confirm(ctx context.Context, c *usermgr.ConfirmRequest) {
-	for i := 0; i < confirmAttempts; i++ {
+func (p *Proxy) confirm(ctx context.Context, c *writer.ConfirmRequest) {
+	_ = retry.Do(ctx, confirmRetry, nil, func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
-		_, err := usermgr.Writer(cctx, p.Users, c.Place.User, "writer.Confirm", c, p.Users.LocalConfirm)
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-time.After(confirmBackoff << i):
-		case <-ctx.Done():
-			return
-		}
-	}
+		defer cancel()
+		return p.Writers.For(c.Place.User).Confirm(cctx, c)
+	})
 }
 
 // member returns a live node with its boot.

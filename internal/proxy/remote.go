@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -13,29 +12,6 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/rpc"
 )
-
-// BodyRequest asks a node for one message's bytes.
-type BodyRequest struct {
-	User string `json:"user"`
-	ID   string `json:"id"`
-}
-
-// BodyReply carries the message.
-type BodyReply struct {
-	Raw []byte `json:"raw"`
-}
-
-// LocalBody returns a message this node stores.
-func (p *Proxy) LocalBody(ctx context.Context, req *BodyRequest) (*BodyReply, error) {
-	b, err := p.Boxes.Body(req.User, req.ID)
-	if errors.Is(err, mailbox.ErrNoMessage) {
-		return nil, errors.Join(err, rpc.ErrNotFound)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &BodyReply{Raw: b}, nil
-}
 
 // body fetches a message from one of the nodes that hold it (Porcupine
 // §4.3: the retrieval proxy reads the least loaded live replica), trying the
@@ -72,8 +48,8 @@ func (p *Proxy) body(ctx context.Context, nodes []cluster.NodeID, user, id strin
 		if i < len(cand)-1 {
 			try, cancel = context.WithTimeout(ctx, bodyTryTimeout)
 		}
-		var rep BodyReply
-		err = p.Peers.Call(try, n, "mailbox.Body", &BodyRequest{User: user, ID: id}, &rep)
+		var rep *mailbox.BodyReply
+		rep, err = p.Boxes.On(p.Peers, n).Body(try, &mailbox.BodyRequest{User: user, ID: id})
 		cancel()
 		if err == nil {
 			return rep.Raw, nil
@@ -92,10 +68,4 @@ func (p *Proxy) openBody(ctx context.Context, nodes []cluster.NodeID, user, id s
 		return nil, err
 	}
 	return io.NopCloser(bytes.NewReader(b)), nil
-}
-
-// Register exposes the mailbox manager's remote operations.
-func (p *Proxy) Register(s *rpc.Server) {
-	s.Handle("mailbox.Body", rpc.Method(p.LocalBody))
-	p.Boxes.Register(s)
 }

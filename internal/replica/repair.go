@@ -64,12 +64,6 @@ type Move struct {
 }
 
 type repairState struct {
-	// Rehome asks the writer of a user's objects to move them to new
-	// replica sets. Choose picks n live nodes outside exclude for new
-	// replicas (the load balancer).
-	Rehome func(ctx context.Context, user string, moves []Move) error
-	Choose func(exclude []cluster.NodeID, n int) []cluster.NodeID
-
 	lastSeen map[cluster.NodeID]time.Time
 	started  time.Time
 	stats    RepairStats
@@ -82,14 +76,6 @@ type RepairStats struct {
 	UnderReplicated int       `json:"under_replicated"`
 	Rehomed         int       `json:"rehomed"`
 	LastRepair      time.Time `json:"last_repair,omitzero"`
-}
-
-// SetRepair installs the writer and balancer hooks repair needs.
-func (m *Manager) SetRepair(rehome func(ctx context.Context, user string, moves []Move) error,
-	choose func(exclude []cluster.NodeID, n int) []cluster.NodeID) {
-	m.mu.Lock()
-	m.repair.Rehome, m.repair.Choose = rehome, choose
-	m.mu.Unlock()
 }
 
 // RepairStats returns the last scan's figures.
@@ -121,13 +107,13 @@ func (m *Manager) repairLoop() {
 func (m *Manager) RepairOnce(ctx context.Context) {
 	peers := m.getPeers()
 	m.mu.Lock()
-	rehome, choose := m.repair.Rehome, m.repair.Choose
+	writers, placer := m.writers, m.placer
 	if m.repair.lastSeen == nil {
 		m.repair.lastSeen = map[cluster.NodeID]time.Time{}
 		m.repair.started = time.Now()
 	}
 	m.mu.Unlock()
-	if peers == nil || rehome == nil {
+	if peers == nil || writers == nil || placer == nil {
 		return
 	}
 	now := time.Now()
@@ -181,7 +167,7 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 					return nil // may still come back and catch up
 				}
 			}
-			add := choose(o.Replicas, want-len(live))
+			add := placer.Replicas(o.Replicas, want-len(live))
 			if len(add) == 0 {
 				return nil
 			}
@@ -200,7 +186,7 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 		for len(moves) > 0 {
 			chunk := moves[:min(len(moves), rehomeChunk)]
 			moves = moves[len(chunk):]
-			if err := rehome(ctx, user, chunk); err != nil {
+			if err := writers.Rehome(ctx, user, chunk); err != nil {
 				m.log.Warn("repair: could not re-home objects", "user", user, "objects", len(chunk), "err", err)
 				break
 			}

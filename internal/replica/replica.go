@@ -27,7 +27,6 @@ package replica
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +40,7 @@ import (
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
+	"google.golang.org/grpc"
 )
 
 // Policy is how many replicas must hold an update durably before its writer
@@ -159,7 +159,8 @@ type Peers interface {
 	Alive() []cluster.MemberInfo
 	// Expected is how many nodes the cluster has, counting those away.
 	Expected() int
-	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
+	// Conn reaches another node's services.
+	Conn(node cluster.NodeID) (grpc.ClientConnInterface, error)
 }
 
 // Timings of the update log. Each is deliberate:
@@ -192,8 +193,7 @@ type Manager struct {
 	log      *slog.Logger
 	handlers map[string]Handler
 
-	peersMu sync.RWMutex
-	peers   Peers
+	peers Peers
 
 	RetireDelay  time.Duration
 	MaxAge       time.Duration
@@ -203,9 +203,12 @@ type Manager struct {
 	entries map[string]*Entry // the log, by object
 	pushing map[string]bool   // object/node pushes in flight
 	// conflicts are objects whose writer was asked to resolve a conflict,
-	// and when; onConflict is what asks it.
-	conflicts  map[string]time.Time
-	onConflict func(ctx context.Context, object string) error
+	// and when.
+	conflicts map[string]time.Time
+	// writers and placer are the collaborators Start was given: the
+	// objects' ordered writers (repair, conflicts) and the balancer.
+	writers Writers
+	placer  Placer
 	// room reports whether the disk can take new content; noRoomLogged
 	// is when a refusal for lack of it was last logged.
 	room         func() bool
@@ -217,12 +220,56 @@ type Manager struct {
 	repair repairState
 }
 
+// Options configure a replication manager.
+type Options struct {
+	// Peers reaches the other nodes.
+	Peers Peers
+	// Room reports whether this node's disk can take new content
+	// (message bytes); nil: always. A node whose disk is nearly full
+	// refuses updates that carry content, here and in pushes; the
+	// coordinators keep them in their logs until it has room again.
+	// Without this the disk could fill up entirely, and Pebble ends the
+	// process when it cannot write its WAL.
+	Room func() bool
+	// MaxAge, ReplaceAfter and RetireDelay: 0 takes DefaultMaxAge,
+	// DefaultReplaceAfter and DefaultRetireDelay.
+	MaxAge, ReplaceAfter, RetireDelay time.Duration
+}
+
+// Writers is what the manager needs of the objects' ordered writers (for
+// messages, the users' mailbox writers): new replica sets for repair, and
+// the resolution of conflicts a replica reports.
+type Writers interface {
+	// Rehome has the writer of a user's objects move them to new replica
+	// sets.
+	Rehome(ctx context.Context, user string, moves []Move) error
+	// ResolveConflict asks the writer of an object that a replica refused
+	// for a conflict to resolve it (for messages: load the user's views,
+	// which renumbers messages that share a UID).
+	ResolveConflict(ctx context.Context, object string) error
+}
+
+// Placer chooses nodes for new replicas (the load balancer).
+type Placer interface {
+	// Replicas picks n live nodes outside exclude.
+	Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID
+}
+
 // New returns the replication manager and loads the update log.
-func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger) (*Manager, error) {
+func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger, o Options) (*Manager, error) {
 	m := &Manager{self: self, db: db, clock: clock, log: log, handlers: map[string]Handler{},
-		RetireDelay: DefaultRetireDelay, MaxAge: DefaultMaxAge, ReplaceAfter: DefaultReplaceAfter,
+		peers: o.Peers, room: o.Room, RetireDelay: o.RetireDelay, MaxAge: o.MaxAge, ReplaceAfter: o.ReplaceAfter,
 		entries: map[string]*Entry{}, pushing: map[string]bool{}, conflicts: map[string]time.Time{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	if m.RetireDelay <= 0 {
+		m.RetireDelay = DefaultRetireDelay
+	}
+	if m.MaxAge <= 0 {
+		m.MaxAge = DefaultMaxAge
+	}
+	if m.ReplaceAfter <= 0 {
+		m.ReplaceAfter = DefaultReplaceAfter
+	}
 	it, err := db.PrefixIter(nil, store.KindPrefix(store.KindLog))
 	if err != nil {
 		return nil, err
@@ -230,10 +277,11 @@ func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger) 
 	defer it.Close()
 	var stale [][]byte
 	for it.First(); it.Valid(); it.Next() {
-		var e Entry
-		if err := json.Unmarshal(it.Value(), &e); err != nil {
+		ep, err := decodeEntry(it.Value())
+		if err != nil {
 			return nil, fmt.Errorf("update log entry %q: %w", it.Key(), err)
 		}
+		e := *ep
 		clock.Observe(e.Stamp.Clock)
 		if old := m.entries[e.Object]; old != nil {
 			if e.Stamp.Less(old.Stamp) {
@@ -263,22 +311,16 @@ func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger) 
 // Handle registers the handler of a kind of object.
 func (m *Manager) Handle(kind string, h Handler) { m.handlers[kind] = h }
 
-// SetPeers gives the manager the cluster.
-func (m *Manager) SetPeers(p Peers) {
-	m.peersMu.Lock()
-	m.peers = p
-	m.peersMu.Unlock()
-}
+func (m *Manager) getPeers() Peers { return m.peers }
 
-func (m *Manager) getPeers() Peers {
-	m.peersMu.RLock()
-	defer m.peersMu.RUnlock()
-	return m.peers
-}
-
-// Start runs the log's background work: pushes that failed at first,
-// retirement, and repair.
-func (m *Manager) Start() {
+// Start runs the log's background work — pushes that failed at first,
+// retirement, and repair — with the objects' writers and the balancer it
+// needs for repair and conflicts (nil: no repair, conflicts left to
+// retries).
+func (m *Manager) Start(w Writers, p Placer) {
+	m.mu.Lock()
+	m.writers, m.placer = w, p
+	m.mu.Unlock()
 	m.wg.Add(2)
 	go m.pushLoop()
 	go m.repairLoop()
@@ -348,9 +390,6 @@ type WriteRequest struct {
 // WriteReply says which targets hold the updates durably.
 type WriteReply struct {
 	Acked []cluster.NodeID `json:"acked"`
-	// Short, over RPC, carries ErrPolicy's message: the updates are
-	// logged, but fewer targets than the policy asks for hold them yet.
-	Short string `json:"short,omitempty"`
 }
 
 // Write coordinates updates that share one set of targets: it logs and
@@ -362,120 +401,113 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 		return &WriteReply{}, nil
 	}
 	ups := req.Updates
-	targets := without(ups[0].Targets)
-	kind := ups[0].Kind()
-	h := m.handlers[kind]
+	plan, err := planWrite(m.self, req)
+	if err != nil {
+		return nil, err
+	}
+	h := m.handlers[plan.kind]
 	if h == nil {
-		return nil, fmt.Errorf("update of %s: no handler for kind %q", ups[0].Object, kind)
+		return nil, fmt.Errorf("update of %s: no handler for kind %q", ups[0].Object, plan.kind)
 	}
 	for _, u := range ups {
-		if u.Kind() != kind || !slices.Equal(without(u.Targets), targets) {
-			return nil, fmt.Errorf("update of %s: one write must share kind and targets", u.Object)
-		}
 		if u.Stamp.IsZero() {
 			u.Stamp = m.Now()
 		} else {
 			m.Observe(u.Stamp)
 		}
 	}
-	remaining := without(targets, m.self)
-	local := slices.Contains(targets, m.self)
-	if local && slices.ContainsFunc(ups, func(u *Update) bool { return len(u.Blob) > 0 }) && !m.hasRoom(len(ups)) {
+	if plan.local && plan.content && !m.hasRoom(len(ups)) {
 		return nil, fmt.Errorf("update of %s on %s: %w", ups[0].Object, m.self, ErrNoRoom)
 	}
-	now := time.Now()
-	logged := make([]*Entry, 0, len(ups))
 	var acked []cluster.NodeID
-	if local {
-		outs, err := h.Apply(ups, func(b *store.Batch, outs []Outcome) error {
-			for i, u := range ups {
-				if outs[i] != Applied || len(remaining) == 0 {
-					continue
-				}
-				e := &Entry{Update: *u, Remaining: remaining, Logged: now}
-				e.Blob = nil
-				if err := m.replaceEntry(b, e); err != nil {
-					return err
-				}
-				logged = append(logged, e)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("apply update of %s here: %w", ups[0].Object, err)
-		}
-		for i, o := range outs {
-			// Stale: a newer version is here already; the peers answer for
-			// themselves (stale or applied both count as holding it).
-			switch o {
-			case Applied, Stale:
-			case Conflict:
-				m.conflicted([]string{ups[i].Object})
-				return nil, fmt.Errorf("apply update of %s here: its place holds another object", ups[i].Object)
-			default:
-				return nil, fmt.Errorf("apply update of %s here: not applied", ups[i].Object)
-			}
+	if plan.local {
+		if err := m.applyHere(h, plan, ups); err != nil {
+			return nil, err
 		}
 		acked = append(acked, m.self)
-	} else if len(remaining) > 0 {
-		// Not a replica itself (a profile's manager that is not among its
-		// replicas): the log keeps the whole content, blob included, forced
-		// to disk, as there is no local replica to fill it from.
-		b := m.db.NewBatch()
-		for _, u := range ups {
-			e := &Entry{Update: *u, Remaining: remaining, Logged: now}
-			if err := m.replaceEntry(b, e); err != nil {
-				b.Close()
-				return nil, err
-			}
-			logged = append(logged, e)
+	} else if len(plan.remaining) > 0 {
+		if err := m.logOnly(plan, ups); err != nil {
+			return nil, err
 		}
-		if err := b.Commit(store.Sync); err != nil {
-			b.Close()
-			return nil, fmt.Errorf("update log: %w", err)
-		}
-		b.Close()
-	}
-	m.install(logged)
-
-	push := ups
-	need := req.Policy.Need(max(len(targets), req.Want))
-	if len(remaining) == 0 {
-		if len(acked) < need {
-			return &WriteReply{Acked: acked}, fmt.Errorf("update of %s: %d of %d targets: %w", ups[0].Object, len(acked), need, ErrPolicy)
-		}
-		return &WriteReply{Acked: acked}, nil
 	}
 	// Timely propagation (§4.4): push now, in parallel, and answer as soon
-	// as the policy is met; the rest goes on in the background.
+	// as the policy is decided; the rest goes on in the background.
+	t := newTally(plan.need, acked, len(plan.remaining))
 	type result struct {
 		n   cluster.NodeID
 		err error
 	}
-	results := make(chan result, len(remaining))
-	for _, n := range remaining {
+	results := make(chan result, len(plan.remaining))
+	for _, n := range plan.remaining {
 		go func(n cluster.NodeID) {
-			results <- result{n, m.push(n, push, false)}
+			results <- result{n, m.push(n, ups, false)}
 		}(n)
 	}
-	var errs []error
-	for i := 0; i < len(remaining) && len(acked) < need; i++ {
+	for !t.decided() {
 		select {
 		case r := <-results:
-			if r.err == nil {
-				acked = append(acked, r.n)
-			} else {
-				errs = append(errs, r.err)
-			}
+			t.step(r.n, r.err)
 		case <-ctx.Done():
-			errs = append(errs, ctx.Err())
-			i = len(remaining)
+			t.errs = append(t.errs, ctx.Err())
+			return t.verdict(ups[0].Object)
 		}
 	}
-	if len(acked) < need {
-		return &WriteReply{Acked: acked}, fmt.Errorf("update of %s: %d of %d targets: %w: %w", ups[0].Object, len(acked), need, ErrPolicy, errors.Join(errs...))
+	return t.verdict(ups[0].Object)
+}
+
+// applyHere applies a write to this node's replicas and logs, in the same
+// durable batch, the updates other targets still need.
+func (m *Manager) applyHere(h Handler, plan writePlan, ups []*Update) error {
+	now := time.Now()
+	logged := make([]*Entry, 0, len(ups))
+	outs, err := h.Apply(ups, func(b *store.Batch, outs []Outcome) error {
+		for i, u := range ups {
+			if !plan.loggedHere(outs[i]) {
+				continue
+			}
+			e := &Entry{Update: *u, Remaining: plan.remaining, Logged: now}
+			e.Blob = nil
+			if err := m.replaceEntry(b, e); err != nil {
+				return err
+			}
+			logged = append(logged, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("apply update of %s here: %w", ups[0].Object, err)
 	}
-	return &WriteReply{Acked: acked}, nil
+	m.install(logged)
+	objects := make([]string, len(ups))
+	for i, u := range ups {
+		objects[i] = u.Object
+	}
+	conflicts, err := judgeLocal(objects, outs)
+	m.conflicted(conflicts)
+	return err
+}
+
+// logOnly logs a write on a node that is not among its targets (a profile's
+// manager that is not one of its replicas): the log keeps the whole
+// content, blob included, forced to disk, as there is no local replica to
+// fill it from.
+func (m *Manager) logOnly(plan writePlan, ups []*Update) error {
+	now := time.Now()
+	b := m.db.NewBatch()
+	defer b.Close()
+	logged := make([]*Entry, 0, len(ups))
+	for _, u := range ups {
+		e := &Entry{Update: *u, Remaining: plan.remaining, Logged: now}
+		if err := m.replaceEntry(b, e); err != nil {
+			return err
+		}
+		logged = append(logged, e)
+	}
+	if err := b.Commit(store.Sync); err != nil {
+		return fmt.Errorf("update log: %w", err)
+	}
+	m.install(logged)
+	return nil
 }
 
 // install makes committed log entries current, unless a newer entry of the
@@ -495,7 +527,7 @@ func (m *Manager) install(entries []*Entry) {
 }
 
 func setEntry(b *store.Batch, e *Entry) error {
-	v, err := json.Marshal(e)
+	v, err := encodeEntry(e)
 	if err != nil {
 		return err
 	}
@@ -557,8 +589,8 @@ func (m *Manager) push(n cluster.NodeID, ups []*Update, whole bool) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), pushTimeout)
 	defer cancel()
-	var rep PushReply
-	if err := peers.Call(ctx, n, "replica.Push", req, &rep); err != nil {
+	rep, err := Remote(peers, n).Push(ctx, req)
+	if err != nil {
 		return fmt.Errorf("push %d updates to %s: %w", len(req.Entries), n, err)
 	}
 	if len(rep.Outcomes) != len(req.Entries) {
@@ -592,17 +624,6 @@ func (m *Manager) push(n cluster.NodeID, ups []*Update, whole bool) error {
 	return nil
 }
 
-// SetRoom installs what says whether this node's disk can take new content
-// (message bytes). A node whose disk is nearly full refuses updates that
-// carry content, here and in pushes; the coordinators keep them in their
-// logs until it has room again. Without this the disk could fill up
-// entirely, and Pebble ends the process when it cannot write its WAL.
-func (m *Manager) SetRoom(fn func() bool) {
-	m.mu.Lock()
-	m.room = fn
-	m.mu.Unlock()
-}
-
 // hasRoom reports whether new content may be written here, and logs a
 // refusal at most once per noRoomLogEvery.
 func (m *Manager) hasRoom(refused int) bool {
@@ -627,15 +648,6 @@ const noRoomLogEvery = 10 * time.Second
 // every second, and asking each time would only repeat the writer's work.
 const conflictRetry = 10 * time.Second
 
-// SetConflictHandler installs what asks an object's writer to resolve a
-// conflict a replica reported (for messages: load the user's views, which
-// renumbers messages that share a UID).
-func (m *Manager) SetConflictHandler(fn func(ctx context.Context, object string) error) {
-	m.mu.Lock()
-	m.onConflict = fn
-	m.mu.Unlock()
-}
-
 // conflicted hands objects whose update a replica refused for a conflict
 // to the conflict handler, each at most once per conflictRetry. Without
 // it, such an update waits in the log until something else makes the
@@ -647,7 +659,7 @@ func (m *Manager) conflicted(objects []string) {
 	}
 	now := time.Now()
 	m.mu.Lock()
-	fn := m.onConflict
+	w := m.writers
 	var ask []string
 	for _, o := range objects {
 		if t, ok := m.conflicts[o]; ok && now.Sub(t) < conflictRetry {
@@ -662,7 +674,7 @@ func (m *Manager) conflicted(objects []string) {
 		}
 	}
 	m.mu.Unlock()
-	if fn == nil {
+	if w == nil {
 		return
 	}
 	for _, o := range ask {
@@ -672,7 +684,7 @@ func (m *Manager) conflicted(objects []string) {
 			defer m.wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), rpc.DefaultTimeout)
 			defer cancel()
-			if err := fn(ctx, o); err != nil {
+			if err := w.ResolveConflict(ctx, o); err != nil {
 				m.log.Warn("could not have a conflict resolved", "object", o, "err", err)
 			}
 		}()
@@ -789,7 +801,7 @@ type DoneRequest struct {
 }
 
 // Done marks entries complete (the coordinator heard from every replica).
-func (m *Manager) Done(ctx context.Context, req *DoneRequest) (*struct{}, error) {
+func (m *Manager) Done(ctx context.Context, req *DoneRequest) error {
 	for i, o := range req.Objects {
 		m.mu.Lock()
 		e := m.entries[o]
@@ -800,21 +812,7 @@ func (m *Manager) Done(ctx context.Context, req *DoneRequest) (*struct{}, error)
 		}
 		m.mu.Unlock()
 	}
-	return &struct{}{}, nil
-}
-
-// Register exposes the manager to its peers.
-func (m *Manager) Register(s *rpc.Server) {
-	s.Handle("replica.Write", rpc.Method(func(ctx context.Context, req *WriteRequest) (*WriteReply, error) {
-		rep, err := m.Write(ctx, req)
-		if errors.Is(err, ErrPolicy) && rep != nil {
-			rep.Short = err.Error()
-			return rep, nil
-		}
-		return rep, err
-	}))
-	s.Handle("replica.Push", rpc.Method(m.Push))
-	s.Handle("replica.Done", rpc.Method(m.Done))
+	return nil
 }
 
 // pushLoop works through the log: updates whose first push failed go out
@@ -963,7 +961,7 @@ func (m *Manager) notifyDone(entries []*Entry) {
 		go func(n cluster.NodeID, r *DoneRequest) {
 			ctx, cancel := context.WithTimeout(context.Background(), pushTimeout)
 			defer cancel()
-			peers.Call(ctx, n, "replica.Done", r, &struct{}{})
+			Remote(peers, n).Done(ctx, r)
 		}(n, r)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
+	"google.golang.org/grpc"
 )
 
 // A cluster of replication managers over real RPC, each with a real mailbox
@@ -41,6 +42,7 @@ type node struct {
 	db    *store.DB
 	boxes *mailbox.Manager
 	repl  *replica.Manager
+	hooks *hooks
 	srv   *rpc.Server
 	addr  string
 }
@@ -66,14 +68,14 @@ func (p peers) Expected() int {
 	return len(p.c.alive)
 }
 
-func (p peers) Call(ctx context.Context, id cluster.NodeID, method string, req, resp any) error {
+func (p peers) Conn(id cluster.NodeID) (grpc.ClientConnInterface, error) {
 	p.c.mu.Lock()
 	n, up := p.c.nodes[id], p.c.alive[id]
 	p.c.mu.Unlock()
 	if n == nil || !up {
-		return rpc.ErrUnavailable
+		return nil, rpc.ErrUnavailable
 	}
-	return p.c.client.Call(ctx, n.addr, method, req, resp)
+	return p.c.client.Conn(n.addr)
 }
 
 func newCluster(t testing.TB) *testCluster {
@@ -87,6 +89,71 @@ func newCluster(t testing.TB) *testCluster {
 	return c
 }
 
+// hooks stand in for the replication manager's collaborators (the writers
+// and the balancer): each test sets what they do.
+type hooks struct {
+	mu       sync.Mutex
+	rehome   func(ctx context.Context, u string, ms []replica.Move) error
+	choose   func(exclude []cluster.NodeID, n int) []cluster.NodeID
+	conflict func(ctx context.Context, object string) error
+	room     func() bool
+}
+
+func (h *hooks) setRepair(rehome func(ctx context.Context, u string, ms []replica.Move) error, choose func(exclude []cluster.NodeID, n int) []cluster.NodeID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rehome, h.choose = rehome, choose
+}
+
+func (h *hooks) setConflict(fn func(ctx context.Context, object string) error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.conflict = fn
+}
+
+func (h *hooks) setRoom(fn func() bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.room = fn
+}
+
+func (h *hooks) Rehome(ctx context.Context, u string, ms []replica.Move) error {
+	h.mu.Lock()
+	fn := h.rehome
+	h.mu.Unlock()
+	if fn == nil {
+		return nil
+	}
+	return fn(ctx, u, ms)
+}
+
+func (h *hooks) ResolveConflict(ctx context.Context, object string) error {
+	h.mu.Lock()
+	fn := h.conflict
+	h.mu.Unlock()
+	if fn == nil {
+		return nil
+	}
+	return fn(ctx, object)
+}
+
+func (h *hooks) Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID {
+	h.mu.Lock()
+	fn := h.choose
+	h.mu.Unlock()
+	if fn == nil {
+		return nil
+	}
+	return fn(exclude, n)
+}
+
+func (h *hooks) hasRoom() bool {
+	h.mu.Lock()
+	fn := h.room
+	h.mu.Unlock()
+	return fn == nil || fn()
+}
+
 func (c *testCluster) start(id cluster.NodeID, dir string) *node {
 	if dir == "" {
 		dir = c.t.TempDir()
@@ -97,20 +164,20 @@ func (c *testCluster) start(id cluster.NodeID, dir string) *node {
 	}
 	n := &node{id: id, dir: dir, db: db, boxes: mailbox.New(db)}
 	n.boxes.Self = id
-	if n.repl, err = replica.New(id, db, hlc.New(), slog.New(slog.DiscardHandler)); err != nil {
+	n.hooks = &hooks{}
+	if n.repl, err = replica.New(id, db, hlc.New(), slog.New(slog.DiscardHandler), replica.Options{Peers: peers{c}, Room: n.hooks.hasRoom}); err != nil {
 		c.t.Fatal(err)
 	}
 	n.repl.Handle(mailbox.ObjectKind, n.boxes)
-	n.repl.SetPeers(peers{c})
 	n.srv = rpc.NewServer(func() rpc.Load { return rpc.Load{} })
-	n.repl.Register(n.srv)
+	n.repl.Register(n.srv.Registrar())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	n.addr = l.Addr().String()
 	go n.srv.Serve(l)
-	n.repl.Start()
+	n.repl.Start(n.hooks, n.hooks)
 	c.mu.Lock()
 	c.nodes[id], c.alive[id] = n, true
 	c.mu.Unlock()
@@ -308,7 +375,7 @@ func TestRepairReplacesAnAbsentReplica(t *testing.T) {
 	var mu sync.Mutex
 	var moves []replica.Move
 	a.repl.ReplaceAfter = 300 * time.Millisecond
-	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {
+	a.hooks.setRepair(func(ctx context.Context, u string, ms []replica.Move) error {
 		mu.Lock()
 		moves = append(moves, ms...)
 		mu.Unlock()
@@ -354,7 +421,7 @@ func FuzzPush(f *testing.F) {
 	defer db.Close()
 	boxes := mailbox.New(db)
 	boxes.Self = "a"
-	m, err := replica.New("a", db, hlc.New(), slog.New(slog.DiscardHandler))
+	m, err := replica.New("a", db, hlc.New(), slog.New(slog.DiscardHandler), replica.Options{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -513,7 +580,7 @@ func BenchmarkRepairScan(b *testing.B) {
 	c := newCluster(b)
 	a := c.start("a", "")
 	c.start("d", "")
-	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error { return nil },
+	a.hooks.setRepair(func(ctx context.Context, u string, ms []replica.Move) error { return nil },
 		func(exclude []cluster.NodeID, n int) []cluster.NodeID { return nil })
 	for i := 0; i < repairBenchObjects; i += 1000 {
 		writeBatch(b, a, replica.One, i+1, i+1000, "a", "d")
@@ -541,7 +608,7 @@ func TestCutOffNodeCountsSingleCopiesShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	var moves []replica.Move
-	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {
+	a.hooks.setRepair(func(ctx context.Context, u string, ms []replica.Move) error {
 		moves = append(moves, ms...)
 		return nil
 	}, func(exclude []cluster.NodeID, n int) []cluster.NodeID {
@@ -578,7 +645,7 @@ func TestConflictAsksTheWriter(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var asked []string
-	a.repl.SetConflictHandler(func(ctx context.Context, object string) error {
+	a.hooks.setConflict(func(ctx context.Context, object string) error {
 		mu.Lock()
 		asked = append(asked, object)
 		mu.Unlock()
@@ -607,7 +674,7 @@ func TestNoRoomRefusesContentUntilThereIsRoom(t *testing.T) {
 	a, b := c.start("a", ""), c.start("b", "")
 	var full sync.Mutex
 	room := false
-	b.repl.SetRoom(func() bool { full.Lock(); defer full.Unlock(); return room })
+	b.hooks.setRoom(func() bool { full.Lock(); defer full.Unlock(); return room })
 	// ALL waits for b's answer, so the refusal is in before the checks.
 	rep, err := write(t, a, replica.All, message("m1", 1, "a", "b"), []byte("body\n"))
 	if !errors.Is(err, replica.ErrPolicy) || !slices.Equal(rep.Acked, []cluster.NodeID{"a"}) {
@@ -636,7 +703,7 @@ func TestRepairRehomesInChunks(t *testing.T) {
 	writeBatch(t, a, replica.All, 1, 120, "a", "b")
 	var calls []int
 	a.repl.ReplaceAfter = 0
-	a.repl.SetRepair(func(ctx context.Context, u string, ms []replica.Move) error {
+	a.hooks.setRepair(func(ctx context.Context, u string, ms []replica.Move) error {
 		calls = append(calls, len(ms))
 		return nil
 	}, func(exclude []cluster.NodeID, n int) []cluster.NodeID { return []cluster.NodeID{"d"} })

@@ -1,22 +1,29 @@
 // Package rpc is the RPC manager of Porcupine §2.2: node-to-node calls
-// between the managers of different nodes. It runs on gRPC with a JSON codec
-// and one hand-registered service, so the managers declare their methods as
-// plain Go functions (no generated code), while transport, deadlines,
-// connection management and status codes are gRPC's.
+// between the managers of different nodes, on gRPC. The services themselves
+// are declared once in Protocol Buffers (proto/quill/v1, generated into
+// internal/nodepb), one per manager; each manager's package implements its
+// service and converts its own types at the edge. This package adds what
+// every call shares:
 //
-// Every call has a deadline (DefaultTimeout unless the caller's context has
-// a shorter one), and every reply carries the callee's load in its header
-// metadata — Porcupine §5 learns load "from RPC replies", so the caller's
-// load balancer hears about a node each time it talks to it.
+//   - a deadline on every call (DefaultTimeout unless the caller's context
+//     has a shorter one);
+//   - the callee's load on every reply, in the header metadata — Porcupine
+//     §5 learns load "from RPC replies", so the caller's load balancer
+//     hears about a node each time it talks to it;
+//   - errors that keep their meaning across the wire (ErrNotFound,
+//     ErrNotManager, ErrUnavailable, deadlines) through gRPC status codes,
+//     and name the method and the callee on the caller's side;
+//   - counters of calls and bytes per method (stats.go), and a drain that
+//     waits for the handlers still running at shutdown.
 package rpc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,7 +31,6 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -41,8 +47,10 @@ var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multipl
 // minConnectTimeout bounds one connection attempt.
 const minConnectTimeout = 2 * time.Second
 
-// serviceName is the one gRPC service every node exposes.
-const serviceName = "quill.Node"
+// maxMessage bounds one call's message: a message body (the SMTP limit,
+// 25 MB by default) plus its envelope. gRPC's default, 4 MB, would refuse
+// to replicate a large message.
+const maxMessage = 64 << 20
 
 const loadKey = "x-quill-load"
 
@@ -52,49 +60,10 @@ type Load struct {
 	DiskFull bool // no room for new mail
 }
 
-// jsonCodec lets gRPC carry JSON-encoded Go structs.
-type jsonCodec struct{}
-
-func (jsonCodec) Marshal(v any) ([]byte, error) {
-	if r, ok := v.(*rawMsg); ok {
-		return r.b, nil
-	}
-	return json.Marshal(v)
-}
-func (jsonCodec) Unmarshal(data []byte, v any) error {
-	if r, ok := v.(*rawMsg); ok {
-		r.b = append(r.b[:0], data...)
-		return nil
-	}
-	return json.Unmarshal(data, v)
-}
-func (jsonCodec) Name() string { return "json" }
-
-func init() { encoding.RegisterCodec(jsonCodec{}) }
-
-type rawMsg struct{ b []byte }
-
-// Handler serves one method: it decodes req into its own type and returns
-// the reply value.
-type Handler func(ctx context.Context, req json.RawMessage) (any, error)
-
-// Method adapts a typed function to a Handler.
-func Method[Req, Resp any](f func(ctx context.Context, req *Req) (*Resp, error)) Handler {
-	return func(ctx context.Context, raw json.RawMessage) (any, error) {
-		var req Req
-		if err := json.Unmarshal(raw, &req); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "decode request: %v", err)
-		}
-		return f(ctx, &req)
-	}
-}
-
-// Server serves this node's methods.
+// Server serves this node's services.
 type Server struct {
-	g       *grpc.Server
-	load    func() Load
-	mu      sync.RWMutex
-	methods map[string]Handler
+	g    *grpc.Server
+	load func() Load
 
 	// active counts handlers running; idle is signalled when it drops to
 	// zero (Drain waits for it: gRPC's Stop cancels calls but does not
@@ -110,18 +79,15 @@ const handlerExitWait = 5 * time.Second
 
 // NewServer returns a server that reports load() on every reply.
 func NewServer(load func() Load) *Server {
-	s := &Server{load: load, methods: map[string]Handler{}}
+	s := &Server{load: load}
 	s.idle = sync.NewCond(&s.activeMu)
-	s.g = grpc.NewServer(grpc.ForceServerCodec(jsonCodec{}), grpc.UnknownServiceHandler(s.dispatch))
+	s.g = grpc.NewServer(grpc.UnaryInterceptor(s.intercept), grpc.StatsHandler(statsHandler{side: "server"}),
+		grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage))
 	return s
 }
 
-// Handle registers a method.
-func (s *Server) Handle(name string, h Handler) {
-	s.mu.Lock()
-	s.methods[name] = h
-	s.mu.Unlock()
-}
+// Registrar is where the managers register their services.
+func (s *Server) Registrar() grpc.ServiceRegistrar { return s.g }
 
 // Serve accepts calls on l until Stop.
 func (s *Server) Serve(l net.Listener) error { return s.g.Serve(l) }
@@ -157,25 +123,10 @@ func (s *Server) Drain(ctx context.Context) int {
 	return s.active
 }
 
-func (s *Server) dispatch(srv any, stream grpc.ServerStream) error {
-	full, ok := grpc.MethodFromServerStream(stream)
-	if !ok {
-		return status.Error(codes.Internal, "no method name")
-	}
-	name := full[len("/"+serviceName+"/"):]
-	if len(full) <= len(serviceName)+2 || full[:len(serviceName)+2] != "/"+serviceName+"/" {
-		return status.Errorf(codes.Unimplemented, "unknown service in %s", full)
-	}
-	s.mu.RLock()
-	h := s.methods[name]
-	s.mu.RUnlock()
-	if h == nil {
-		return status.Errorf(codes.Unimplemented, "unknown method %s", name)
-	}
-	var req rawMsg
-	if err := stream.RecvMsg(&req); err != nil {
-		return err
-	}
+// intercept runs every handler: it counts it for Drain, puts this node's
+// load in the reply's header, and turns a Go error into a status that keeps
+// its meaning on the other side.
+func (s *Server) intercept(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	s.activeMu.Lock()
 	s.active++
 	s.activeMu.Unlock()
@@ -186,16 +137,16 @@ func (s *Server) dispatch(srv any, stream grpc.ServerStream) error {
 		}
 		s.activeMu.Unlock()
 	}()
-	resp, err := h(stream.Context(), req.b)
+	resp, err := h(ctx, req)
 	ld := s.load()
-	stream.SetHeader(metadata.Pairs(loadKey, strconv.Itoa(ld.Pending)+","+strconv.FormatBool(ld.DiskFull)))
+	grpc.SetHeader(ctx, metadata.Pairs(loadKey, strconv.Itoa(ld.Pending)+","+strconv.FormatBool(ld.DiskFull)))
 	if err != nil {
 		if _, ok := status.FromError(err); ok {
-			return err
+			return nil, err
 		}
-		return status.Error(codeOf(err), err.Error())
+		return nil, status.Error(codeOf(err), err.Error())
 	}
-	return stream.SendMsg(resp)
+	return resp, nil
 }
 
 // Errors that cross the wire keep their meaning through gRPC codes.
@@ -211,8 +162,12 @@ func codeOf(err error) codes.Code {
 		return codes.NotFound
 	case errors.Is(err, ErrNotManager):
 		return codes.FailedPrecondition
+	case errors.Is(err, ErrUnavailable):
+		return codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
 	default:
 		return codes.Unknown
 	}
@@ -229,7 +184,10 @@ type Client struct {
 // NewClient returns a client.
 func NewClient() *Client { return &Client{conns: map[string]*grpc.ClientConn{}} }
 
-func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
+// Conn returns the connection to the node at addr, for a generated client.
+// Calls on it get a deadline, report the callee's load and return errors
+// that name the method and the node.
+func (c *Client) Conn(addr string) (grpc.ClientConnInterface, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if cc, ok := c.conns[addr]; ok {
@@ -240,37 +198,45 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 		// A call to a node that is restarting waits, within its deadline,
 		// for the connection instead of failing at once while gRPC backs
 		// off between reconnects.
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(jsonCodec{}), grpc.WaitForReady(true)))
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
+		grpc.WithUnaryInterceptor(c.intercept(addr)),
+		grpc.WithStatsHandler(statsHandler{side: "client"}))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rpc to %s: %w", addr, err)
 	}
 	c.conns[addr] = cc
 	return cc, nil
 }
 
-// Call invokes method on the node at addr. The error says which node and
-// method failed; errors.Is(err, ErrNotFound) etc. hold across the wire.
-func (c *Client) Call(ctx context.Context, addr, method string, req, resp any) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
+func (c *Client) intercept(addr string) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+			defer cancel()
+		}
+		var hdr metadata.MD
+		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&hdr))...)
+		if v := hdr.Get(loadKey); len(v) == 1 && c.OnLoad != nil {
+			var l Load
+			fmt.Sscanf(v[0], "%d,%t", &l.Pending, &l.DiskFull)
+			c.OnLoad(addr, l)
+		}
+		if err != nil {
+			return fmt.Errorf("rpc %s to %s: %w", shortMethod(method), addr, fromStatus(err))
+		}
+		return nil
 	}
-	cc, err := c.conn(addr)
-	if err != nil {
-		return fmt.Errorf("rpc %s to %s: %w", method, addr, err)
+}
+
+// shortMethod turns "/quill.v1.Writer/Alloc" into "Writer.Alloc".
+func shortMethod(m string) string {
+	i := strings.LastIndex(m, "/")
+	svc, name := m[:max(i, 0)], m[i+1:]
+	if j := strings.LastIndex(svc, "."); j >= 0 {
+		svc = svc[j+1:]
 	}
-	var hdr metadata.MD
-	err = cc.Invoke(ctx, "/"+serviceName+"/"+method, req, resp, grpc.Header(&hdr))
-	if v := hdr.Get(loadKey); len(v) == 1 && c.OnLoad != nil {
-		var l Load
-		fmt.Sscanf(v[0], "%d,%t", &l.Pending, &l.DiskFull)
-		c.OnLoad(addr, l)
-	}
-	if err != nil {
-		return fmt.Errorf("rpc %s to %s: %w", method, addr, fromStatus(err))
-	}
-	return nil
+	return svc + "." + name
 }
 
 func fromStatus(err error) error {
@@ -287,6 +253,8 @@ func fromStatus(err error) error {
 		return fmt.Errorf("%s: %w", st.Message(), ErrUnavailable)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("%s: %w", st.Message(), context.DeadlineExceeded)
+	case codes.Canceled:
+		return fmt.Errorf("%s: %w", st.Message(), context.Canceled)
 	default:
 		return errors.New(st.Message())
 	}

@@ -7,26 +7,33 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/quillmail/quill/internal/nodepb"
 )
 
-type echoReq struct{ Text string }
-type echoResp struct{ Text string }
+// bodies is a Fragment service that only reads bodies: "slow" waits for
+// its deadline, anything but "hi" is not found.
+type bodies struct {
+	nodepb.UnimplementedFragmentServer
+}
 
-func TestCallCarriesLoadAndErrors(t *testing.T) {
-	s := NewServer(func() Load { return Load{Pending: 7, DiskFull: true} })
-	s.Handle("Echo", Method(func(ctx context.Context, r *echoReq) (*echoResp, error) {
-		return &echoResp{Text: "echo " + r.Text}, nil
-	}))
-	s.Handle("Missing", Method(func(ctx context.Context, r *echoReq) (*echoResp, error) {
-		return nil, fmt.Errorf("user %s: %w", r.Text, ErrNotFound)
-	}))
-	s.Handle("Slow", Method(func(ctx context.Context, r *echoReq) (*echoResp, error) {
+func (bodies) Body(ctx context.Context, r *nodepb.BodyRequest) (*nodepb.BodyReply, error) {
+	switch r.Id {
+	case "hi":
+		return &nodepb.BodyReply{Raw: []byte("echo " + r.User)}, nil
+	case "slow":
 		select {
 		case <-time.After(5 * time.Second):
 		case <-ctx.Done():
 		}
 		return nil, ctx.Err()
-	}))
+	}
+	return nil, fmt.Errorf("user %s message %s: %w", r.User, r.Id, ErrNotFound)
+}
+
+func TestCallCarriesLoadAndErrors(t *testing.T) {
+	s := NewServer(func() Load { return Load{Pending: 7, DiskFull: true} })
+	nodepb.RegisterFragmentServer(s.Registrar(), bodies{})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -37,25 +44,33 @@ func TestCallCarriesLoadAndErrors(t *testing.T) {
 	defer c.Close()
 	var got Load
 	c.OnLoad = func(addr string, l Load) { got = l }
-	var resp echoResp
-	if err := c.Call(context.Background(), l.Addr().String(), "Echo", &echoReq{Text: "hi"}, &resp); err != nil {
+	conn, err := c.Conn(l.Addr().String())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Text != "echo hi" || got.Pending != 7 || !got.DiskFull {
-		t.Fatalf("resp %+v load %+v", resp, got)
+	fc := nodepb.NewFragmentClient(conn)
+	rep, err := fc.Body(context.Background(), &nodepb.BodyRequest{User: "bob", Id: "hi"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	err = c.Call(context.Background(), l.Addr().String(), "Missing", &echoReq{Text: "bob"}, &resp)
+	if string(rep.Raw) != "echo bob" || got.Pending != 7 || !got.DiskFull {
+		t.Fatalf("reply %q load %+v", rep.Raw, got)
+	}
+	_, err = fc.Body(context.Background(), &nodepb.BodyRequest{User: "bob", Id: "gone"})
 	if !errors.Is(err, ErrNotFound) {
 		t.Fatalf("not found across the wire: %v", err)
+	}
+	if want := "rpc Fragment.Body to " + l.Addr().String(); err == nil || len(err.Error()) < len(want) || err.Error()[:len(want)] != want {
+		t.Fatalf("error %q does not name the method and the node", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = c.Call(ctx, l.Addr().String(), "Slow", &echoReq{}, &resp)
+	_, err = fc.Body(ctx, &nodepb.BodyRequest{Id: "slow"})
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
 		t.Fatalf("deadline: %v after %v", err, time.Since(start))
 	}
-	if err := c.Call(context.Background(), l.Addr().String(), "Nope", &echoReq{}, &resp); err == nil {
-		t.Fatal("unknown method succeeded")
+	if _, err := fc.Get(context.Background(), &nodepb.FragmentRequest{}); err == nil {
+		t.Fatal("an unimplemented method succeeded")
 	}
 }

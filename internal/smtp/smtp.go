@@ -16,8 +16,10 @@ import (
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/userdb"
 )
 
 // Config holds the delivery proxy's tunables.
@@ -53,8 +55,20 @@ func DefaultConfig() Config {
 	}
 }
 
+// Deliverer is what the delivery proxy needs of the node: proxy.Proxy.
+type Deliverer interface {
+	// CheckRecipient says whether mail for addr is accepted here: nil,
+	// an error wrapping userdb.ErrNotFound (no such user) or
+	// proxy.ErrForeignDomain (not ours to relay), or another error (a
+	// temporary failure).
+	CheckRecipient(ctx context.Context, addr string) error
+	// Deliver stores a message for the recipients and returns once it is
+	// durable under their write policy.
+	Deliver(ctx context.Context, rcpts []string, raw []byte) error
+}
+
 // New returns a go-smtp server delivering through p.
-func New(p *proxy.Proxy, cfg Config) *gosmtp.Server {
+func New(p Deliverer, cfg Config) *gosmtp.Server {
 	s := gosmtp.NewServer(&backend{p: p, cfg: cfg})
 	s.Domain = cfg.Hostname
 	// The size limit is enforced here, not by go-smtp: its DATA reader
@@ -73,7 +87,7 @@ func New(p *proxy.Proxy, cfg Config) *gosmtp.Server {
 }
 
 type backend struct {
-	p   *proxy.Proxy
+	p   Deliverer
 	cfg Config
 }
 
@@ -87,6 +101,14 @@ type session struct {
 	conn  *gosmtp.Conn
 	from  string
 	rcpts []string
+}
+
+// command returns the context of one command's work, bounded by d: it ends
+// early if the client hangs up meanwhile (hangup.Watch).
+func (s *session) command(d time.Duration) (context.Context, func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	wctx, stop := hangup.Watch(ctx, s.conn.Conn())
+	return wctx, func() { stop(); cancel() }
 }
 
 func (s *session) Reset() { s.from, s.rcpts = "", nil }
@@ -104,14 +126,14 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 }
 
 func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.RcptTimeout)
-	defer cancel()
+	ctx, done := s.command(s.b.cfg.RcptTimeout)
+	defer done()
 	err := s.b.p.CheckRecipient(ctx, to)
 	switch {
 	case err == nil:
 		s.rcpts = append(s.rcpts, to)
 		return nil
-	case errors.Is(err, proxy.ErrUnknownUser):
+	case errors.Is(err, userdb.ErrNotFound):
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
 			Message: fmt.Sprintf("<%s>: no such user here", to)}
 	case errors.Is(err, proxy.ErrForeignDomain):
@@ -143,6 +165,10 @@ func (s *session) Data(r io.Reader) error {
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
 	raw := normalizeLF(buf.Bytes())
+	// Not cancelled when the client goes away: a client may pipeline and
+	// half-close after the final dot while it still waits for the reply,
+	// which the kernel cannot tell from a hang-up, and a delivery cut
+	// short would turn its 250 into a 451.
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.DeliverTimeout)
 	defer cancel()
 	if err := s.b.p.Deliver(ctx, s.rcpts, raw); err != nil {

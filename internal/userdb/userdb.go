@@ -6,7 +6,6 @@
 package userdb
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -20,6 +19,10 @@ import (
 
 // ErrNotFound is returned for a user that has no profile.
 var ErrNotFound = errors.New("no such user")
+
+// ProfileReplicas is how many nodes keep each user profile (the two ranked
+// highest for its bucket), so one crash never stops a login.
+const ProfileReplicas = 2
 
 // ErrExists is returned when adding a user that already has a profile.
 var ErrExists = errors.New("user already exists")
@@ -128,16 +131,16 @@ func (d *DB) Get(addr string) (*Profile, error) {
 		return nil, fmt.Errorf("user %s: read profile: %w", addr, err)
 	}
 	defer closer.Close()
-	var p Profile
-	if err := json.Unmarshal(v, &p); err != nil {
+	p, err := Decode(v)
+	if err != nil {
 		return nil, fmt.Errorf("user %s: corrupt profile: %w", addr, err)
 	}
-	return &p, nil
+	return p, nil
 }
 
 // Put writes a profile durably.
 func (d *DB) Put(p *Profile) error {
-	v, err := json.Marshal(p)
+	v, err := p.Encode()
 	if err != nil {
 		return err
 	}
@@ -180,18 +183,19 @@ func (d *DB) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []repli
 	outs := make([]replica.Outcome, len(ups))
 	var applied []*Profile
 	for i, u := range ups {
-		var p Profile
-		if err := json.Unmarshal(u.Data, &p); err != nil {
+		pp, err := Decode(u.Data)
+		if err != nil {
 			return nil, fmt.Errorf("profile object %s: %w", u.Object, err)
 		}
+		p := *pp
 		if u.Object != ObjectName(p.Address) || ValidateAddress(p.Address) != nil || p.Version == 0 {
 			outs[i] = replica.Failed // bad input from the network: refused
 			continue
 		}
-		var cur Profile
+		var cur *Profile
 		v, closer, err := b.Get(key(p.Address))
 		if err == nil {
-			err = json.Unmarshal(v, &cur)
+			cur, err = Decode(v)
 			closer.Close()
 			if err != nil {
 				return nil, fmt.Errorf("user %s: corrupt profile: %w", p.Address, err)
@@ -241,11 +245,11 @@ func (d *DB) Scan(bucket int, fn func(*Profile) error) error {
 	}
 	defer it.Close()
 	for it.First(); it.Valid(); it.Next() {
-		var p Profile
-		if err := json.Unmarshal(it.Value(), &p); err != nil {
+		p, err := Decode(it.Value())
+		if err != nil {
 			return fmt.Errorf("profile key %q: corrupt: %w", it.Key(), err)
 		}
-		if err := fn(&p); err != nil {
+		if err := fn(p); err != nil {
 			return err
 		}
 	}

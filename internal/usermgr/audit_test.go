@@ -4,35 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/writer"
 )
-
-// hideForTest takes a message out of a loaded view without telling
-// anyone: what a missed trigger does.
-func (m *Manager) hideForTest(user string, uid uint32) bool {
-	user = userdb.Normalize(user)
-	m.mu.RLock()
-	bk := m.buckets[cluster.Bucket(user)]
-	var w *userWriter
-	if bk != nil {
-		w = bk.writers[user]
-	}
-	m.mu.RUnlock()
-	if w == nil {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, b := range w.boxes {
-		if _, ok := b.msgs[uid]; ok {
-			delete(b.msgs, uid)
-			return true
-		}
-	}
-	return false
-}
 
 // auditUser starts two nodes and a user with three messages stored on both
 // nodes, and returns the user's writer and the messages' UIDs.
@@ -62,16 +36,16 @@ func TestAuditHealsAHiddenMessageWithin60s(t *testing.T) {
 	t.Parallel()
 	u := "hidden@example.org"
 	_, w, uids := auditUser(t, u)
-	if !w.mgr.hideForTest(u, uids[1]) {
+	if !w.mgr.writers.HideForTest(u, uids[1]) {
 		t.Fatal("could not hide the message")
 	}
 	if got := inbox(t, w.mgr, u); len(got.Messages) != 2 {
 		t.Fatalf("after hiding: %+v", got.Messages)
 	}
 	start := time.Now()
-	w.mgr.StartAudit(DefaultAuditInterval)
+	w.mgr.writers.StartAudit(writer.DefaultAuditInterval)
 	waitInbox(t, w.mgr, u, 3, 60*time.Second)
-	t.Logf("the hidden message was shown again %v after the audit started (interval %v)", time.Since(start).Round(time.Second), DefaultAuditInterval)
+	t.Logf("the hidden message was shown again %v after the audit started (interval %v)", time.Since(start).Round(time.Second), writer.DefaultAuditInterval)
 }
 
 // The audit finds nothing to repair in a cluster whose views are right, a
@@ -81,18 +55,18 @@ func TestAuditRepairsOnlyWhatDiffers(t *testing.T) {
 	t.Parallel()
 	u := "steady@example.org"
 	c, w, uids := auditUser(t, u)
-	time.Sleep(auditSettle + 500*time.Millisecond) // the messages are settled
-	if r := w.mgr.AuditOnce(ctx(t)); r.Total() != 0 {
+	time.Sleep(writer.AuditSettle + 500*time.Millisecond) // the messages are settled
+	if r := w.mgr.writers.AuditOnce(ctx(t)); r.Total() != 0 {
 		t.Fatalf("audit of a correct view repaired %+v", r)
 	}
-	w.mgr.hideForTest(u, uids[0])
-	if r := w.mgr.AuditOnce(ctx(t)); r.Hidden != 1 || r.Total() != 1 {
+	w.mgr.writers.HideForTest(u, uids[0])
+	if r := w.mgr.writers.AuditOnce(ctx(t)); r.Hidden != 1 || r.Total() != 1 {
 		t.Fatalf("audit of a view missing a message: %+v", r)
 	}
 	if got := inbox(t, w.mgr, u); len(got.Messages) != 3 {
 		t.Fatalf("after the audit: %+v", got.Messages)
 	}
-	if r := w.mgr.AuditOnce(ctx(t)); r.Total() != 0 {
+	if r := w.mgr.writers.AuditOnce(ctx(t)); r.Total() != 0 {
 		t.Fatalf("second audit repaired %+v", r)
 	}
 	// A delivery stored whose confirmation never comes: its allocation
@@ -106,19 +80,14 @@ func TestAuditRepairsOnlyWhatDiffers(t *testing.T) {
 	if got := inbox(t, w.mgr, u); len(got.Messages) != 3 {
 		t.Fatalf("before the audit: %+v, want the 3 below the allocation in flight", got.Messages)
 	}
-	time.Sleep(auditSettle + 500*time.Millisecond)
-	if r := w.mgr.AuditOnce(ctx(t)); r.Total() != 0 {
+	time.Sleep(writer.AuditSettle + 500*time.Millisecond)
+	if r := w.mgr.writers.AuditOnce(ctx(t)); r.Total() != 0 {
 		t.Fatalf("audit of a young allocation in flight repaired %+v", r)
 	}
-	wr, _ := w.mgr.lockWriter(ctx(t), u)
-	for _, b := range wr.boxes {
-		if a, ok := b.inflight[lostConfirm.UID]; ok {
-			a.at = a.at.Add(-auditAllocAge)
-			b.inflight[lostConfirm.UID] = a
-		}
+	if !w.mgr.writers.AgeAllocationForTest(u, lostConfirm.UID, writer.AuditAllocAge) {
+		t.Fatal("no allocation in flight to age")
 	}
-	wr.mu.Unlock()
-	if r := w.mgr.AuditOnce(ctx(t)); r.Allocs != 1 {
+	if r := w.mgr.writers.AuditOnce(ctx(t)); r.Allocs != 1 {
 		t.Fatalf("audit of an old allocation whose message is stored: %+v", r)
 	}
 	if got := inbox(t, w.mgr, u); len(got.Messages) != 5 {
@@ -131,10 +100,10 @@ func TestAuditRepairsOnlyWhatDiffers(t *testing.T) {
 	}
 	storeFragment(t, c.nodes["b"], other)
 	mgr := c.nodes[c.um.Manager(other)].mgr
-	if r := mgr.AuditOnce(ctx(t)); r.MailMap != 0 {
+	if r := mgr.writers.AuditOnce(ctx(t)); r.MailMap != 0 {
 		t.Fatalf("first round repaired the mail map at once: %+v", r)
 	}
-	if r := mgr.AuditOnce(ctx(t)); r.MailMap != 1 {
+	if r := mgr.writers.AuditOnce(ctx(t)); r.MailMap != 1 {
 		t.Fatalf("second round: %+v, want the mail map repaired", r)
 	}
 	if _, mm, _ := mgr.Lookup(ctx(t), other); len(mm) != 1 || mm[0] != "b" {

@@ -36,64 +36,40 @@ package usermgr
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/writer"
 )
 
-const (
-	// handoffRecent is how recently a writer must have been used for its
-	// user to travel in a handoff: the receiver's scans, taken after the
-	// sender's drain, already show everything older.
-	handoffRecent = 10 * time.Minute
-	// handoffAttempts and handoffBackoff bound the tries to reach a new
-	// manager that does not yet see itself as one. Giving up loses only
-	// the speed-up: the audit (audit.go) finds what the handoff would have
-	// told.
-	handoffAttempts = 10
-	handoffBackoff  = 300 * time.Millisecond
+var (
+	// handoffRetry bounds the tries to reach a new manager that does not
+	// yet see itself as one (about 3 s, the time the membership takes to
+	// agree). Giving up loses only the speed-up: the writers' audit
+	// (internal/writer/audit.go) finds what the handoff would have told.
+	handoffRetry = retry.Policy{Attempts: 10, Base: 300 * time.Millisecond, Factor: 1}
 )
 
 // droppedBucket is a bucket this node stopped managing, with its last soft
-// state.
+// state and its writers, to be drained.
 type droppedBucket struct {
-	b  uint8
-	bk *bucket
+	b       uint8
+	bk      *bucket
+	writers writer.Dropped
 }
 
-// HandoffBox is the writer's state of one mailbox.
-type HandoffBox struct {
-	UIDValidity uint32            `json:"v"`
-	UIDNext     uint32            `json:"uidnext"`
-	ModSeq      uint64            `json:"modseq"`
-	Inflight    []HandoffInflight `json:"inflight,omitempty"`
-	// ReservedUID and ReservedModSeq are the reserved ends the old writer
-	// wrote into the profile itself: the new writer may go on inside that
-	// block (the old one is fenced) instead of skipping past it.
-	ReservedUID    uint32 `json:"reserved_uid,omitempty"`
-	ReservedModSeq uint64 `json:"reserved_modseq,omitempty"`
-}
-
-// HandoffInflight is an allocation not yet confirmed or cancelled.
-type HandoffInflight struct {
-	UID  uint32         `json:"uid"`
-	Age  time.Duration  `json:"age"`
-	From cluster.Member `json:"from"`
-	at   time.Time      // when it was made, for Age at sending time
-}
-
-// HandoffUser is what the old manager knew of one user.
+// HandoffUser is what the old manager knew of one user: its soft state and
+// its writer's state.
 type HandoffUser struct {
-	User    string           `json:"user"`
 	Profile *userdb.Profile  `json:"profile,omitempty"`
 	MailMap []cluster.NodeID `json:"mail_map,omitempty"`
-	Boxes   []HandoffBox     `json:"boxes,omitempty"`
+	writer.UserState
 }
 
 // HandoffBucket is one dropped bucket.
@@ -147,39 +123,18 @@ func (m *Manager) drainAll(dropped []droppedBucket) []HandoffBucket {
 }
 
 // drain waits for the operations in progress on a dropped bucket's
-// writers, marks the writers dead, and returns what the new manager needs.
-// Scans of the bucket are answered Held until it is over.
+// writers and fences them (writer.Dropped.Drain), and returns what the new
+// manager needs. Scans of the bucket are answered Held until it is over.
 func (m *Manager) drain(d droppedBucket) HandoffBucket {
 	defer m.drained(d)
 	hb := HandoffBucket{Bucket: d.b, Tenure: d.bk.tenure, since: d.bk.since}
-	m.mu.RLock()
-	writers := maps.Clone(d.bk.writers)
-	m.mu.RUnlock()
-	for u, w := range writers {
-		w.mu.Lock()
-		w.dead = true
-		recent := time.Since(w.used) < handoffRecent
-		var boxes []HandoffBox
-		if recent {
-			for v, b := range w.boxes {
-				hbx := HandoffBox{UIDValidity: v, UIDNext: b.uidNext, ModSeq: b.modseq,
-					ReservedUID: b.mineUID, ReservedModSeq: b.mineMod}
-				for uid, a := range b.inflight {
-					hbx.Inflight = append(hbx.Inflight, HandoffInflight{UID: uid, From: a.from, at: a.at})
-				}
-				boxes = append(boxes, hbx)
-			}
-		}
-		w.mu.Unlock()
-		if !recent {
-			continue
-		}
-		hu := HandoffUser{User: u, Boxes: boxes}
+	for _, us := range d.writers.Drain() {
+		hu := HandoffUser{UserState: us}
 		m.mu.RLock()
-		if p := d.bk.profiles[u]; p != nil {
+		if p := d.bk.profiles[us.User]; p != nil {
 			hu.Profile = p.Clone()
 		}
-		for n := range d.bk.mailMap[u] {
+		for n := range d.bk.mailMap[us.User] {
 			hu.MailMap = append(hu.MailMap, n)
 		}
 		m.mu.RUnlock()
@@ -203,13 +158,9 @@ func (m *Manager) drained(d droppedBucket) {
 // (it does not see itself as their manager yet) again, to whoever the map
 // then names.
 func (m *Manager) sendHandoffs(hbs []HandoffBucket) {
-	for attempt := 0; len(hbs) > 0 && attempt < handoffAttempts; attempt++ {
-		if attempt > 0 {
-			select {
-			case <-time.After(handoffBackoff):
-			case <-m.ctx.Done():
-				return
-			}
+	for attempt := 0; len(hbs) > 0 && attempt < handoffRetry.Attempts; attempt++ {
+		if attempt > 0 && !retry.Sleep(m.ctx, handoffRetry.Wait(attempt-1)) {
+			return
 		}
 		byNode := map[cluster.NodeID][]HandoffBucket{}
 		m.mu.RLock()
@@ -221,15 +172,9 @@ func (m *Manager) sendHandoffs(hbs []HandoffBucket) {
 		var again []HandoffBucket
 		for n, group := range byNode {
 			req := &HandoffRequest{From: m.self, Boot: m.selfBoot(), Buckets: sendable(group)}
-			rep := &HandoffReply{}
-			var err error
-			if n == m.self {
-				rep, err = m.LocalHandoff(m.ctx, req)
-			} else {
-				ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
-				err = m.peers.Call(ctx, n, "usermgr.Handoff", req, rep)
-				cancel()
-			}
+			ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
+			rep, err := m.on(n).Handoff(ctx, req)
+			cancel()
 			if err != nil {
 				m.log.Debug("bucket handoff failed, retrying", "to", n, "buckets", len(group), "err", err)
 				again = append(again, group...)
@@ -256,17 +201,7 @@ func sendable(hbs []HandoffBucket) []HandoffBucket {
 		hb.Held = time.Since(hb.since)
 		users := make([]HandoffUser, len(hb.Users))
 		for j, hu := range hb.Users {
-			boxes := make([]HandoffBox, len(hu.Boxes))
-			for k, hbx := range hu.Boxes {
-				fl := make([]HandoffInflight, len(hbx.Inflight))
-				for l, a := range hbx.Inflight {
-					a.Age = time.Since(a.at)
-					fl[l] = a
-				}
-				hbx.Inflight = fl
-				boxes[k] = hbx
-			}
-			hu.Boxes = boxes
+			hu.UserState = hu.UserState.Aged()
 			users[j] = hu
 		}
 		hb.Users = users
@@ -285,12 +220,12 @@ func (m *Manager) selfBoot() uint64 {
 	return 0
 }
 
-// LocalHandoff takes over what the previous manager of buckets knew. A
+// handoff takes over what the previous manager of buckets knew. A
 // bucket whose soft state was read from the sender before the handed-off
 // tenure ended is stale (this node did not see the sender manage it, as
 // after a pause): it is rebuilt from scratch first, and the allocations
 // this node made before the sender took over are forgotten.
-func (m *Manager) LocalHandoff(ctx context.Context, req *HandoffRequest) (*HandoffReply, error) {
+func (m *Manager) handoff(ctx context.Context, req *HandoffRequest) (*HandoffReply, error) {
 	out := &HandoffReply{}
 	var take []*HandoffBucket
 	stale := map[int]time.Time{}
@@ -338,53 +273,13 @@ func (m *Manager) LocalHandoff(ctx context.Context, req *HandoffRequest) (*Hando
 		m.mu.Unlock()
 		for _, hu := range hb.Users {
 			if len(hu.Boxes) > 0 {
-				m.takeBoxes(hb.Bucket, hu)
+				if err := m.writers.Take(hb.Bucket, hu.UserState); err != nil {
+					m.log.Debug("writer state of a handoff not taken", "user", hu.User, "err", err)
+				}
 			}
 		}
 	}
 	return out, nil
-}
-
-// takeBoxes merges the old writer's counters, reservation and allocations
-// in flight into this node's writer of the user.
-func (m *Manager) takeBoxes(b uint8, hu HandoffUser) {
-	m.mu.Lock()
-	bk := m.buckets[b]
-	if bk == nil {
-		m.mu.Unlock()
-		return
-	}
-	w := bk.writers[hu.User]
-	if w == nil {
-		w = newUserWriter()
-		bk.writers[hu.User] = w
-	}
-	m.mu.Unlock()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, hbx := range hu.Boxes {
-		b := w.boxes[hbx.UIDValidity]
-		if b == nil {
-			b = &boxView{inflight: map[uint32]allocation{}}
-			w.boxes[hbx.UIDValidity] = b
-		}
-		b.uidNext = max(b.uidNext, hbx.UIDNext)
-		b.modseq = max(b.modseq, hbx.ModSeq)
-		if b.mineUID == 0 && b.mineMod == 0 {
-			// This writer reserved nothing yet: it continues the old
-			// writer's block (absorb jumps past it only if the profile
-			// shows another writer's since).
-			b.mineUID, b.mineMod = hbx.ReservedUID, hbx.ReservedModSeq
-		}
-		for _, a := range hbx.Inflight {
-			_, flying := b.inflight[a.UID]
-			_, settled := b.settled[a.UID]
-			_, stored := b.msgs[a.UID]
-			if !flying && !settled && !stored {
-				b.inflight[a.UID] = allocation{at: time.Now().Add(-a.Age), from: a.From, handed: true}
-			}
-		}
-	}
 }
 
 // Leave is the clean shutdown's handoff: it drops every bucket this node

@@ -9,6 +9,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 // userManagedBy returns an address whose bucket node id manages in um.
@@ -45,7 +46,7 @@ func pairWithUser(t *testing.T, prefix string, bothAlive bool) (c *testCluster, 
 
 // waitInbox polls the user's INBOX at the manager until it holds want
 // messages.
-func waitInbox(t *testing.T, m *Manager, user string, want int, within time.Duration) *MessagesReply {
+func waitInbox(t *testing.T, m *Manager, user string, want int, within time.Duration) *writer.MessagesReply {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -129,7 +130,7 @@ func TestConfirmAtOldWriterAfterNewLoadedItsView(t *testing.T) {
 		t.Fatalf("b handed out UID %d after the old writer's %d (view %+v)", next.UID, late.UID, got.Messages)
 	}
 	// The old writer is fenced: its node sends callers on.
-	if _, err := a.mgr.LocalAlloc(ctx(t), &AllocRequest{User: u, Mailbox: "INBOX"}); !errors.Is(err, rpc.ErrNotManager) {
+	if _, err := a.mgr.writers.Local().Alloc(ctx(t), &writer.AllocRequest{User: u, Mailbox: "INBOX"}); !errors.Is(err, rpc.ErrNotManager) {
 		t.Fatalf("allocation at the old manager: %v, want not the manager", err)
 	}
 }
@@ -203,9 +204,9 @@ func TestHandoffDoesNotReviveASettledAllocation(t *testing.T) {
 	pl := alloc(t, b.mgr, u)
 	storeAndConfirmTo(t, a, b.mgr, pl, "confirmed before the handoff")
 	req := &HandoffRequest{From: "a", Boot: 1, Buckets: []HandoffBucket{{Bucket: cluster.Bucket(u),
-		Users: []HandoffUser{{User: u, Boxes: []HandoffBox{{UIDValidity: pl.UIDValidity, UIDNext: pl.UID + 1, ModSeq: pl.ModSeq,
-			Inflight: []HandoffInflight{{UID: pl.UID, Age: time.Second, From: cluster.Member{ID: "a", Boot: 1}}}}}}}}}}
-	if _, err := b.mgr.LocalHandoff(ctx(t), req); err != nil {
+		Users: []HandoffUser{{UserState: writer.UserState{User: u, Boxes: []writer.BoxState{{UIDValidity: pl.UIDValidity, UIDNext: pl.UID + 1, ModSeq: pl.ModSeq,
+			Inflight: []writer.Allocation{{UID: pl.UID, Age: time.Second, From: cluster.Member{ID: "a", Boot: 1}}}}}}}}}}}
+	if _, err := b.mgr.handoff(ctx(t), req); err != nil {
 		t.Fatal(err)
 	}
 	next := alloc(t, b.mgr, u)
@@ -221,7 +222,7 @@ func TestHandoffDoesNotReviveASettledAllocation(t *testing.T) {
 // see.
 func TestDroppedBucketHeldUntilDrained(t *testing.T) {
 	c, a, b, u := pairWithUser(t, "drain", false)
-	w, err := a.mgr.lockWriter(ctx(t), u) // an operation in progress
+	release, fenced, err := a.mgr.writers.HoldForTest(ctx(t), u) // an operation in progress
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestDroppedBucketHeldUntilDrained(t *testing.T) {
 	if rep := scan(); len(rep.Held) != 1 {
 		t.Fatalf("scan while the writer is busy: %+v, want the bucket held", rep)
 	}
-	w.mu.Unlock()
+	release()
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		rep := scan()
@@ -250,7 +251,7 @@ func TestDroppedBucketHeldUntilDrained(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !w.dead {
+	if !fenced() {
 		t.Fatal("the dropped bucket's writer is not fenced")
 	}
 }

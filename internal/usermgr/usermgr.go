@@ -11,6 +11,12 @@
 // bucket's manager, by RPC when that is another node. User profiles are hard
 // state kept on the two nodes ranked highest for the user's bucket, so one
 // crash never stops a user from logging in.
+//
+// The mailbox writers of the bucket's users (internal/writer, Neptune's
+// ordered writer) run beside the soft state: the manager opens them when it
+// takes a bucket, drops and drains them when the bucket moves away (handing
+// their state to the next manager, handoff.go), and resets them when a
+// bucket is rebuilt from scratch.
 package usermgr
 
 import (
@@ -18,7 +24,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,36 +36,32 @@ import (
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/writer"
 )
-
-// ErrUnknownUser is returned for an address that has no profile.
-var ErrUnknownUser = userdb.ErrNotFound
-
-// ErrBadPassword is returned when a password does not match.
-var ErrBadPassword = userdb.ErrPasswordMismatch
 
 // Tunables of soft-state reconstruction.
 const (
 	// ProfileReplicas is how many nodes keep each user profile.
-	ProfileReplicas = 2
+	ProfileReplicas = userdb.ProfileReplicas
 	// reconstructWait bounds how long a lookup waits for a bucket whose
 	// soft state is being rebuilt before answering from what has arrived.
 	reconstructWait = 5 * time.Second
-	// pullRetry is the pause before asking a node again for its scan.
-	pullRetry = time.Second
-	// notManagerRetries is how often a call is retried when two nodes
-	// briefly disagree on the user map.
-	notManagerRetries = 5
-	notManagerBackoff = 200 * time.Millisecond
-	// heldRetry and heldRetryMax space the scans asked again of a node
-	// that still manages a bucket this node has taken over (its view of
-	// the membership lags): the bucket is not complete until that node
-	// has let go of it, so that two writers never serve one user for
-	// longer than the membership takes to agree.
-	heldRetry    = 100 * time.Millisecond
-	heldRetryMax = 2 * time.Second
+)
+
+var (
+	// pullRetry spaces the scans asked again of a node that failed to
+	// answer (until it answers or the membership changes; the pull is
+	// then started afresh).
+	pullRetry = retry.Policy{Base: time.Second, Max: 5 * time.Second, Factor: 1.5}
+	// heldRetry spaces the scans asked again of a node that still
+	// manages a bucket this node has taken over (its view of the
+	// membership lags): the bucket is not complete until that node has
+	// let go of it, so that two writers never serve one user for longer
+	// than the membership takes to agree.
+	heldRetry = retry.Policy{Base: 100 * time.Millisecond, Max: 2 * time.Second, Factor: 2}
 )
 
 // Peers is what the user manager needs of the cluster: its view of the
@@ -73,8 +74,8 @@ type Peers interface {
 	// changed recently (cluster.Peers.Degraded): a soft state merged from
 	// the live nodes may then miss what only the away one holds.
 	Degraded() bool
-	// Call invokes an RPC method on another node.
-	Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error
+	// Conn reaches another node's services.
+	cluster.Conns
 }
 
 // Manager is the node's user manager.
@@ -86,6 +87,9 @@ type Manager struct {
 	peers Peers
 	log   *slog.Logger
 	repl  Replicator
+	// writers are the mailbox writers of the users of the buckets this
+	// node manages.
+	writers *writer.Manager
 
 	mu      sync.RWMutex
 	buckets [cluster.Buckets]*bucket
@@ -114,8 +118,6 @@ type Manager struct {
 	// membership changes (the node's own view still has it) change
 	// nothing.
 	leaving bool
-	// audit counts what the anti-entropy audit repaired (audit.go).
-	audit auditState
 
 	// verified caches, per user, a keyed MAC of the last password that
 	// passed the argon2id check against a stored hash, so a client polling
@@ -128,9 +130,6 @@ type Manager struct {
 	verified  map[string]verifiedPW
 	macKey    [32]byte
 	dummyHash string
-
-	// Notifier tells local sessions about changes the mailbox writers make.
-	mailbox.Notifier
 
 	domMu       sync.Mutex
 	domains     []string
@@ -154,8 +153,7 @@ type bucket struct {
 	// after the readiness cap): until then a user not found may be one
 	// whose profile replicas have not answered yet.
 	complete bool
-	writers  map[string]*userWriter // the mailbox writers of this bucket's users
-	viewGen  uint64                 // bumped when views must be loaded again
+	viewGen  uint64 // bumped when the writers' views must be loaded again
 	// tenure names this node's tenure of the bucket (handoff.go), and
 	// since is when it began.
 	tenure uint64
@@ -169,24 +167,47 @@ func newBucket() *bucket {
 	return &bucket{contrib: map[cluster.NodeID]uint64{}, profiles: map[string]*userdb.Profile{},
 		holders: map[string]map[cluster.NodeID]bool{},
 		mailMap: map[string]map[cluster.NodeID]bool{}, ready: make(chan struct{}),
-		ended: map[cluster.NodeID]uint64{}, writers: map[string]*userWriter{}}
+		ended: map[cluster.NodeID]uint64{}}
 }
 
-// New returns a user manager with no soft state; it fills as the membership
-// manager reports the user map (Reconcile).
-func New(self cluster.NodeID, users *userdb.DB, boxes *mailbox.Manager, clock *hlc.Clock, log *slog.Logger) *Manager {
-	m := &Manager{self: self, users: users, boxes: boxes, clock: clock, log: log,
-		verified: map[string]verifiedPW{}}
+// Replicator is the node's replication manager, as the user manager and
+// the writers use it.
+type Replicator = writer.Replicator
+
+// Config is what a user manager is made of.
+type Config struct {
+	Self  cluster.NodeID
+	Users *userdb.DB
+	Boxes *mailbox.Manager
+	Clock *hlc.Clock
+	Log   *slog.Logger
+	// Repl writes profiles and message changes through the replication
+	// manager; Peers reaches the other nodes.
+	Repl  Replicator
+	Peers Peers
+}
+
+// New returns a user manager with no soft state, and its writers; the soft
+// state fills as the membership manager reports the user map (Reconcile).
+// Profiles the replication manager applies here reach the soft state.
+func New(c Config) *Manager {
+	m := &Manager{self: c.Self, users: c.Users, boxes: c.Boxes, clock: c.Clock, log: c.Log,
+		repl: c.Repl, peers: c.Peers, verified: map[string]verifiedPW{}}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	rand.Read(m.macKey[:])
 	m.dummyHash, _ = userdb.HashPassword("no such user")
+	m.writers = writer.New(c.Self, m, c.Boxes, c.Repl, c.Peers, c.Clock, c.Log)
+	c.Users.OnApply = m.profileApplied
 	return m
 }
 
-// Close stops reconstruction and waits for scans in flight, so the store
-// can be closed after it.
+// Writers returns the node's mailbox writers.
+func (m *Manager) Writers() *writer.Manager { return m.writers }
+
+// Close stops reconstruction, the writers' background work and the scans
+// in flight, so the store can be closed after it.
 func (m *Manager) Close() {
-	m.stopAudit()
+	m.writers.Close()
 	m.cancel()
 	m.mu.Lock()
 	m.closed = true
@@ -194,9 +215,6 @@ func (m *Manager) Close() {
 	m.mu.Unlock()
 	m.pulls.Wait()
 }
-
-// SetPeers connects the manager to the cluster; call before Reconcile.
-func (m *Manager) SetPeers(p Peers) { m.peers = p }
 
 // --- soft-state reconstruction (Porcupine §3.3)
 
@@ -249,11 +267,6 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 	}
 	need := map[cluster.NodeID][]uint8{}
 	var dropped []droppedBucket
-	type staleWriter struct {
-		w      *userWriter
-		cutoff time.Time
-	}
-	var stale []staleWriter
 	m.mu.Lock()
 	if m.closed || (m.leaving && !leave) {
 		m.mu.Unlock()
@@ -268,7 +281,7 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 			if bk := m.buckets[b]; bk != nil {
 				bk.wake()
 				m.draining[b]++ // scans say Held until the writers are drained
-				dropped = append(dropped, droppedBucket{b: uint8(b), bk: bk})
+				dropped = append(dropped, droppedBucket{b: uint8(b), bk: bk, writers: m.writers.Drop(uint8(b))})
 			}
 			m.buckets[b] = nil
 			continue
@@ -280,6 +293,7 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 			bk = newBucket()
 			bk.tenure, bk.since = m.tenures, time.Now()
 			m.buckets[b] = bk
+			m.writers.Open(uint8(b), bk.tenure)
 		default:
 			cutoff, ok := reset[b]
 			if !ok {
@@ -288,13 +302,11 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 			// The same tenure and the same writers (so there is never a
 			// second writer for a user), everything else read again.
 			nb := newBucket()
-			nb.tenure, nb.since, nb.writers, nb.viewGen = bk.tenure, bk.since, bk.writers, bk.viewGen
+			nb.tenure, nb.since, nb.viewGen = bk.tenure, bk.since, bk.viewGen
 			bk.wake()
 			m.buckets[b] = nb
 			bk = nb
-			for _, w := range bk.writers {
-				stale = append(stale, staleWriter{w, cutoff})
-			}
+			m.writers.Reset(uint8(b), cutoff)
 		}
 		// Mailbox views depend on which fragments are reachable: rebuild
 		// them lazily under the new membership. The writers themselves
@@ -324,9 +336,6 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 		m.checkReadyLocked(bk, boot)
 	}
 	m.mu.Unlock()
-	for _, sw := range stale {
-		m.forgetAllocations(sw.w, sw.cutoff)
-	}
 	for n, buckets := range need {
 		m.spawn(func() { m.pull(gen, n, boot[n], buckets, boot) })
 	}
@@ -347,27 +356,6 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 		}
 	})
 	return dropped
-}
-
-// forgetAllocations drops a writer's allocations in flight made before
-// cutoff by this node (not those a handoff brought): its bucket is rebuilt
-// from scratch because the soft state was stale (a pause), the deliveries
-// they were made for confirmed to whoever managed the bucket meanwhile, or
-// gave up, and each would hide every higher UID until allocTimeout. The
-// views load again and show what was stored.
-func (m *Manager) forgetAllocations(w *userWriter, cutoff time.Time) {
-	m.spawn(func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		for _, b := range w.boxes {
-			for uid, a := range b.inflight {
-				if !a.handed && a.at.Before(cutoff) {
-					delete(b.inflight, uid)
-					b.partial, b.loadedAt = true, time.Time{}
-				}
-			}
-		}
-	})
 }
 
 // spawn runs fn on a goroutine that Close waits for, unless the manager is
@@ -488,7 +476,7 @@ func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error
 }
 
 func (m *Manager) pull(gen uint64, n cluster.NodeID, boot uint64, buckets []uint8, alive map[cluster.NodeID]uint64) {
-	held := heldRetry
+	failed, held := 0, 0
 	for len(buckets) > 0 {
 		if m.closedOrStale(gen) {
 			return
@@ -504,16 +492,19 @@ func (m *Manager) pull(gen uint64, n cluster.NodeID, boot uint64, buckets []uint
 			}
 		} else {
 			ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
-			err = m.peers.Call(ctx, n, "usermgr.Scan", req, &rep)
+			var r *ScanReply
+			r, err = m.on(n).Scan(ctx, req)
 			cancel()
+			if r != nil {
+				rep = *r
+			}
 		}
 		if err != nil {
 			m.log.Warn("soft-state scan failed, retrying", "node", n, "buckets", len(buckets), "err", err)
-			select {
-			case <-time.After(pullRetry):
-			case <-m.ctx.Done():
+			if !retry.Sleep(m.ctx, pullRetry.Wait(failed)) {
 				return
 			}
+			failed++
 			continue
 		}
 		if m.closedOrStale(gen) {
@@ -533,12 +524,10 @@ func (m *Manager) pull(gen uint64, n cluster.NodeID, boot uint64, buckets []uint
 		// is not the node's contribution yet.
 		m.merge(gen, n, boot, final, &rep, alive)
 		if len(rep.Held) > 0 {
-			select {
-			case <-time.After(held):
-			case <-m.ctx.Done():
+			if !retry.Sleep(m.ctx, heldRetry.Wait(held)) {
 				return
 			}
-			held = min(2*held, heldRetryMax)
+			held++
 		}
 		buckets = rep.Held
 	}
@@ -631,7 +620,7 @@ func (m *Manager) dropDeleted(n cluster.NodeID, users []string) {
 	}
 	for _, u := range users {
 		ctx, cancel := context.WithTimeout(m.ctx, rpc.DefaultTimeout)
-		err := m.onNode(ctx, n, "fragment.DropUser", &mailbox.FragmentRequest{User: u}, func() error { return m.boxes.DeleteUser(u) })
+		err := m.boxes.On(m.peers, n).DropUser(ctx, &mailbox.FragmentRequest{User: u})
 		cancel()
 		if err != nil {
 			m.log.Warn("mail of a deleted user left on a node: could not drop it", "user", u, "node", n, "err", err)
@@ -743,8 +732,8 @@ func (m *Manager) managed(ctx context.Context, user string) (*bucket, error) {
 	}
 }
 
-// LocalLookup answers a lookup for a user of a bucket this node manages.
-func (m *Manager) LocalLookup(ctx context.Context, req *LookupRequest) (*LookupReply, error) {
+// lookup answers a lookup for a user of a bucket this node manages.
+func (m *Manager) lookup(ctx context.Context, req *LookupRequest) (*LookupReply, error) {
 	user := userdb.Normalize(req.User)
 	bk, err := m.managed(ctx, user)
 	if err != nil {
@@ -774,17 +763,17 @@ type NoteRequest struct {
 	Node cluster.NodeID `json:"node"`
 }
 
-// LocalNote records a fragment in the mail map of a user we manage.
-func (m *Manager) LocalNote(ctx context.Context, req *NoteRequest) (*struct{}, error) {
+// note records a fragment in the mail map of a user we manage.
+func (m *Manager) note(ctx context.Context, req *NoteRequest) error {
 	user := userdb.Normalize(req.User)
 	bk, err := m.managed(ctx, user)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	m.mu.Lock()
 	noteLocked(bk, user, req.Node)
 	m.mu.Unlock()
-	return &struct{}{}, nil
+	return nil
 }
 
 // UpdateRequest carries a new version of a profile.
@@ -792,9 +781,9 @@ type UpdateRequest struct {
 	Profile userdb.Profile `json:"profile"`
 }
 
-// LocalUpdate merges a profile version into the soft state if we manage its
+// update merges a profile version into the soft state if we manage its
 // bucket (ignored otherwise: the next reconstruction will find it on disk).
-func (m *Manager) LocalUpdate(ctx context.Context, req *UpdateRequest) (*struct{}, error) {
+func (m *Manager) update(req *UpdateRequest) error {
 	p := req.Profile
 	m.clock.Observe(p.Version)
 	m.mu.Lock()
@@ -805,22 +794,7 @@ func (m *Manager) LocalUpdate(ctx context.Context, req *UpdateRequest) (*struct{
 		}
 	}
 	m.mu.Unlock()
-	return &struct{}{}, nil
-}
-
-// LocalPut stores a profile replica (hard state) if it is newer than ours.
-func (m *Manager) LocalPut(ctx context.Context, req *UpdateRequest) (*struct{}, error) {
-	m.clock.Observe(req.Profile.Version)
-	wrote, err := m.users.PutIfNewer(&req.Profile)
-	if err != nil {
-		return nil, err
-	}
-	if wrote {
-		m.domMu.Lock()
-		m.domainsGood = false
-		m.domMu.Unlock()
-	}
-	return m.LocalUpdate(ctx, req)
+	return nil
 }
 
 // ListReply is the profiles of the buckets a node manages.
@@ -828,8 +802,8 @@ type ListReply struct {
 	Profiles []userdb.Profile `json:"profiles"`
 }
 
-// LocalList returns the live profiles of the buckets we manage.
-func (m *Manager) LocalList(ctx context.Context, _ *struct{}) (*ListReply, error) {
+// list returns the live profiles of the buckets we manage.
+func (m *Manager) list(ctx context.Context) (*ListReply, error) {
 	out := &ListReply{}
 	m.mu.RLock()
 	var waits []chan struct{}
@@ -863,63 +837,19 @@ func (m *Manager) LocalList(ctx context.Context, _ *struct{}) (*ListReply, error
 	return out, nil
 }
 
-// Register exposes the manager's methods to other nodes.
-func (m *Manager) Register(s *rpc.Server) {
-	s.Handle("usermgr.Scan", rpc.Method(m.Scan))
-	s.Handle("usermgr.Lookup", rpc.Method(m.LocalLookup))
-	s.Handle("usermgr.Note", rpc.Method(m.LocalNote))
-	s.Handle("usermgr.Update", rpc.Method(m.LocalUpdate))
-	s.Handle("usermgr.Put", rpc.Method(m.LocalPut))
-	s.Handle("usermgr.List", rpc.Method(m.LocalList))
-	s.Handle("usermgr.Handoff", rpc.Method(m.LocalHandoff))
-	m.registerWriter(s)
-}
-
 // --- any node's side: asking the manager
-
-// callManager runs a call on the manager of user's bucket: directly when
-// that is this node, by RPC otherwise, retrying while the nodes' user maps
-// briefly disagree.
-func callManager[Req, Resp any](ctx context.Context, m *Manager, user, method string, req *Req,
-	local func(context.Context, *Req) (*Resp, error)) (*Resp, error) {
-	var err error
-	for i := 0; i < notManagerRetries; i++ {
-		um := m.peers.UserMap()
-		mgr := um.Manager(user)
-		if mgr == m.self {
-			var r *Resp
-			r, err = local(ctx, req)
-			if err == nil {
-				return r, nil
-			}
-		} else {
-			var r Resp
-			err = m.peers.Call(ctx, mgr, method, req, &r)
-			if err == nil {
-				return &r, nil
-			}
-		}
-		if !errors.Is(err, rpc.ErrNotManager) {
-			return nil, err
-		}
-		select {
-		case <-time.After(notManagerBackoff):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	return nil, err
-}
 
 // Lookup returns a user's profile and mail map from the user's manager.
 func (m *Manager) Lookup(ctx context.Context, addr string) (*userdb.Profile, []cluster.NodeID, error) {
 	addr = userdb.Normalize(addr)
-	rep, err := callManager(ctx, m, addr, "usermgr.Lookup", &LookupRequest{User: addr}, m.LocalLookup)
+	rep, err := onManager(ctx, m, addr, func(ctx context.Context, s Service) (*LookupReply, error) {
+		return s.Lookup(ctx, &LookupRequest{User: addr})
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("user %s: %w", addr, err)
 	}
 	if rep.Profile == nil {
-		return nil, rep.MailMap, fmt.Errorf("user %s: %w", addr, ErrUnknownUser)
+		return nil, rep.MailMap, fmt.Errorf("user %s: %w", addr, userdb.ErrNotFound)
 	}
 	return rep.Profile, rep.MailMap, nil
 }
@@ -960,7 +890,7 @@ func (m *Manager) LocalDomains() []string {
 func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*userdb.Profile, error) {
 	addr = userdb.Normalize(addr)
 	p, _, err := m.Lookup(ctx, addr)
-	if errors.Is(err, ErrUnknownUser) {
+	if errors.Is(err, userdb.ErrNotFound) {
 		userdb.CheckPassword(m.dummyHash, password)
 		return nil, err
 	}
@@ -1018,7 +948,7 @@ func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAc
 	for i, r := range ranked {
 		targets[i] = r.ID
 	}
-	data, err := json.Marshal(p)
+	data, err := p.Encode()
 	if err != nil {
 		return err
 	}
@@ -1050,7 +980,9 @@ func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAc
 		return fmt.Errorf("user %s: store profile: %w", p.Address, err)
 	}
 	req := &UpdateRequest{Profile: *p}
-	_, err = callManager(ctx, m, p.Address, "usermgr.Update", req, m.LocalUpdate)
+	_, err = onManager(ctx, m, p.Address, func(ctx context.Context, s Service) (struct{}, error) {
+		return struct{}{}, s.Update(ctx, req)
+	})
 	return err
 }
 
@@ -1060,7 +992,7 @@ func (m *Manager) profileApplied(p *userdb.Profile) {
 	m.domMu.Lock()
 	m.domainsGood = false
 	m.domMu.Unlock()
-	m.LocalUpdate(context.Background(), &UpdateRequest{Profile: *p})
+	m.update(&UpdateRequest{Profile: *p})
 }
 
 // AddUser creates a user: its manager writes the profile, with the default
@@ -1074,7 +1006,7 @@ func (m *Manager) AddUser(ctx context.Context, addr, password string) (*userdb.P
 	if err != nil {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
-	return Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "add", Address: addr, Hash: hash}, m.LocalApply)
+	return m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "add", Address: addr, Hash: hash})
 }
 
 // SetPassword changes a user's password. The hash is computed here, on the
@@ -1084,7 +1016,7 @@ func (m *Manager) SetPassword(ctx context.Context, addr, password string) error 
 	if err != nil {
 		return fmt.Errorf("user %s: %w", userdb.Normalize(addr), err)
 	}
-	_, err = Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "passwd", Address: addr, Hash: hash}, m.LocalApply)
+	_, err = m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "passwd", Address: addr, Hash: hash})
 	return err
 }
 
@@ -1104,14 +1036,14 @@ func (m *Manager) SetReplication(ctx context.Context, addr string, replicas int,
 	if err != nil {
 		return fmt.Errorf("user %s: %w", addr, err)
 	}
-	_, err = Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "replication", Address: addr, Replicas: replicas, Policy: string(pol)}, m.LocalApply)
+	_, err = m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "replication", Address: addr, Replicas: replicas, Policy: string(pol)})
 	return err
 }
 
 // DeleteUser replaces a user's profile by a tombstone and removes the
 // user's fragments from every node in the mail map.
 func (m *Manager) DeleteUser(ctx context.Context, addr string) error {
-	_, err := Writer(ctx, m, addr, "writer.Apply", &ApplyRequest{Op: "delete", Address: addr}, m.LocalApply)
+	_, err := m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "delete", Address: addr})
 	return err
 }
 
@@ -1120,14 +1052,7 @@ func (m *Manager) DeleteUser(ctx context.Context, addr string) error {
 func (m *Manager) Users(ctx context.Context) ([]userdb.Profile, error) {
 	var out []userdb.Profile
 	for _, a := range m.peers.Alive() {
-		var rep *ListReply
-		var err error
-		if a.ID == m.self {
-			rep, err = m.LocalList(ctx, nil)
-		} else {
-			rep = &ListReply{}
-			err = m.peers.Call(ctx, a.ID, "usermgr.List", &struct{}{}, rep)
-		}
+		rep, err := m.on(a.ID).List(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("list users on %s: %w", a.ID, err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
+	"google.golang.org/grpc"
 )
 
 // testCluster is N user managers on real stores, talking over real RPC on
@@ -91,14 +92,14 @@ func (p peers) Domains() map[string]bool {
 	}
 	return out
 }
-func (p peers) Call(ctx context.Context, node cluster.NodeID, method string, req, resp any) error {
+func (p peers) Conn(node cluster.NodeID) (grpc.ClientConnInterface, error) {
 	p.c.mu.Lock()
 	n := p.c.nodes[node]
 	p.c.mu.Unlock()
 	if n == nil {
-		return rpc.ErrUnavailable
+		return nil, rpc.ErrUnavailable
 	}
-	return p.c.client.Call(ctx, n.addr, method, req, resp)
+	return p.c.client.Conn(n.addr)
 }
 
 func newTestCluster(t *testing.T) *testCluster {
@@ -126,21 +127,20 @@ func (c *testCluster) start(id cluster.NodeID, dir string, boot uint64) *testNod
 	n := &testNode{id: id, dir: dir, db: db, boxes: mailbox.New(db), boot: boot}
 	n.boxes.Self = id
 	clock, log := hlc.New(), slog.New(slog.DiscardHandler)
-	if n.repl, err = replica.New(id, db, clock, log); err != nil {
+	if n.repl, err = replica.New(id, db, clock, log, replica.Options{Peers: peers{c, id}}); err != nil {
 		c.t.Fatal(err)
 	}
 	n.repl.Handle(mailbox.ObjectKind, n.boxes)
-	n.repl.SetPeers(peers{c, id})
 	profiles := userdb.New(db)
 	n.repl.Handle(userdb.ProfileKind, profiles)
-	n.mgr = New(id, profiles, n.boxes, clock, log)
-	n.mgr.SetPeers(peers{c, id})
-	n.mgr.SetReplicator(n.repl)
+	n.mgr = New(Config{Self: id, Users: profiles, Boxes: n.boxes, Clock: clock, Log: log, Repl: n.repl, Peers: peers{c, id}})
 	n.srv = rpc.NewServer(func() rpc.Load { return rpc.Load{} })
-	n.mgr.Register(n.srv)
-	n.boxes.Register(n.srv)
-	n.repl.Register(n.srv)
-	n.repl.Start()
+	n.mgr.Register(n.srv.Registrar())
+	n.boxes.Register(n.srv.Registrar())
+	n.repl.Register(n.srv.Registrar())
+	// The writers resolve conflicts; repair (which needs a balancer) is
+	// left out.
+	n.repl.Start(n.mgr.Writers(), nil)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)
@@ -206,7 +206,9 @@ func storeFragment(t *testing.T, n *testNode, user string) {
 // note tells the user's manager that node n stores mail of the user, as a
 // writer confirmation does.
 func note(t *testing.T, m *Manager, user string, n cluster.NodeID) error {
-	_, err := Writer(ctx(t), m, user, "usermgr.Note", &NoteRequest{User: user, Node: n}, m.LocalNote)
+	_, err := onManager(ctx(t), m, user, func(ctx context.Context, s Service) (struct{}, error) {
+		return struct{}{}, s.Note(ctx, &NoteRequest{User: user, Node: n})
+	})
 	return err
 }
 
@@ -254,10 +256,10 @@ func TestSingleNodeRebuildFromHardState(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := n.mgr.Authenticate(ctx(t), "alice@example.org", "bad"); !errors.Is(err, ErrBadPassword) {
+	if _, err := n.mgr.Authenticate(ctx(t), "alice@example.org", "bad"); !errors.Is(err, userdb.ErrPasswordMismatch) {
 		t.Fatalf("wrong password: %v", err)
 	}
-	if _, err := n.mgr.Authenticate(ctx(t), "nobody@example.org", "pw1"); !errors.Is(err, ErrUnknownUser) {
+	if _, err := n.mgr.Authenticate(ctx(t), "nobody@example.org", "pw1"); !errors.Is(err, userdb.ErrNotFound) {
 		t.Fatalf("unknown user: %v", err)
 	}
 	if err := n.mgr.SetPassword(ctx(t), "alice@example.org", "new"); err != nil {
@@ -272,7 +274,7 @@ func TestSingleNodeRebuildFromHardState(t *testing.T) {
 	if n.mgr.ServesDomain("example.net") {
 		t.Fatal("domain still served after its last user left")
 	}
-	if _, _, err := n.mgr.Lookup(ctx(t), "bob@example.net"); !errors.Is(err, ErrUnknownUser) {
+	if _, _, err := n.mgr.Lookup(ctx(t), "bob@example.net"); !errors.Is(err, userdb.ErrNotFound) {
 		t.Fatalf("deleted user: %v", err)
 	}
 }
@@ -397,7 +399,7 @@ func TestLookupWaitingForADroppedBucketReturns(t *testing.T) {
 	go func() {
 		cx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		_, err := a.mgr.LocalLookup(cx, &LookupRequest{User: u})
+		_, err := a.mgr.lookup(cx, &LookupRequest{User: u})
 		done <- err
 	}()
 	time.Sleep(200 * time.Millisecond)

@@ -6,11 +6,12 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 func alloc(t *testing.T, m *Manager, user string) mailbox.Placed {
 	t.Helper()
-	a, err := m.LocalAlloc(ctx(t), &AllocRequest{User: user, Mailbox: "INBOX"})
+	a, err := m.writers.Local().Alloc(ctx(t), &writer.AllocRequest{User: user, Mailbox: "INBOX"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func storeAndConfirmTo(t *testing.T, n *testNode, mgr *Manager, pl mailbox.Place
 			}
 		}
 	}
-	if _, err := mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: pl, Message: msg, Nodes: []cluster.NodeID{n.id}}); err != nil {
+	if err := mgr.writers.Local().Confirm(ctx(t), &writer.ConfirmRequest{Place: pl, Message: msg, Nodes: []cluster.NodeID{n.id}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -59,9 +60,9 @@ func twoNodesOneUser(t *testing.T, u, subject string) (c *testCluster, a, b, w *
 	return c, a, b, w, pl
 }
 
-func inbox(t *testing.T, m *Manager, user string) *MessagesReply {
+func inbox(t *testing.T, m *Manager, user string) *writer.MessagesReply {
 	t.Helper()
-	rep, err := m.LocalMessages(ctx(t), &MailboxRequest{User: user, Name: "INBOX"})
+	rep, err := m.writers.Local().Messages(ctx(t), &writer.MailboxRequest{User: user, Name: "INBOX"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestWriterHidesUIDsAboveAllocationsInFlight(t *testing.T) {
 	// A cancelled allocation stops hiding at once.
 	third, fourth := alloc(t, n.mgr, u), alloc(t, n.mgr, u)
 	storeAndConfirm(t, n, fourth, "fourth")
-	n.mgr.LocalConfirm(ctx(t), &ConfirmRequest{Place: third, Cancel: true})
+	n.mgr.writers.Local().Confirm(ctx(t), &writer.ConfirmRequest{Place: third, Cancel: true})
 	if got := inbox(t, n.mgr, u); len(got.Messages) != 3 || got.Messages[2].UID != fourth.UID {
 		t.Fatalf("after cancel: %+v", got.Messages)
 	}
@@ -211,7 +212,7 @@ func TestResolveConflictRenumbers(t *testing.T) {
 	if got := inbox(t, mgr.mgr, u); len(got.Messages) != 2 {
 		t.Fatalf("the view changed by itself: %+v", got.Messages)
 	}
-	if err := b.mgr.ResolveConflict(ctx(t), mailbox.ObjectName(u, id)); err != nil {
+	if err := b.mgr.writers.ResolveConflict(ctx(t), mailbox.ObjectName(u, id)); err != nil {
 		t.Fatal(err)
 	}
 	got := inbox(t, mgr.mgr, u)

@@ -1,4 +1,4 @@
-package usermgr
+package writer
 
 // The writers' anti-entropy audit: defence in depth for the mail map and the
 // mailbox views (Porcupine §3.3 rebuilds soft state only when the membership
@@ -195,19 +195,18 @@ func (m *Manager) auditSnapshot(before hlc.Timestamp) ([]uint8, []auditView, int
 		w    *userWriter
 		gen  uint64
 	}
-	var buckets []uint8
+	buckets := m.users.CompleteBuckets()
 	var ws []wref
-	m.mu.RLock()
-	for b, bk := range m.buckets {
-		if bk == nil || !bk.complete {
-			continue
-		}
-		buckets = append(buckets, uint8(b))
-		for u, w := range bk.writers {
-			ws = append(ws, wref{u, w, bk.viewGen})
+	m.mu.Lock()
+	for _, b := range buckets {
+		for u, w := range m.writers[b] {
+			ws = append(ws, wref{u, w, 0})
 		}
 	}
-	m.mu.RUnlock()
+	m.mu.Unlock()
+	for i := range ws {
+		ws[i].gen = m.users.ViewGen(ws[i].user)
+	}
 	var views []auditView
 	allocs := 0
 	for _, r := range ws {
@@ -258,10 +257,8 @@ func expectedOn(vm *ViewMsg) []cluster.NodeID {
 }
 
 func (m *Manager) inMailMap(user string, n cluster.NodeID) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	bk := m.buckets[cluster.Bucket(user)]
-	return bk != nil && bk.mailMap[user][n]
+	missing, _ := m.users.MissingFromMailMap(user, n)
+	return !missing
 }
 
 // auditMailMap checks that the mail map names node n for a user n holds
@@ -272,20 +269,14 @@ func (m *Manager) auditMailMap(user string, n cluster.NodeID, suspects map[audit
 	m.audit.mu.Lock()
 	again := m.audit.suspects[s]
 	m.audit.mu.Unlock()
-	m.mu.Lock()
-	bk := m.buckets[cluster.Bucket(user)]
-	if bk == nil || !bk.complete || bk.mailMap[user][n] {
-		m.mu.Unlock()
+	if missing, complete := m.users.MissingFromMailMap(user, n); !missing || !complete {
 		return false
 	}
 	if !again {
-		m.mu.Unlock()
 		suspects[s] = true
 		return false
 	}
-	noteLocked(bk, user, n)
-	bk.viewGen++
-	m.mu.Unlock()
+	m.users.NoteAndReload(user, n)
 	metrics.AuditRepairs.WithLabelValues("mailmap").Inc()
 	m.log.Warn("audit: the mail map lacked a node holding the user's mail; added, views load again", "user", user, "node", n)
 	return true
@@ -310,7 +301,7 @@ func (m *Manager) auditCheck(ctx context.Context, user string, v uint32) AuditRe
 	if def == nil || b == nil || !b.loaded || b.partial || b.gen != m.viewGen(user) {
 		return rep
 	}
-	_, mailMap, err := m.lookupLocked(user)
+	mailMap, err := m.mailMap(user)
 	if err != nil {
 		return rep
 	}
@@ -389,11 +380,7 @@ func (m *Manager) auditCheck(ctx context.Context, user string, v uint32) AuditRe
 
 // auditCall asks node n (this node directly) about its fragments.
 func (m *Manager) auditCall(ctx context.Context, n cluster.NodeID, req *mailbox.AuditRequest, timeout time.Duration) (*mailbox.AuditReply, error) {
-	if n == m.self {
-		return m.boxes.Audit(req)
-	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	out := &mailbox.AuditReply{}
-	return out, m.peers.Call(cctx, n, "fragment.Audit", req, out)
+	return m.boxes.On(m.peers, n).Audit(cctx, req)
 }

@@ -1,4 +1,4 @@
-package usermgr
+package writer
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -64,7 +63,7 @@ func findDef(p *userdb.Profile, req *MailboxRequest) (*userdb.MailboxDef, error)
 		def = p.MailboxByName(req.Name)
 	}
 	if def == nil {
-		return nil, fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Name, ErrNoMailbox)
+		return nil, fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Name, mailbox.ErrNoMailbox)
 	}
 	return def, nil
 }
@@ -83,8 +82,8 @@ func (m *Manager) openBox(ctx context.Context, w *userWriter, p *userdb.Profile,
 	return def, b, nil
 }
 
-// LocalMailboxes lists the user's mailboxes, sorted by name.
-func (m *Manager) LocalMailboxes(ctx context.Context, req *MailboxRequest) (*MailboxesReply, error) {
+// mailboxes lists the user's mailboxes, sorted by name.
+func (m *Manager) mailboxes(ctx context.Context, req *MailboxRequest) (*MailboxesReply, error) {
 	out := &MailboxesReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		for i := range p.Mailboxes {
@@ -101,8 +100,8 @@ func (m *Manager) LocalMailboxes(ctx context.Context, req *MailboxRequest) (*Mai
 	return out, err
 }
 
-// LocalMessages returns the visible messages of a mailbox.
-func (m *Manager) LocalMessages(ctx context.Context, req *MailboxRequest) (*MessagesReply, error) {
+// messages returns the visible messages of a mailbox.
+func (m *Manager) messages(ctx context.Context, req *MailboxRequest) (*MessagesReply, error) {
 	out := &MessagesReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def, b, err := m.openBox(ctx, w, p, req)
@@ -116,15 +115,15 @@ func (m *Manager) LocalMessages(ctx context.Context, req *MailboxRequest) (*Mess
 	return out, err
 }
 
-// LocalCreate makes a mailbox (IMAP CREATE).
-func (m *Manager) LocalCreate(ctx context.Context, req *MailboxRequest) (*mailbox.Mailbox, error) {
+// create makes a mailbox (IMAP CREATE).
+func (m *Manager) create(ctx context.Context, req *MailboxRequest) (*mailbox.Mailbox, error) {
 	if err := mailbox.ValidateName(req.Name); err != nil {
 		return nil, err
 	}
 	var out mailbox.Mailbox
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		if p.MailboxByName(req.Name) != nil {
-			return fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Name, ErrMailboxExists)
+			return fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Name, mailbox.ErrMailboxExists)
 		}
 		name := req.Name
 		if strings.EqualFold(name, mailbox.Inbox) {
@@ -133,7 +132,7 @@ func (m *Manager) LocalCreate(ctx context.Context, req *MailboxRequest) (*mailbo
 		p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: name, UIDValidity: m.nextValidity(p),
 			Subscribed: true, SpecialUse: req.SpecialUse})
 		def := &p.Mailboxes[len(p.Mailboxes)-1]
-		if err := m.saveProfile(ctx, p, ProfileReplicas); err != nil {
+		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 			return err
 		}
 		out = toMailbox(def, w.counters(def))
@@ -143,12 +142,12 @@ func (m *Manager) LocalCreate(ctx context.Context, req *MailboxRequest) (*mailbo
 	return &out, err
 }
 
-// LocalDelete removes a mailbox and its fragments (IMAP DELETE).
-func (m *Manager) LocalDelete(ctx context.Context, req *MailboxRequest) (*struct{}, error) {
+// delete removes a mailbox and its fragments (IMAP DELETE).
+func (m *Manager) delete(ctx context.Context, req *MailboxRequest) error {
 	if strings.EqualFold(req.Name, mailbox.Inbox) {
-		return nil, fmt.Errorf("user %s: INBOX cannot be deleted", req.User)
+		return fmt.Errorf("user %s: INBOX cannot be deleted", req.User)
 	}
-	return &struct{}{}, m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
+	return m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def, err := findDef(p, req)
 		if err != nil {
 			return err
@@ -161,14 +160,14 @@ func (m *Manager) LocalDelete(ctx context.Context, req *MailboxRequest) (*struct
 			}
 		}
 		p.Mailboxes = kept
-		if err := m.saveProfile(ctx, p, ProfileReplicas); err != nil {
+		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 			return err
 		}
 		delete(w.boxes, v)
-		_, mailMap, _ := m.lookupLocked(p.Address)
+		mailMap, _ := m.mailMap(p.Address)
 		for _, n := range mailMap {
 			req := &mailbox.FragmentRequest{User: p.Address, UIDValidity: v}
-			if err := m.onNode(ctx, n, "fragment.Drop", req, func() error { return m.boxes.DropMailbox(p.Address, v) }); err != nil {
+			if err := m.boxes.On(m.peers, n).Drop(ctx, req); err != nil {
 				// The node's fragment stays until it stores into a mailbox of
 				// that name again, which replaces it; it is never shown.
 				m.log.Warn("could not drop a deleted mailbox's fragment", "user", p.Address, "node", n, "err", err)
@@ -179,22 +178,22 @@ func (m *Manager) LocalDelete(ctx context.Context, req *MailboxRequest) (*struct
 	})
 }
 
-// LocalRename renames a mailbox and those below it (IMAP RENAME, RFC 3501
+// rename renames a mailbox and those below it (IMAP RENAME, RFC 3501
 // §6.3.5); renaming INBOX moves its messages to the new name and makes a new,
 // empty INBOX. Mailboxes are named by UIDVALIDITY everywhere else, so a
 // rename touches only the profile.
-func (m *Manager) LocalRename(ctx context.Context, req *MailboxRequest) (*struct{}, error) {
+func (m *Manager) rename(ctx context.Context, req *MailboxRequest) error {
 	if err := mailbox.ValidateName(req.NewName); err != nil {
-		return nil, err
+		return err
 	}
-	return &struct{}{}, m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
+	return m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def, err := findDef(p, req)
 		if err != nil {
 			return err
 		}
 		from, to := def.Name, req.NewName
 		if p.MailboxByName(to) != nil {
-			return fmt.Errorf("user %s mailbox %q: %w", p.Address, to, ErrMailboxExists)
+			return fmt.Errorf("user %s mailbox %q: %w", p.Address, to, mailbox.ErrMailboxExists)
 		}
 		for i := range p.Mailboxes {
 			d := &p.Mailboxes[i]
@@ -204,7 +203,7 @@ func (m *Manager) LocalRename(ctx context.Context, req *MailboxRequest) (*struct
 			case from != mailbox.Inbox && strings.HasPrefix(d.Name, from+mailbox.Separator):
 				nn := to + d.Name[len(from):]
 				if p.MailboxByName(nn) != nil {
-					return fmt.Errorf("user %s mailbox %q: %w", p.Address, nn, ErrMailboxExists)
+					return fmt.Errorf("user %s mailbox %q: %w", p.Address, nn, mailbox.ErrMailboxExists)
 				}
 				d.Name = nn
 			}
@@ -212,7 +211,7 @@ func (m *Manager) LocalRename(ctx context.Context, req *MailboxRequest) (*struct
 		if from == mailbox.Inbox {
 			p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: mailbox.Inbox, UIDValidity: m.nextValidity(p), Subscribed: true})
 		}
-		if err := m.saveProfile(ctx, p, ProfileReplicas); err != nil {
+		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 			return err
 		}
 		w.changed(m, p.Address, 0)
@@ -220,15 +219,15 @@ func (m *Manager) LocalRename(ctx context.Context, req *MailboxRequest) (*struct
 	})
 }
 
-// LocalSubscribe changes a subscription (IMAP SUBSCRIBE/UNSUBSCRIBE).
-func (m *Manager) LocalSubscribe(ctx context.Context, req *MailboxRequest) (*struct{}, error) {
-	return &struct{}{}, m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
+// subscribe changes a subscription (IMAP SUBSCRIBE/UNSUBSCRIBE).
+func (m *Manager) subscribe(ctx context.Context, req *MailboxRequest) error {
+	return m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def, err := findDef(p, req)
 		if err != nil {
 			return err
 		}
 		def.Subscribed = req.On
-		if err := m.saveProfile(ctx, p, ProfileReplicas); err != nil {
+		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 			return err
 		}
 		w.changed(m, p.Address, 0)
@@ -253,10 +252,10 @@ type FlagsReply struct {
 	Failed  []uint32          `json:"failed"`
 }
 
-// LocalStoreFlags decides flag changes, gives each a new MODSEQ and applies
+// storeFlags decides flag changes, gives each a new MODSEQ and applies
 // them on the fragments (CONDSTORE's UNCHANGEDSINCE checked here, RFC 7162
 // §3.1.3).
-func (m *Manager) LocalStoreFlags(ctx context.Context, req *FlagsRequest) (*FlagsReply, error) {
+func (m *Manager) storeFlags(ctx context.Context, req *FlagsRequest) (*FlagsReply, error) {
 	out := &FlagsReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: req.ID})
@@ -321,9 +320,9 @@ type UIDsReply struct {
 	UIDs []uint32 `json:"uids"`
 }
 
-// LocalExpunge removes messages (with OnlyDeleted, only those flagged
+// expunge removes messages (with OnlyDeleted, only those flagged
 // \Deleted at this moment: IMAP EXPUNGE).
-func (m *Manager) LocalExpunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, error) {
+func (m *Manager) expunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, error) {
 	out := &UIDsReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def, b, err := m.openBox(ctx, w, p, &MailboxRequest{ID: req.ID})
@@ -383,10 +382,10 @@ type CopyReply struct {
 	DstUIDs []uint32        `json:"dst_uids"`
 }
 
-// LocalCopy copies or moves messages between mailboxes. Each message stays
+// copy copies or moves messages between mailboxes. Each message stays
 // on its node: the node copies it into its fragment of the destination
 // under the UID the writer allocated.
-func (m *Manager) LocalCopy(ctx context.Context, req *CopyRequest) (*CopyReply, error) {
+func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error) {
 	out := &CopyReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		src, sb, err := m.openBox(ctx, w, p, &MailboxRequest{ID: req.ID})
@@ -466,38 +465,12 @@ type VersionReply struct {
 	Version uint64 `json:"version"`
 }
 
-// LocalVersion returns the user's change counter.
-func (m *Manager) LocalVersion(ctx context.Context, req *MailboxRequest) (*VersionReply, error) {
+// version returns the user's change counter.
+func (m *Manager) version(ctx context.Context, req *MailboxRequest) (*VersionReply, error) {
 	w, err := m.lockWriter(ctx, userdb.Normalize(req.User))
 	if err != nil {
 		return nil, err
 	}
 	defer w.mu.Unlock()
 	return &VersionReply{Version: w.version}, nil
-}
-
-func (m *Manager) registerWriter(s *rpc.Server) {
-	s.Handle("writer.Alloc", rpc.Method(m.LocalAlloc))
-	s.Handle("writer.Confirm", rpc.Method(m.LocalConfirm))
-	s.Handle("writer.Apply", rpc.Method(m.LocalApply))
-	s.Handle("writer.Mailboxes", rpc.Method(m.LocalMailboxes))
-	s.Handle("writer.Messages", rpc.Method(m.LocalMessages))
-	s.Handle("writer.Create", rpc.Method(m.LocalCreate))
-	s.Handle("writer.Delete", rpc.Method(m.LocalDelete))
-	s.Handle("writer.Rename", rpc.Method(m.LocalRename))
-	s.Handle("writer.Subscribe", rpc.Method(m.LocalSubscribe))
-	s.Handle("writer.StoreFlags", rpc.Method(m.LocalStoreFlags))
-	s.Handle("writer.Expunge", rpc.Method(m.LocalExpunge))
-	s.Handle("writer.Copy", rpc.Method(m.LocalCopy))
-	s.Handle("writer.Version", rpc.Method(m.LocalVersion))
-	s.Handle("writer.Rehome", rpc.Method(m.LocalRehome))
-	s.Handle("writer.Reload", rpc.Method(m.LocalReload))
-}
-
-// --- any node's side
-
-// Writer calls method on the user's writer (this node or the manager).
-func Writer[Req, Resp any](ctx context.Context, m *Manager, user, method string, req *Req,
-	local func(context.Context, *Req) (*Resp, error)) (*Resp, error) {
-	return callManager(ctx, m, userdb.Normalize(user), method, req, local)
 }

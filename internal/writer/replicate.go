@@ -1,4 +1,4 @@
-package usermgr
+package writer
 
 import (
 	"context"
@@ -23,15 +23,10 @@ import (
 // Replicator is the node's replication manager, as the writer uses it.
 type Replicator interface {
 	Write(ctx context.Context, req *replica.WriteRequest) (*replica.WriteReply, error)
+	// On returns node n's replication manager (this one, or a client).
+	On(n cluster.NodeID) replica.Service
 	Now() replica.Stamp
 	Observe(replica.Stamp)
-}
-
-// SetReplicator gives the writer the node's replication manager; profiles
-// the replication manager applies here reach the soft state.
-func (m *Manager) SetReplicator(r Replicator) {
-	m.repl = r
-	m.users.OnApply = m.profileApplied
 }
 
 // change is a new version of one message object decided by the writer.
@@ -107,12 +102,7 @@ func (m *Manager) replicate(ctx context.Context, changes []*change) {
 			}
 			req.Updates = append(req.Updates, u)
 		}
-		var err error
-		if g.coord == m.self {
-			_, err = m.repl.Write(ctx, req)
-		} else {
-			err = m.peers.Call(ctx, g.coord, "replica.Write", req, &replica.WriteReply{})
-		}
+		_, err := m.repl.On(g.coord).Write(ctx, req)
 		for _, c := range g.members {
 			if c.err == nil && err != nil {
 				c.err = fmt.Errorf("user %s message %s: update through %s: %w", c.obj.User, c.obj.ID, g.coord, err)
@@ -146,11 +136,11 @@ type RehomeRequest struct {
 	Moves []replica.Move `json:"moves"`
 }
 
-// LocalRehome writes each moved message's current version with its new
+// rehome writes each moved message's current version with its new
 // replica set, so the new replicas get it and the ones left drop theirs
 // when they return. The writer's view is the newest version it knows, and
 // any flag change is ordered with this one by the writer's lock.
-func (m *Manager) LocalRehome(ctx context.Context, req *RehomeRequest) (*struct{}, error) {
+func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 	want := map[string]replica.Move{}
 	for _, mv := range req.Moves {
 		if _, id, ok := mailbox.ParseObjectName(mv.Object); ok {
@@ -211,7 +201,7 @@ func (m *Manager) LocalRehome(ctx context.Context, req *RehomeRequest) (*struct{
 		}
 		return firstErr
 	})
-	return &struct{}{}, err
+	return err
 }
 
 // ReloadRequest asks a user's writer to load the user's mailbox views again.
@@ -219,10 +209,10 @@ type ReloadRequest struct {
 	User string `json:"user"`
 }
 
-// LocalReload loads every mailbox view of the user again from the
+// reload loads every mailbox view of the user again from the
 // fragments; a load renumbers messages that share a UID, which is what
 // resolves a conflict a replica refused an update for.
-func (m *Manager) LocalReload(ctx context.Context, req *ReloadRequest) (*struct{}, error) {
+func (m *Manager) reload(ctx context.Context, req *ReloadRequest) error {
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		for i := range p.Mailboxes {
 			def := &p.Mailboxes[i]
@@ -233,7 +223,7 @@ func (m *Manager) LocalReload(ctx context.Context, req *ReloadRequest) (*struct{
 		}
 		return nil
 	})
-	return &struct{}{}, err
+	return err
 }
 
 // ResolveConflict asks the writer of a message object that a replica
@@ -245,22 +235,16 @@ func (m *Manager) ResolveConflict(ctx context.Context, object string) error {
 	if !ok {
 		return nil
 	}
-	_, err := Writer(ctx, m, user, "writer.Reload", &ReloadRequest{User: user}, m.LocalReload)
-	return err
+	return m.For(user).Reload(ctx, &ReloadRequest{User: user})
 }
 
 // noteUser records a node in the mail map of a user this node manages.
 func (m *Manager) noteUser(user string, n cluster.NodeID) {
-	m.mu.Lock()
-	if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
-		noteLocked(bk, user, n)
-	}
-	m.mu.Unlock()
+	m.users.Note(context.Background(), user, n)
 }
 
 // Rehome asks a user's writer to move messages to new replica sets; the
 // replication manager's repair calls it.
 func (m *Manager) Rehome(ctx context.Context, user string, moves []replica.Move) error {
-	_, err := Writer(ctx, m, user, "writer.Rehome", &RehomeRequest{User: user, Moves: moves}, m.LocalRehome)
-	return err
+	return m.For(user).Rehome(ctx, &RehomeRequest{User: user, Moves: moves})
 }

@@ -1,22 +1,32 @@
-package usermgr
-
-// The ordered writer of a user's mailboxes (Neptune's level 2: one writer
-// per partition, here the manager of the user's bucket). Messages sit in
-// fragments on many nodes, but IMAP needs, per ⟨user, mailbox⟩, one strictly
-// ascending UID sequence and one MODSEQ (BLUEPRINT invariant 5). The writer
-// hands out UIDs and MODSEQs, decides every flag change, expunge, copy and
-// mailbox change, and keeps a view of each mailbox's messages as soft state,
-// loaded from the fragments and kept current by the changes it makes.
+// Package writer is the ordered writer of users' mailboxes: Neptune's level
+// 2 (one primary per partition, ordering its updates), where the partition
+// is a user and its primary the manager of the user's bucket in the user map
+// (Porcupine §2.2). Messages sit in fragments on many nodes, but IMAP needs,
+// per ⟨user, mailbox⟩, one strictly ascending UID sequence and one MODSEQ
+// (BLUEPRINT invariant 5). The writer hands out UIDs and MODSEQs, decides
+// every flag change, expunge, copy and mailbox change, orders the changes to
+// a user's profile with its own reservations, and keeps a view of each
+// mailbox's messages as soft state, loaded from the fragments and kept
+// current by the changes it makes.
 //
 // What must outlive the writer lives with the profile on its replicas:
 // mailbox names, UIDVALIDITY, subscriptions, and the ends of the blocks of
 // UIDs and MODSEQs reserved so far. A new writer after a failover starts at
-// those ends, past anything the old one handed out.
+// those ends, past anything the old one handed out; one that takes a bucket
+// over in a handoff continues the old writer's block (handoff.go).
+//
+// The user manager (internal/usermgr, Porcupine §3.3) owns the buckets'
+// soft state and tells this package when a bucket is taken (Open), given
+// away (Drop, which fences and drains its writers), or rebuilt (Reset); the
+// writer reads profiles and mail maps through the Users interface.
+
+package writer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -24,6 +34,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
@@ -49,11 +60,103 @@ const (
 	fragmentReadTimeout = 3 * time.Second
 )
 
-// ErrMailboxExists and ErrNoMailbox are the mailbox package's.
-var (
-	ErrNoMailbox     = mailbox.ErrNoMailbox
-	ErrMailboxExists = mailbox.ErrMailboxExists
-)
+// Users is what the writer needs of the user manager: the soft state of the
+// buckets this node manages.
+type Users interface {
+	// Managed waits until the user's bucket is managed here with its soft
+	// state rebuilt, and returns the bucket's tenure; or an error wrapping
+	// rpc.ErrNotManager.
+	Managed(ctx context.Context, user string) (uint64, error)
+	// Profile returns a copy of the user's newest profile, tombstones
+	// included (nil if none is known; an error if the bucket is not
+	// managed here).
+	Profile(user string) (*userdb.Profile, error)
+	// SaveProfile writes a changed profile to at least minAcks of its
+	// replicas and the soft state.
+	SaveProfile(ctx context.Context, p *userdb.Profile, minAcks int) error
+	// MailMap returns the nodes that hold the user's mail.
+	MailMap(ctx context.Context, user string) ([]cluster.NodeID, error)
+	// Note records that node n holds the user's mail.
+	Note(ctx context.Context, user string, n cluster.NodeID) error
+	// ViewGen returns the generation of the views of the user's bucket:
+	// when it moves, views load again at their next use.
+	ViewGen(user string) uint64
+	// CompleteBuckets lists the buckets managed here whose soft state has
+	// every live node's scan (the audit looks at those).
+	CompleteBuckets() []uint8
+	// MissingFromMailMap reports whether node n is missing from the
+	// user's mail map, and whether the user's bucket is complete.
+	MissingFromMailMap(user string, n cluster.NodeID) (missing, complete bool)
+	// NoteAndReload adds n to the user's mail map and makes the views of
+	// the user's bucket load again (audit.go).
+	NoteAndReload(user string, n cluster.NodeID)
+}
+
+// Peers is what the writer needs of the cluster.
+type Peers interface {
+	UserMap() cluster.UserMap
+	Alive() []cluster.MemberInfo
+	cluster.Conns
+}
+
+// Manager is the node's writer: the writers of the users of the buckets it
+// manages.
+type Manager struct {
+	self  cluster.NodeID
+	users Users
+	boxes *mailbox.Manager
+	repl  Replicator
+	peers Peers
+	clock *hlc.Clock
+	log   *slog.Logger
+
+	// Notifier tells local sessions about changes the writers make.
+	mailbox.Notifier
+
+	mu sync.Mutex
+	// tenure is the user manager's tenure of each bucket managed here
+	// (0: not managed), and writers the bucket's writers by user.
+	tenure  [cluster.Buckets]uint64
+	writers [cluster.Buckets]map[string]*userWriter
+	closed  bool
+	wg      sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	audit auditState
+}
+
+// New returns the node's writer.
+func New(self cluster.NodeID, users Users, boxes *mailbox.Manager, repl Replicator, peers Peers, clock *hlc.Clock, log *slog.Logger) *Manager {
+	m := &Manager{self: self, users: users, boxes: boxes, repl: repl, peers: peers, clock: clock, log: log}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	return m
+}
+
+// Close stops the writer's background work (the audit) and waits for it.
+func (m *Manager) Close() {
+	m.stopAudit()
+	m.cancel()
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.wg.Wait()
+}
+
+// spawn runs fn on a goroutine that Close waits for, unless closed.
+func (m *Manager) spawn(fn func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn()
+	}()
+	return true
+}
 
 // ViewMsg is a message of a mailbox view and the nodes found holding it
 // (its replicas that answered; Porcupine §4.3: retrieval reads any one).
@@ -63,8 +166,9 @@ type ViewMsg struct {
 }
 
 type boxView struct {
-	uidNext uint32 // next UID to hand out
-	modseq  uint64 // highest MODSEQ handed out
+	// counters: the next UID to hand out, the highest MODSEQ handed out,
+	// and the reserved ends this writer wrote (view.go).
+	counters
 	// used and usedMod are what sessions are told as UIDNEXT and
 	// HIGHESTMODSEQ: one past the highest UID stored, and the highest
 	// MODSEQ applied. They move only when messages are added or changed
@@ -91,12 +195,6 @@ type boxView struct {
 	// that has not heard yet still lists them, and neither a reload nor
 	// the audit should take that for a message to show.
 	gone map[string]goneMsg
-	// mineUID and mineMod are the reserved ends this writer wrote into
-	// the profile (or started from). A profile that shows other ends
-	// carries another writer's reservation (a handoff, or two managers
-	// for a moment): this writer then continues past it (absorb).
-	mineUID uint32
-	mineMod uint64
 }
 
 // settle records that an allocation was confirmed or cancelled.
@@ -173,21 +271,22 @@ func newUserWriter() *userWriter { return &userWriter{boxes: map[uint32]*boxView
 
 // writer returns the writer of a user of a bucket this node manages.
 func (m *Manager) writer(ctx context.Context, user string) (*userWriter, error) {
-	bk, err := m.managed(ctx, user)
+	tenure, err := m.users.Managed(ctx, user)
 	if err != nil {
 		return nil, err
 	}
+	b := cluster.Bucket(user)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.buckets[cluster.Bucket(user)] != bk {
-		// Dropped or rebuilt since managed returned it: a writer made
-		// on it would be a second writer, or one no drain fences.
-		return nil, fmt.Errorf("user %s: bucket changed: %w", user, rpc.ErrNotManager)
+	if m.tenure[b] != tenure || m.writers[b] == nil {
+		// Dropped (or taken again) since Managed answered: a writer made
+		// now would be one no drain fences.
+		return nil, fmt.Errorf("user %s: bucket %d changed hands: %w", user, b, rpc.ErrNotManager)
 	}
-	w := bk.writers[user]
+	w := m.writers[b][user]
 	if w == nil {
 		w = newUserWriter()
-		bk.writers[user] = w
+		m.writers[b][user] = w
 	}
 	return w, nil
 }
@@ -208,28 +307,28 @@ func (m *Manager) lockWriter(ctx context.Context, user string) (*userWriter, err
 	return w, nil
 }
 
-// profileOf returns a copy of the newest profile of a managed user.
+// profileOf returns a copy of the newest live profile of a managed user.
 func (m *Manager) profileOf(user string) (*userdb.Profile, error) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	bk := m.buckets[cluster.Bucket(user)]
-	if bk == nil {
-		return nil, fmt.Errorf("user %s: %w", user, rpc.ErrNotManager)
+	p, err := m.users.Profile(user)
+	if err != nil {
+		return nil, err
 	}
-	p, ok := bk.profiles[user]
-	if !ok || p.Deleted {
-		return nil, fmt.Errorf("user %s: %w", user, ErrUnknownUser)
+	if p == nil || p.Deleted {
+		return nil, fmt.Errorf("user %s: %w", user, userdb.ErrNotFound)
 	}
-	return p.Clone(), nil
+	return p, nil
 }
 
 // saveProfile writes a changed profile: on every replica for changes a user
 // makes, on at least one for reservations, so delivery goes on while one
 // replica is away (BLUEPRINT invariant 2).
 func (m *Manager) saveProfile(ctx context.Context, p *userdb.Profile, minAcks int) error {
-	p.Version = m.clock.Now()
-	p.Updated = time.Now().UTC()
-	return m.writeProfileAcks(ctx, p, minAcks)
+	return m.users.SaveProfile(ctx, p, minAcks)
+}
+
+// mailMap returns the nodes holding the user's mail.
+func (m *Manager) mailMap(user string) ([]cluster.NodeID, error) {
+	return m.users.MailMap(context.Background(), user)
 }
 
 func (m *Manager) nextValidity(p *userdb.Profile) uint32 {
@@ -246,40 +345,24 @@ func (m *Manager) nextValidity(p *userdb.Profile) uint32 {
 func (w *userWriter) counters(def *userdb.MailboxDef) *boxView {
 	b := w.boxes[def.UIDValidity]
 	if b == nil {
-		b = &boxView{uidNext: max(def.UIDReserved, 1), modseq: max(def.ModSeqReserved, 1),
-			inflight: map[uint32]allocation{}, mineUID: def.UIDReserved, mineMod: def.ModSeqReserved}
+		b = &boxView{counters: startCounters(def), inflight: map[uint32]allocation{}}
 		w.boxes[def.UIDValidity] = b
 	}
 	return b
 }
 
-// absorb moves the counters past reserved ends in the profile that this
-// writer did not write: another writer may have handed out anything below
-// them.
-func (b *boxView) absorb(def *userdb.MailboxDef) {
-	if def.UIDReserved != b.mineUID && def.UIDReserved > b.uidNext {
-		b.uidNext = def.UIDReserved
-	}
-	if def.ModSeqReserved != b.mineMod && def.ModSeqReserved > b.modseq {
-		b.modseq = def.ModSeqReserved
-	}
-}
-
 // reserve makes sure n more UIDs and MODSEQs are covered by the profile's
 // reservations, writing the profile if not.
 func (m *Manager) reserve(ctx context.Context, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, uids int, modseqs int) error {
-	b.absorb(def)
-	needUID := uint64(b.uidNext)+uint64(uids) > uint64(def.UIDReserved)
-	needMod := b.modseq+uint64(modseqs) >= def.ModSeqReserved
-	if !needUID && !needMod {
-		return nil
-	}
-	if uint64(b.uidNext)+uint64(uids)+reserveBlock >= 1<<32 {
+	write, uidEnd, modEnd, exhausted := b.planReserve(def, uids, modseqs)
+	if exhausted {
 		return fmt.Errorf("user %s mailbox %q: UIDs exhausted", p.Address, def.Name)
 	}
-	def.UIDReserved = b.uidNext + uint32(uids) + reserveBlock
-	def.ModSeqReserved = b.modseq + uint64(modseqs) + reserveBlock
-	b.mineUID, b.mineMod = def.UIDReserved, def.ModSeqReserved
+	if !write {
+		return nil
+	}
+	def.UIDReserved, def.ModSeqReserved = uidEnd, modEnd
+	b.mineUID, b.mineMod = uidEnd, modEnd
 	return m.saveProfile(ctx, p, 1)
 }
 
@@ -292,21 +375,18 @@ func (w *userWriter) changed(m *Manager, user string, v uint32) {
 // reserved block of UIDs and MODSEQs, so the next writer continues where
 // this one stopped instead of past the block (a crash still skips it).
 func (m *Manager) Release(ctx context.Context) {
-	m.mu.RLock()
+	m.mu.Lock()
 	type item struct {
 		user string
 		w    *userWriter
 	}
 	var all []item
-	for _, bk := range m.buckets {
-		if bk == nil {
-			continue
-		}
-		for u, w := range bk.writers {
+	for _, ws := range m.writers {
+		for u, w := range ws {
 			all = append(all, item{u, w})
 		}
 	}
-	m.mu.RUnlock()
+	m.mu.Unlock()
 	for _, it := range all {
 		it.w.mu.Lock()
 		p, err := m.profileOf(it.user)
@@ -362,14 +442,14 @@ type AllocReply struct {
 	Policy   replica.Policy `json:"policy,omitempty"`
 }
 
-// LocalAlloc hands out the next UID and MODSEQ of a mailbox.
-func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocReply, error) {
+// alloc hands out the next UID and MODSEQ of a mailbox.
+func (m *Manager) alloc(ctx context.Context, req *AllocRequest) (*AllocReply, error) {
 	out := &AllocReply{}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		def := p.MailboxByName(req.Mailbox)
 		if def == nil {
 			if !strings.EqualFold(req.Mailbox, mailbox.Inbox) {
-				return fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Mailbox, ErrNoMailbox)
+				return fmt.Errorf("user %s mailbox %q: %w", p.Address, req.Mailbox, mailbox.ErrNoMailbox)
 			}
 			// A profile from before mailboxes were kept with it: make INBOX.
 			p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: mailbox.Inbox, UIDValidity: m.nextValidity(p), Subscribed: true})
@@ -388,13 +468,11 @@ func (m *Manager) LocalAlloc(ctx context.Context, req *AllocRequest) (*AllocRepl
 		if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
 			return err
 		}
-		uid := b.uidNext
-		b.uidNext++
-		b.modseq++
+		uid, modseq := b.take()
 		b.inflight[uid] = allocation{at: time.Now(), from: req.From}
-		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: b.modseq}
+		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: modseq}
 		out.Spread, out.Replicas, out.Policy = p.Spread, p.Replicas, replica.Policy(p.WritePolicy)
-		_, out.MailMap, _ = m.lookupLocked(p.Address)
+		out.MailMap, _ = m.mailMap(p.Address)
 		return nil
 	})
 	return out, err
@@ -412,15 +490,15 @@ type ConfirmRequest struct {
 	Cancel bool `json:"cancel,omitempty"`
 }
 
-// LocalConfirm records a stored message in the view and the mail map.
-func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struct{}, error) {
+// confirm records a stored message in the view and the mail map.
+func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 	user := userdb.Normalize(req.Place.User)
 	// A cancelled store names the replica set it tried: one of them may
 	// have stored it all the same (its answer was lost), and the reload
 	// below must read it.
 	for _, n := range uniq(append(slices.Clone(req.Nodes), req.Message.Replicas...)) {
-		if _, err := m.LocalNote(ctx, &NoteRequest{User: user, Node: n}); err != nil {
-			return nil, err
+		if err := m.users.Note(ctx, user, n); err != nil {
+			return err
 		}
 	}
 	if !req.Cancel && m.repl != nil {
@@ -428,7 +506,7 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 	}
 	w, err := m.lockWriter(ctx, user)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer w.mu.Unlock()
 	v := req.Place.UIDValidity
@@ -443,8 +521,7 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 	if !req.Cancel {
 		// Allocated by an earlier writer (before a handoff) past
 		// what this one knows: never hand that UID out again.
-		b.uidNext = max(b.uidNext, req.Place.UID+1)
-		b.modseq = max(b.modseq, req.Place.ModSeq)
+		b.follow(req.Place.UID+1, req.Place.ModSeq)
 		b.markUsed(req.Place.UID, req.Place.ModSeq)
 	} else if b.loaded {
 		// A store whose answer was lost (a coordinator cut off after
@@ -465,7 +542,7 @@ func (m *Manager) LocalConfirm(ctx context.Context, req *ConfirmRequest) (*struc
 		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: uniq(req.Nodes)}
 	}
 	w.changed(m, user, v)
-	return &struct{}{}, nil
+	return nil
 }
 
 // --- profile changes, made by the writer so they are ordered with the
@@ -482,8 +559,8 @@ type ApplyRequest struct {
 	Policy   string `json:"policy,omitempty"`
 }
 
-// LocalApply runs a profile change at the user's manager.
-func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Profile, error) {
+// apply runs a profile change at the user's manager.
+func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile, error) {
 	user := userdb.Normalize(req.Address)
 	w, err := m.lockWriter(ctx, user)
 	if err != nil {
@@ -491,7 +568,7 @@ func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Pr
 	}
 	defer w.mu.Unlock()
 	p, err := m.profileOf(user)
-	if err != nil && !errors.Is(err, ErrUnknownUser) {
+	if err != nil && !errors.Is(err, userdb.ErrNotFound) {
 		return nil, err // the bucket moved away meanwhile
 	}
 	switch req.Op {
@@ -501,63 +578,43 @@ func (m *Manager) LocalApply(ctx context.Context, req *ApplyRequest) (*userdb.Pr
 		}
 		now := time.Now().UTC()
 		np := &userdb.Profile{Address: user, PasswordHash: req.Hash, Created: now}
-		m.mu.RLock()
-		if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
-			if old := bk.profiles[user]; old != nil {
-				np.LastUIDValidity = old.LastUIDValidity // a deleted user's: never repeat
-			}
+		if old, _ := m.users.Profile(user); old != nil {
+			np.LastUIDValidity = old.LastUIDValidity // a deleted user's: never repeat
 		}
-		m.mu.RUnlock()
 		for _, d := range mailbox.DefaultMailboxes {
 			np.Mailboxes = append(np.Mailboxes, userdb.MailboxDef{Name: d.Name, SpecialUse: d.SpecialUse,
 				UIDValidity: m.nextValidity(np), Subscribed: true})
 		}
 		w.boxes = map[uint32]*boxView{}
-		return np, m.saveProfile(ctx, np, ProfileReplicas)
+		return np, m.saveProfile(ctx, np, userdb.ProfileReplicas)
 	case "passwd":
 		if err != nil {
 			return nil, err
 		}
 		p.PasswordHash = req.Hash
-		return p, m.saveProfile(ctx, p, ProfileReplicas)
+		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
 	case "replication":
 		if err != nil {
 			return nil, err
 		}
 		p.Replicas, p.WritePolicy = req.Replicas, req.Policy
-		return p, m.saveProfile(ctx, p, ProfileReplicas)
+		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
 	case "delete":
 		if err != nil {
 			return nil, err
 		}
-		_, mailMap, _ := m.lookupLocked(user)
+		mailMap, _ := m.mailMap(user)
 		tomb := &userdb.Profile{Address: user, Created: p.Created, Deleted: true, LastUIDValidity: p.LastUIDValidity}
-		if err := m.saveProfile(ctx, tomb, ProfileReplicas); err != nil {
+		if err := m.saveProfile(ctx, tomb, userdb.ProfileReplicas); err != nil {
 			return nil, err
 		}
 		for _, n := range mailMap {
-			m.onNode(ctx, n, "fragment.DropUser", &mailbox.FragmentRequest{User: user}, func() error { return m.boxes.DeleteUser(user) })
+			m.boxes.On(m.peers, n).DropUser(ctx, &mailbox.FragmentRequest{User: user})
 		}
 		w.boxes = map[uint32]*boxView{}
 		return tomb, nil
 	}
 	return nil, fmt.Errorf("unknown profile operation %q", req.Op)
-}
-
-func (m *Manager) lookupLocked(user string) (*userdb.Profile, []cluster.NodeID, error) {
-	rep, err := m.LocalLookup(context.Background(), &LookupRequest{User: user})
-	if err != nil {
-		return nil, nil, err
-	}
-	return rep.Profile, rep.MailMap, nil
-}
-
-// onNode runs a fragment operation on node n: local when n is this node.
-func (m *Manager) onNode(ctx context.Context, n cluster.NodeID, method string, req any, local func() error) error {
-	if n == m.self {
-		return local()
-	}
-	return m.peers.Call(ctx, n, method, req, &mailbox.Empty{})
 }
 
 // --- mailbox views
@@ -573,60 +630,33 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 		return nil
 	}
 	partial := false
-	_, mailMap, err := m.lookupLocked(user)
+	mailMap, err := m.mailMap(user)
 	if err != nil {
 		return err
 	}
-	msgs := map[uint32]*ViewMsg{}
-	var clash []*ViewMsg
+	var frags []fragment
 	for _, n := range mailMap {
-		var d *mailbox.FragmentDigest
-		if n == m.self {
-			d, err = m.boxes.Fragment(user, def.UIDValidity)
-		} else {
-			d = &mailbox.FragmentDigest{}
-			fctx, cancel := context.WithTimeout(ctx, fragmentReadTimeout)
-			err = m.peers.Call(fctx, n, "fragment.Get", &mailbox.FragmentRequest{User: user, UIDValidity: def.UIDValidity}, d)
-			cancel()
-		}
+		fctx, cancel := context.WithTimeout(ctx, fragmentReadTimeout)
+		d, err := m.boxes.On(m.peers, n).Get(fctx, &mailbox.FragmentRequest{User: user, UIDValidity: def.UIDValidity})
+		cancel()
 		if err != nil {
 			m.log.Warn("fragment unavailable, its messages are hidden", "user", user, "mailbox", def.Name, "node", n, "err", err)
 			partial = true
 			continue
 		}
-		if d.UIDNext > b.uidNext {
-			b.uidNext = d.UIDNext
-		}
-		if d.HighestModSeq > b.modseq {
-			b.modseq = d.HighestModSeq
-		}
-		if d.UIDNext > 0 {
-			b.markUsed(d.UIDNext-1, d.HighestModSeq)
-		}
-		for i := range d.Messages {
-			msg := d.Messages[i]
-			if m.repl != nil {
-				m.repl.Observe(msg.Version)
-			}
-			if b.removed(msg.ID, msg.Version) {
-				continue // a replica that has not applied the removal yet
-			}
-			old, ok := msgs[msg.UID]
-			switch {
-			case !ok:
-				msgs[msg.UID] = &ViewMsg{Message: msg, Holders: []cluster.NodeID{n}}
-			case old.ID == msg.ID:
-				// Another replica: the newest version wins (total update).
-				old.Holders = uniq(append(old.Holders, n))
-				if old.Version.Less(msg.Version) {
-					old.Message = msg
-				}
-			default:
-				clash = append(clash, old, &ViewMsg{Message: msg, Holders: []cluster.NodeID{n}})
-				delete(msgs, msg.UID)
+		if m.repl != nil {
+			for i := range d.Messages {
+				m.repl.Observe(d.Messages[i].Version)
 			}
 		}
+		frags = append(frags, fragment{node: n, d: d})
 	}
+	mv := merge(frags, b.removed)
+	b.follow(mv.uidNext, mv.modseq)
+	if mv.used > 0 {
+		b.markUsed(mv.used-1, mv.usedMod)
+	}
+	msgs, clash := mv.msgs, mv.clash
 	b.msgs, b.loaded, b.gen, b.partial, b.loadedAt = msgs, true, gen, partial, time.Now()
 	for _, vm := range clash {
 		if err := m.relocate(ctx, user, p, def, b, vm); err != nil {
@@ -640,24 +670,15 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 }
 
 // viewGen returns the generation of the user's bucket's views.
-func (m *Manager) viewGen(user string) uint64 {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
-		return bk.viewGen
-	}
-	return 0
-}
+func (m *Manager) viewGen(user string) uint64 { return m.users.ViewGen(user) }
 
 // relocate gives a message a new UID in its own mailbox, on its node.
 func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, vm *ViewMsg) error {
 	if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
 		return err
 	}
-	b.modseq++
 	nv := *vm
-	nv.UID, nv.ModSeq = b.uidNext, b.modseq
-	b.uidNext++
+	nv.UID, nv.ModSeq = b.take()
 	c := &change{obj: mailbox.ObjectFrom(user, def.Name, def.UIDValidity, &nv.Message), holders: vm.Holders}
 	m.replicate(ctx, []*change{c})
 	if c.err != nil {

@@ -7,8 +7,8 @@ import (
 	"github.com/emersion/go-sasl"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/wire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/wire"
 )
 
 func (c *Conn) handleAuthenticate(tag string, dec *imapwire.Decoder) error {

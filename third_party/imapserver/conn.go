@@ -2,6 +2,7 @@ package imapserver
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
 const (
@@ -68,6 +69,12 @@ type Conn struct {
 	state   imap.ConnState
 	session Session
 
+	// ctx ends with the connection; cmdCtx is the running command's
+	// (Context). (quill)
+	ctx    context.Context
+	cancel context.CancelFunc
+	cmdCtx context.Context
+
 	badCount int // quill: consecutive BAD answers
 }
 
@@ -115,7 +122,27 @@ func (c *Conn) EnabledCaps() imap.CapSet {
 	return c.enabled.Copy()
 }
 
+// Context returns the context of the command being run: it ends when the
+// connection does, and (with Options.CommandContext) when the client hangs
+// up during the command. (quill)
+func (c *Conn) Context() context.Context {
+	c.mutex.Lock()
+	defer c.mutex.Unlock()
+	if c.cmdCtx != nil {
+		return c.cmdCtx
+	}
+	return c.ctx
+}
+
+func (c *Conn) setCommandContext(ctx context.Context) {
+	c.mutex.Lock()
+	c.cmdCtx = ctx
+	c.mutex.Unlock()
+}
+
 func (c *Conn) serve() {
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	defer c.cancel()
 	defer func() {
 		if v := recover(); v != nil {
 			c.server.logger().Printf("panic handling command: %v\n%s", v, debug.Stack())
@@ -225,23 +252,10 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 	if !dec.ExpectAtom(&tag) || !dec.ExpectSP() || !dec.ExpectAtom(&name) {
 		// quill: upstream closed the connection without a word on a
 		// malformed line (even an empty one); RFC 9051 §7.1.5 answers BAD.
-		var decErr *imapwire.DecoderExpectError
-		if !errors.As(dec.Err(), &decErr) {
-			return fmt.Errorf("in command: %w", dec.Err())
-		}
-		dec.DiscardLine()
-		if dec.Err() != nil && errors.Is(dec.Err(), imapwire.ErrMaxSize) {
-			return dec.Err()
-		}
-		err := c.writeStatusResp("", &imap.StatusResponse{
+		return c.malformedLine(dec, "", &imap.StatusResponse{
 			Type: imap.StatusResponseTypeBad,
 			Text: "Missing or malformed command tag or name",
 		})
-		if c.countBad() {
-			c.Bye("Too many bad commands")
-			return fmt.Errorf("too many bad commands")
-		}
-		return err
 	}
 	name = strings.ToUpper(name)
 
@@ -250,9 +264,27 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		numKind = NumKindUID
 		var subName string
 		if !dec.ExpectSP() || !dec.ExpectAtom(&subName) {
-			return fmt.Errorf("in command: %w", dec.Err())
+			// quill: upstream closed the connection without a response;
+			// the tag is known, so the answer is a tagged BAD.
+			return c.malformedLine(dec, tag, &imap.StatusResponse{
+				Type: imap.StatusResponseTypeBad,
+				Code: imap.ResponseCodeClientBug,
+				Text: "Missing or malformed command name after UID",
+			})
 		}
 		name = "UID " + strings.ToUpper(subName)
+	}
+
+	// quill: the command runs under a context of its own; not IDLE, which
+	// waits for the client for as long as it likes and ends with the
+	// connection (a watcher per idling client would cost a poll each).
+	if cc := c.server.options.CommandContext; cc != nil && name != "IDLE" {
+		ctx, stop := cc(c.ctx, c.conn)
+		c.setCommandContext(ctx)
+		defer func() {
+			c.setCommandContext(nil)
+			stop()
+		}()
 	}
 
 	// TODO: handle multiple commands concurrently
@@ -378,6 +410,26 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		return fmt.Errorf("too many bad commands")
 	}
 	return c.writeStatusResp(tag, resp)
+}
+
+// malformedLine answers resp (BAD) to a command line whose tag or name
+// cannot be read, after discarding the rest of the line; a line over the
+// limit closes the connection instead, and a read error ends it. (quill)
+func (c *Conn) malformedLine(dec *imapwire.Decoder, tag string, resp *imap.StatusResponse) error {
+	var decErr *imapwire.DecoderExpectError
+	if !errors.As(dec.Err(), &decErr) {
+		return fmt.Errorf("in command: %w", dec.Err())
+	}
+	dec.DiscardLine()
+	if errors.Is(dec.Err(), imapwire.ErrMaxSize) {
+		return dec.Err()
+	}
+	err := c.writeStatusResp(tag, resp)
+	if c.countBad() {
+		c.Bye("Too many bad commands")
+		return fmt.Errorf("too many bad commands")
+	}
+	return err
 }
 
 // countBad counts one more BAD answer and reports whether the session has

@@ -2,8 +2,8 @@ package imapserver
 
 import (
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/wire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/wire"
 )
 
 func (c *Conn) handleEnable(dec *imapwire.Decoder) error {

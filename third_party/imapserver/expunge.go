@@ -2,7 +2,7 @@ package imapserver
 
 import (
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
 func (c *Conn) handleExpunge(dec *imapwire.Decoder) error {

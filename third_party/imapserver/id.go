@@ -5,7 +5,7 @@ package imapserver
 // send ID first.
 
 import (
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
 // maxIDParams bounds the field-value pairs a client may send in ID (RFC 2971

@@ -5,8 +5,8 @@ import (
 	"strings"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/utf7"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/utf7"
 )
 
 func (c *Conn) handleList(dec *imapwire.Decoder) error {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/wire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/wire"
 )
 
 func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) error {

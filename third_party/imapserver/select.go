@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
 func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) error {

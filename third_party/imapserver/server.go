@@ -2,6 +2,7 @@
 package imapserver
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -57,6 +58,13 @@ type Options struct {
 	// every such error "NO [SERVERBUG] Internal server error", hiding both
 	// the cause and whether a retry may work). "" keeps SERVERBUG.
 	ErrorCode func(err error) imap.ResponseCode
+	// CommandContext, if set, makes the context each command runs under
+	// (Conn.Context) from the connection's (quill: so the application can
+	// cancel what a command started when the client hangs up in the
+	// middle of it); stop is called when the command is over. Without it
+	// a command runs under the connection's context, which ends when the
+	// connection does.
+	CommandContext func(parent context.Context, conn net.Conn) (ctx context.Context, stop func())
 	// Raw ingress and egress data will be written to this writer, if any.
 	// Note, this may include sensitive information such as credentials used
 	// during authentication.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-sasl"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
 var errAuthFailed = &imap.Error{
@@ -63,6 +63,9 @@ type Session interface {
 	Unsubscribe(mailbox string) error
 	List(w *ListWriter, ref string, patterns []string, options *imap.ListOptions) error
 	Status(mailbox string, options *imap.StatusOptions) (*imap.StatusData, error)
+	// Append must read r to io.EOF before it stores the message, and fail
+	// if reading fails: the end of the command is checked when r reaches
+	// the end of the literal, and a malformed one is a read error. (quill)
 	Append(mailbox string, r imap.LiteralReader, options *imap.AppendOptions) (*imap.AppendData, error)
 	Poll(w *UpdateWriter, allowExpunge bool) error
 	Idle(w *UpdateWriter, stop <-chan struct{}) error

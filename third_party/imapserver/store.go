@@ -4,8 +4,8 @@ import (
 	"strings"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/wire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/wire"
 )
 
 func (c *Conn) handleStore(tag string, dec *imapwire.Decoder, numKind NumKind) error {

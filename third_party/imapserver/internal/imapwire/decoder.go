@@ -10,8 +10,8 @@ import (
 	"unicode"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapnum"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/utf7"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapnum"
+	"github.com/quillmail/quill/third_party/imapserver/internal/utf7"
 )
 
 // This limits the max list nesting depth to prevent stack overflow.
@@ -64,6 +64,10 @@ type Decoder struct {
 	crlf      bool
 	listDepth int
 	readBytes int64
+
+	// lineEnded: a synchronizing literal was refused, so the client sends
+	// nothing more of this command (LiteralReader.Refuse). (quill)
+	lineEnded bool
 }
 
 // NewDecoder creates a new decoder.
@@ -98,9 +102,23 @@ func (dec *Decoder) returnErr(err error) bool {
 // rest of the line as new commands.)
 var ErrMaxSize = errors.New("imapwire: max size exceeded")
 
+// errLineEnded is what reading past a refused synchronizing literal gives.
+// (quill)
+var errLineEnded = errors.New("imapwire: command line ended by a refused literal")
+
 func (dec *Decoder) readByte() (byte, bool) {
 	if dec.MaxSize > 0 && dec.readBytes > dec.MaxSize {
-		return 0, dec.returnErr(ErrMaxSize)
+		// quill: ErrMaxSize replaces an earlier error (upstream kept the
+		// first, e.g. the syntax error before DiscardLine hit the limit):
+		// the rest of the line cannot be told from new commands, so the
+		// server must see it and close.
+		dec.err = ErrMaxSize
+		return 0, false
+	}
+	if dec.lineEnded {
+		// quill: the client sends nothing more of this command; reading
+		// would wait for the next one.
+		return 0, dec.returnErr(errLineEnded)
 	}
 	dec.crlf = false
 	if dec.literal {
@@ -588,10 +606,9 @@ func (dec *Decoder) Literal(ptr *string) bool {
 			// client got a syntax error instead of the reason) and left a
 			// non-synchronizing literal's bytes to be read as commands.
 			// RFC 7888 §4: the server must still read that literal.
-			if nonSync {
-				io.Copy(io.Discard, lit)
-			}
-			lit.cancel()
+			// A refused synchronizing literal ends the command line
+			// instead, else the server waits for bytes that never come.
+			lit.Refuse()
 			return dec.returnErr(err)
 		}
 	}
@@ -617,11 +634,18 @@ func (dec *Decoder) LiteralReader() (lit *LiteralReader, nonSync, ok bool) {
 	if !dec.ExpectSpecial('}') || !dec.ExpectCRLF() {
 		return nil, false, false
 	}
+	// quill: the CRLF after "{n}" does not end the command line: the
+	// literal and the rest of the line follow. Upstream left crlf set, so
+	// DiscardLine after an error that followed a literal (a mailbox name
+	// that is not modified UTF-7) read nothing and the rest of the line
+	// ran as a new command.
+	dec.crlf = false
 	dec.literal = true
 	lit = &LiteralReader{
-		dec:  dec,
-		size: size,
-		r:    io.LimitReader(dec.r, size),
+		dec:     dec,
+		size:    size,
+		nonSync: nonSync,
+		r:       io.LimitReader(dec.r, size),
 	}
 	return lit, nonSync, true
 }
@@ -635,9 +659,10 @@ func (dec *Decoder) ExpectLiteralReader() (lit *LiteralReader, nonSync bool, err
 }
 
 type LiteralReader struct {
-	dec  *Decoder
-	size int64
-	r    io.Reader
+	dec     *Decoder
+	size    int64
+	nonSync bool
+	r       io.Reader
 }
 
 func newLiteralReaderFromString(s string) *LiteralReader {
@@ -657,6 +682,27 @@ func (lit *LiteralReader) Read(b []byte) (int, error) {
 		lit.cancel()
 	}
 	return n, err
+}
+
+// Refuse drops a literal the server has answered with an error instead of
+// reading it, so that the command line stays in step (quill). A
+// non-synchronizing literal comes without waiting for the server: it is
+// read and dropped (RFC 7888 §4), and Refuse reports false if it was cut
+// short (a read error), when what follows is not a command line. A refused
+// synchronizing literal is never sent, nor the rest of its command, which
+// follows the literal (RFC 9051 §7.5): the line ends here.
+func (lit *LiteralReader) Refuse() bool {
+	dec := lit.dec
+	if dec == nil {
+		return true
+	}
+	if lit.nonSync {
+		n, err := io.Copy(io.Discard, lit)
+		return err == nil && n == lit.size
+	}
+	lit.cancel()
+	dec.lineEnded = true
+	return true
 }
 
 func (lit *LiteralReader) cancel() {

@@ -9,7 +9,7 @@ import (
 	"unicode"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/utf7"
+	"github.com/quillmail/quill/third_party/imapserver/internal/utf7"
 )
 
 // An Encoder writes IMAP data.

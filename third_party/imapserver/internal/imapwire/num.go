@@ -4,7 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapnum"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapnum"
 )
 
 type NumKind int

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
-	"github.com/quillmail/quill/internal/imap/imapserver/internal/imapwire"
+	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
 const (

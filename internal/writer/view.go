@@ -1,0 +1,168 @@
+package writer
+
+// The writer's decisions apart from its I/O (in the style of etcd's raft:
+// pure steps decide, the caller reads, writes and replicates): how a
+// mailbox view is made from the fragments that answered (merge), and how
+// UID and MODSEQ counters move and when a reservation must be written
+// (counters). view_test.go drives them with seeded interleavings, without
+// sockets or Pebble.
+
+import (
+	"sort"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/userdb"
+)
+
+// fragment is one node's part of a mailbox, as read.
+type fragment struct {
+	node cluster.NodeID
+	d    *mailbox.FragmentDigest
+}
+
+// merged is a mailbox view made from fragments.
+type merged struct {
+	msgs map[uint32]*ViewMsg
+	// clash are messages that claimed one UID with another message: all of
+	// them get new UIDs, so a UID never names two messages (BLUEPRINT
+	// invariant 5).
+	clash []*ViewMsg
+	// uidNext and modseq are past everything the fragments used; used and
+	// usedMod are UIDNEXT and HIGHESTMODSEQ as the fragments show them.
+	uidNext uint32
+	modseq  uint64
+	used    uint32
+	usedMod uint64
+}
+
+// merge makes a view from the fragments that answered. Replicas of one
+// message (one id) merge whatever UID each holds it under: the newest
+// version wins and every node listing it is a holder (a renumbered message
+// still listed under its old UID by a replica that has not caught up is one
+// message, not two). Messages removed is true for (removed by this writer,
+// not yet applied by a replica) are left out. Then messages that claim one
+// UID with different ids all go to clash.
+func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) merged {
+	out := merged{msgs: map[uint32]*ViewMsg{}}
+	byID := map[string]*ViewMsg{}
+	var order []string
+	for _, f := range frags {
+		d := f.d
+		out.uidNext = max(out.uidNext, d.UIDNext)
+		out.modseq = max(out.modseq, d.HighestModSeq)
+		if d.UIDNext > 0 {
+			out.used = max(out.used, d.UIDNext)
+		}
+		out.usedMod = max(out.usedMod, d.HighestModSeq)
+		for _, msg := range d.Messages {
+			if removed != nil && removed(msg.ID, msg.Version) {
+				continue
+			}
+			vm := byID[msg.ID]
+			if vm == nil {
+				byID[msg.ID] = &ViewMsg{Message: msg, Holders: []cluster.NodeID{f.node}}
+				order = append(order, msg.ID)
+				continue
+			}
+			vm.Holders = uniq(append(vm.Holders, f.node))
+			if vm.Version.Less(msg.Version) {
+				vm.Message = msg
+			}
+		}
+	}
+	byUID := map[uint32][]*ViewMsg{}
+	var uids []uint32
+	for _, id := range order {
+		vm := byID[id]
+		if len(byUID[vm.UID]) == 0 {
+			uids = append(uids, vm.UID)
+		}
+		byUID[vm.UID] = append(byUID[vm.UID], vm)
+	}
+	sort.Slice(uids, func(i, j int) bool { return uids[i] < uids[j] })
+	for _, uid := range uids {
+		vms := byUID[uid]
+		if len(vms) == 1 {
+			out.msgs[uid] = vms[0]
+			continue
+		}
+		sort.Slice(vms, func(i, j int) bool { return vms[i].ID < vms[j].ID })
+		out.clash = append(out.clash, vms...)
+	}
+	return out
+}
+
+// counters are a mailbox writer's UID and MODSEQ state: the next UID to
+// hand out, the highest MODSEQ handed out, and the reserved ends this
+// writer wrote into the profile itself (or started from).
+type counters struct {
+	uidNext uint32
+	modseq  uint64
+	mineUID uint32
+	mineMod uint64
+}
+
+// startCounters are the counters of a writer that starts from the profile
+// alone: past every UID and MODSEQ the last reservation covered.
+func startCounters(def *userdb.MailboxDef) counters {
+	return counters{uidNext: max(def.UIDReserved, 1), modseq: max(def.ModSeqReserved, 1),
+		mineUID: def.UIDReserved, mineMod: def.ModSeqReserved}
+}
+
+// absorb moves the counters past reserved ends in the profile that this
+// writer did not write: another writer may have handed out anything below
+// them.
+func (c *counters) absorb(def *userdb.MailboxDef) {
+	if def.UIDReserved != c.mineUID && def.UIDReserved > c.uidNext {
+		c.uidNext = def.UIDReserved
+	}
+	if def.ModSeqReserved != c.mineMod && def.ModSeqReserved > c.modseq {
+		c.modseq = def.ModSeqReserved
+	}
+}
+
+// planReserve says whether uids more UIDs and modseqs more MODSEQs are
+// covered by the profile's reservation; if not it returns the new ends to
+// write into the profile (a block past what is needed) and whether the
+// UIDs would run out.
+func (c *counters) planReserve(def *userdb.MailboxDef, uids, modseqs int) (write bool, uidEnd uint32, modEnd uint64, exhausted bool) {
+	c.absorb(def)
+	needUID := uint64(c.uidNext)+uint64(uids) > uint64(def.UIDReserved)
+	needMod := c.modseq+uint64(modseqs) >= def.ModSeqReserved
+	if !needUID && !needMod {
+		return false, 0, 0, false
+	}
+	if uint64(c.uidNext)+uint64(uids)+reserveBlock >= 1<<32 {
+		return false, 0, 0, true
+	}
+	return true, c.uidNext + uint32(uids) + reserveBlock, c.modseq + uint64(modseqs) + reserveBlock, false
+}
+
+// take hands out the next UID and MODSEQ (covered by a reservation).
+func (c *counters) take() (uint32, uint64) {
+	uid := c.uidNext
+	c.uidNext++
+	c.modseq++
+	return uid, c.modseq
+}
+
+// continueFrom takes over a previous writer's counters (a bucket handoff):
+// past everything it handed out, and its reservation as this writer's own
+// if this writer has reserved nothing yet, so absorb jumps past a block
+// only if the profile shows another writer's reservation since.
+func (c *counters) continueFrom(prev counters) {
+	c.uidNext = max(c.uidNext, prev.uidNext)
+	c.modseq = max(c.modseq, prev.modseq)
+	if c.mineUID == 0 && c.mineMod == 0 {
+		c.mineUID, c.mineMod = prev.mineUID, prev.mineMod
+	}
+}
+
+// follow moves the counters past a UID and MODSEQ used elsewhere (a
+// fragment's, or another writer's confirmed allocation).
+func (c *counters) follow(uid uint32, modseq uint64) {
+	c.uidNext = max(c.uidNext, uid)
+	c.modseq = max(c.modseq, modseq)
+}
