@@ -13,7 +13,7 @@ import (
 // nodes briefly disagree on the user map (the callee answers "not the
 // manager"): about a second in all, longer than a membership change takes
 // to reach every node on a LAN.
-var ManagerRetry = retry.Policy{Attempts: 5, Base: 200 * time.Millisecond, Max: 400 * time.Millisecond, Factor: 1.5}
+var ManagerRetry = retry.Policy{Attempts: 5, Base: 200 * time.Millisecond, Factor: 1}
 
 // OnManager runs call against the service S of the manager of user's
 // bucket: local when that is self (a function call), on(node) otherwise,

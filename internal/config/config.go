@@ -218,7 +218,9 @@ func readLegacy(path string) (map[string]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("line %d: want key = value", line)
 		}
-		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		// The old reader took quotes off values; files written for it may
+		// quote some values and not others.
+		out[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"`)
 	}
 	return out, sc.Err()
 }

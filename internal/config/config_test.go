@@ -63,6 +63,12 @@ func TestLegacyFilesAndErrors(t *testing.T) {
 	if err != nil || s.Data != "/var/quill" || s.Wait != 30*time.Second || !strings.Contains(note, "old key = value form") {
 		t.Fatalf("legacy: %+v %q %v", s, note, err)
 	}
+	// The old reader took quotes off; a file that quotes some values and
+	// not others is not TOML but must read as before.
+	s, _, err = load(t, "data = \"/var/lib/quill\"\nreplace-after = 30s\n", nil)
+	if err != nil || s.Data != "/var/lib/quill" {
+		t.Fatalf("legacy with a quoted value: data %q, err %v", s.Data, err)
+	}
 	if _, _, err := load(t, "nosuch = 1\n", nil); err == nil || !strings.Contains(err.Error(), `unknown key "nosuch"`) {
 		t.Fatalf("unknown key: %v", err)
 	}

@@ -11,10 +11,12 @@ func Nanos(t time.Time) int64 {
 	return t.UnixNano()
 }
 
-// Time decodes Nanos, in UTC.
+// Time decodes Nanos, in the local zone: the zone a fragment read from
+// this node's own disk comes back in, so that one mailbox shows every
+// INTERNALDATE with the same offset whichever node its message came from.
 func Time(n int64) time.Time {
 	if n == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, n).UTC()
+	return time.Unix(0, n)
 }

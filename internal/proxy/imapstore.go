@@ -156,11 +156,17 @@ func (s *IMAPStore) Append(ctx context.Context, user, name string, raw []byte, f
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
-	stored, err := s.P.place(ctx, []string{user}, mb.Name, flags, raw, date)
+	// Once the literal is in, the message is stored and its UID confirmed
+	// whether or not the client stays: a hang-up between the writer's
+	// allocation and its confirmation would hide every later UID of the
+	// mailbox until the allocation expires (as for SMTP DATA).
+	pctx, pcancel := withOpTimeout(context.WithoutCancel(ctx))
+	defer pcancel()
+	stored, err := s.P.place(pctx, []string{user}, mb.Name, flags, raw, date)
 	if err != nil {
 		return nil, mailbox.Message{}, err
 	}
-	mb, err = s.Mailbox(ctx, user, name)
+	mb, err = s.Mailbox(pctx, user, name)
 	return mb, stored[user], err
 }
 

@@ -258,8 +258,12 @@ const storeCallTimeout = 15 * time.Second
 var confirmRetry = retry.Policy{Attempts: 4, Base: 500 * time.Millisecond, Factor: 2}
 
 // confirm tells the writer the outcome of a store, retrying while the
-// writer is unreachable.
+// writer is unreachable. It does not end with the caller's context (a
+// client that hangs up): an outcome the writer never hears holds back every
+// later UID of the mailbox until the allocation expires; confirmRetry
+// bounds it.
 func (p *Proxy) confirm(ctx context.Context, c *writer.ConfirmRequest) {
+	ctx = context.WithoutCancel(ctx)
 	_ = retry.Do(ctx, confirmRetry, nil, func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
 		defer cancel()

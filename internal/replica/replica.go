@@ -660,6 +660,12 @@ func (m *Manager) conflicted(objects []string) {
 	now := time.Now()
 	m.mu.Lock()
 	w := m.writers
+	if w == nil {
+		// Not started yet (RPCs are served before Start installs the
+		// writers): record nothing, so the next refusal asks at once.
+		m.mu.Unlock()
+		return
+	}
 	var ask []string
 	for _, o := range objects {
 		if t, ok := m.conflicts[o]; ok && now.Sub(t) < conflictRetry {
@@ -674,9 +680,6 @@ func (m *Manager) conflicted(objects []string) {
 		}
 	}
 	m.mu.Unlock()
-	if w == nil {
-		return
-	}
 	for _, o := range ask {
 		m.log.Info("a replica refused an update for a conflict: asking the writer to resolve it", "object", o)
 		m.wg.Add(1)

@@ -23,8 +23,9 @@ type Policy struct {
 }
 
 // Wait returns the wait after the try numbered n (0 for the first): the
-// exponential step with "equal jitter", half of it fixed and half random,
-// so it is never much shorter than planned and never in step with others.
+// exponential step and up to half of it again at random, so it is never
+// shorter than planned (a loop's total wait is at least the sum of its
+// steps) and never in step with others.
 func (p Policy) Wait(n int) time.Duration {
 	d := float64(p.Base)
 	for i := 0; i < n && p.Factor > 1; i++ {
@@ -36,8 +37,7 @@ func (p Policy) Wait(n int) time.Duration {
 	if p.Max > 0 && d > float64(p.Max) {
 		d = float64(p.Max)
 	}
-	half := d / 2
-	return time.Duration(half + rand.Float64()*half)
+	return time.Duration(d + rand.Float64()*d/2)
 }
 
 // Do calls op until it succeeds, fails with an error retryable rejects (nil
