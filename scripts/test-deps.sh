@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Installs what the end-to-end tests drive, if missing: curl, mbsync (isync),
+# Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks, openssl,
 # fetchmail from Debian, pytest from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail protobuf-compiler; do
+for pkg in curl isync fetchmail swaks openssl protobuf-compiler; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -96,7 +96,7 @@ func serve(cfg node.Config, configNote string) error {
 	}
 	// One line per listener, on stdout, once all accept connections: tests
 	// and scripts wait for these.
-	for _, p := range []string{"smtp", "pop3", "imap", "http", "cluster", "rpc"} {
+	for _, p := range []string{"smtp", "smtps", "pop3", "pop3s", "imap", "imaps", "http", "cluster", "rpc"} {
 		if a := n.Addr(p); a != "" {
 			fmt.Printf("quill: %s listening on %s\n", strings.ToUpper(p), a)
 		}
@@ -104,8 +104,15 @@ func serve(cfg node.Config, configNote string) error {
 	fmt.Printf("quill: node %s ready, data in %s\n", n.ID, cfg.DataDir)
 
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	s := <-sig
+	for s == syscall.SIGHUP {
+		// SIGHUP re-reads the TLS certificates (a renewal by certbot or
+		// the like); the log says what is in service.
+		cfg.Logger.Info("SIGHUP: reloading TLS certificates")
+		n.Certs.Reload(true)
+		s = <-sig
+	}
 	cfg.Logger.Info("draining sessions", "signal", s.String(), "timeout", drainTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()

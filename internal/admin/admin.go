@@ -27,6 +27,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 )
@@ -62,7 +63,9 @@ type NodeInfo struct {
 	ID      cluster.NodeID
 	Started time.Time
 	Addrs   map[string]string // protocol -> listen address
-	Load    func() int        // pending disk operations
+	// TLS lists the certificates the node's listeners present.
+	TLS     func() []tlscert.Info
+	Load    func() int // pending disk operations
 	UserMap func() cluster.UserMap
 	Members func() []cluster.MemberInfo
 	// Replication reports the replication manager's state.
@@ -270,6 +273,8 @@ type ClusterStatus struct {
 	Users   int            `json:"users"`
 	// Replication is this node's update log and repair state.
 	Replication *ReplicationStatus `json:"replication,omitempty"`
+	// TLS is the certificates this node presents.
+	TLS []tlscert.Info `json:"tls,omitempty"`
 }
 
 // MemberStatus is one node in the cluster view.
@@ -315,6 +320,9 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	if s.Node.Replication != nil {
 		r := s.Node.Replication()
 		st.Replication = &r
+	}
+	if s.Node.TLS != nil {
+		st.TLS = s.Node.TLS()
 	}
 	return st
 }

@@ -36,6 +36,11 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #d
 <p>{{.Replicas}} copies per message by default, write policy {{.WritePolicy}} ·
 holds {{.Objects}} message(s){{if .UnderReplicated}}, <b>{{.UnderReplicated}} with fewer live copies than wanted</b>{{else}}, all with their copies{{end}} ·
 update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done}} done and retiring</p>{{end}}
+{{if .TLS}}<h2>TLS on this node</h2>
+<table><tr><th>certificate for</th><th>valid until</th><th>file</th></tr>
+{{range .TLS}}<tr><td>{{range .Names}}{{.}} {{end}}{{if .SelfSigned}}<b>(self-signed: clients will not trust it; give --tls-cert/--tls-key)</b>{{end}}</td>
+<td>{{.NotAfter.Format "2006-01-02"}}</td><td>{{.CertFile}}</td></tr>{{end}}
+</table>{{end}}
 <h2>User map (256 buckets)</h2>
 <div class="grid">{{range .Buckets}}<div class="b" title="bucket {{.Bucket}}: {{.Node}} (epoch {{.Epoch}})" style="background:{{color .Node}}">{{.Bucket}}</div>{{end}}</div>
 <p><a href="/cluster">JSON</a> · <a href="/metrics">metrics</a></p>

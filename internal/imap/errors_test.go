@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +16,8 @@ import (
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
 )
+
+var refPattern = regexp.MustCompile(`\(reference ([0-9a-f]{8})\)`)
 
 // failingBodies is the production store whose Body fails with err, as it
 // does when no node holding the message answers.
@@ -25,9 +30,29 @@ func (f failingBodies) Body(ctx context.Context, user, id string) ([]byte, error
 	return nil, f.err
 }
 
+// lockedBuffer is a log destination safe to read while sessions write.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // A command that fails for a cause the session did not turn into an IMAP
-// answer is NO with the command and the cause in the text; UNAVAILABLE
-// (RFC 5530) when trying again may work, SERVERBUG otherwise.
+// answer is NO with the command and a reference in the text, the cause in
+// the log under the same reference (never to the client: it names other
+// nodes); UNAVAILABLE (RFC 5530) when trying again may work, SERVERBUG
+// otherwise.
 func TestFailedCommandNamesCodeAndCause(t *testing.T) {
 	e := newEnv(t)
 	e.deliver("Subject: one\r\n\r\nbody\r\n")
@@ -39,7 +64,9 @@ func TestFailedCommandNamesCodeAndCause(t *testing.T) {
 		{fmt.Errorf("deliver to u@example.org: 0 live nodes with disk space: %w", proxy.ErrTryLater), "[UNAVAILABLE]"},
 		{errors.New("message m1: record damaged"), "[SERVERBUG]"},
 	} {
-		srv := New(failingBodies{e.store, c.err}, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: time.Millisecond, IdlePoll: time.Minute})
+		var logs lockedBuffer
+		srv := New(failingBodies{e.store, c.err}, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: time.Millisecond, IdlePoll: time.Minute,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -49,8 +76,12 @@ func TestFailedCommandNamesCodeAndCause(t *testing.T) {
 		r := (&env{t: t, addr: l.Addr().String()}).raw(true)
 		r.ok("SELECT INBOX")
 		_, st := r.cmd("FETCH 1 BODY[]")
-		if !strings.HasPrefix(st, "NO "+c.code) || !strings.Contains(st, c.err.Error()) {
-			t.Errorf("FETCH with the body failing (%v): %q, want NO %s naming the cause", c.err, st, c.code)
+		ref := refPattern.FindStringSubmatch(st)
+		if !strings.HasPrefix(st, "NO "+c.code) || ref == nil || strings.Contains(st, c.err.Error()) {
+			t.Fatalf("FETCH with the body failing (%v): %q, want NO %s with a reference and not the cause", c.err, st, c.code)
+		}
+		if l := logs.String(); !strings.Contains(l, ref[1]) || !strings.Contains(l, c.err.Error()) {
+			t.Errorf("the log does not hold reference %s with the cause %v:\n%s", ref[1], c.err, l)
 		}
 		// The session goes on.
 		r.ok("NOOP")

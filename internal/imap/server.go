@@ -2,6 +2,7 @@ package imap
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -29,6 +30,12 @@ type Config struct {
 	IdlePoll time.Duration
 	// Logger receives session errors. Default: discard.
 	Logger *slog.Logger
+	// TLSConfig, if set, offers STARTTLS on plain connections.
+	TLSConfig *tls.Config
+	// PlaintextAuth says whether a connection not under TLS may send a
+	// password (RFC 8314 §3); where it may not, the server advertises
+	// LOGINDISABLED. nil allows it everywhere.
+	PlaintextAuth func(net.Conn) bool
 }
 
 // maxFailedLogins is how many failed LOGIN/AUTHENTICATE a connection may
@@ -96,14 +103,14 @@ func New(store Store, auth Authenticator, cfg Config) *Server {
 	s := &Server{store: store, auth: auth, cfg: cfg, recent: newRecentTracker(),
 		sessions: map[*session]struct{}{}, done: make(chan struct{})}
 	s.srv = imapserver.New(&imapserver.Options{
-		NewSession: s.newSession,
-		Caps:       capabilities,
-		Logger:     slogPrintf{cfg.Logger},
-		// Plaintext LOGIN without TLS: the default listener is loopback,
-		// and TLS is not yet configured on any listener.
-		InsecureAuth: true,
-		ServerID:     []string{"name", "Quill", "vendor", "quillmail"},
-		ErrorCode:    errorCode,
+		NewSession:       s.newSession,
+		Caps:             capabilities,
+		Logger:           slogPrintf{cfg.Logger},
+		TLSConfig:        cfg.TLSConfig,
+		InsecureAuth:     cfg.PlaintextAuth == nil,
+		InsecureAuthConn: cfg.PlaintextAuth,
+		ServerID:         []string{"name", "Quill", "vendor", "quillmail"},
+		ErrorCode:        errorCode,
 		// A client that hangs up during a command cancels the remote
 		// work it started.
 		CommandContext: hangup.Watch,

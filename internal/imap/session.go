@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -95,7 +96,7 @@ func (s *session) Login(username, password string) error {
 		s.conn.Bye("Too many failed logins")
 		return imapserver.ErrAuthFailed
 	}
-	prof, err := s.srv.auth.Login(context.Background(), username, password)
+	prof, err := s.srv.auth.Login(s.ctx(), username, password)
 	if err != nil && !errors.Is(err, userdb.ErrNotFound) && !errors.Is(err, userdb.ErrPasswordMismatch) {
 		// Not a wrong password: the user's manager could not be asked
 		// (RFC 5530 UNAVAILABLE, try again later).
@@ -110,7 +111,9 @@ func (s *session) Login(username, password string) error {
 		return imapserver.ErrAuthFailed
 	}
 	if err := s.srv.store.EnsureUser(s.ctx(), prof.Address); err != nil {
-		return no(imap.ResponseCodeUnavailable, "mailboxes of %s: %v", prof.Address, err)
+		ref := fmt.Sprintf("%08x", rand.Uint32())
+		s.srv.cfg.Logger.Warn("login: mailboxes unavailable", "user", prof.Address, "err", err, "ref", ref)
+		return no(imap.ResponseCodeUnavailable, "login for %s: mailboxes unavailable, try again later (reference %s)", prof.Address, ref)
 	}
 	s.user = prof.Address
 	s.changes, s.unsub = s.srv.store.Subscribe(s.life, s.user)

@@ -24,6 +24,7 @@ import (
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/smtp"
+	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/writer"
 )
 
@@ -37,6 +38,17 @@ type Config struct {
 	POP3Addr string `flag:"pop3" help:"POP3 listen address"`
 	IMAPAddr string `flag:"imap" help:"IMAP listen address"`
 	HTTPAddr string `flag:"http" help:"admin API, dashboard and /metrics listen address (needs the token in DATA/admin.token unless on loopback)"`
+	// Implicit TLS listeners (RFC 8314 §3.3); empty turns one off.
+	SMTPSAddr string `flag:"smtps" help:"SMTP with implicit TLS (RFC 8314, submissions) listen address; empty: none"`
+	IMAPSAddr string `flag:"imaps" help:"IMAP with implicit TLS (IMAPS) listen address; empty: none"`
+	POP3SAddr string `flag:"pop3s" help:"POP3 with implicit TLS (POP3S) listen address; empty: none"`
+	// TLSCert and TLSKey are PEM files, in pairs; without them the node
+	// serves a self-signed certificate it keeps in DATA/tls.
+	TLSCert []string `flag:"tls-cert" help:"certificate chain PEM file (several, comma-separated, for several domains: chosen by SNI); re-read when it changes or on SIGHUP" doc:"none: a self-signed certificate made in DATA/tls"`
+	TLSKey  []string `flag:"tls-key" help:"private key PEM file of each --tls-cert, in the same order"`
+	// AllowPlaintextAuth lets clients anywhere send passwords without TLS;
+	// loopback clients always may.
+	AllowPlaintextAuth bool `flag:"allow-plaintext-auth" help:"accept passwords without TLS from any address (test rigs only; loopback always may)"`
 	// ClusterAddr is the gossip address; empty runs a cluster of one
 	// without gossip. Node-to-node RPC listens on the same host, on a port
 	// of its own that is gossiped to the others.
@@ -82,6 +94,9 @@ func DefaultConfig() Config {
 		POP3Addr:        "127.0.0.1:1110",
 		IMAPAddr:        "127.0.0.1:1143",
 		HTTPAddr:        "127.0.0.1:8025",
+		SMTPSAddr:       "127.0.0.1:1465",
+		IMAPSAddr:       "127.0.0.1:1993",
+		POP3SAddr:       "127.0.0.1:1995",
 		Hostname:        host,
 		MaxMessageBytes: 25 << 20,
 		AuthFailDelay:   time.Second,
@@ -100,6 +115,10 @@ type Node struct {
 	*core.Core
 	cfg     Config
 	started time.Time
+
+	// Certs are the certificates every TLS listener presents.
+	Certs *tlscert.Store
+	stop  context.CancelFunc // ends the certificate watcher
 
 	smtp  *gosmtp.Server
 	pop3  *pop3.Server
@@ -123,6 +142,22 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{Core: c, cfg: cfg, started: time.Now(), addrs: map[string]string{}}
+	if len(cfg.TLSCert) != len(cfg.TLSKey) {
+		n.Shutdown(context.Background())
+		return nil, fmt.Errorf("tls: %d --tls-cert file(s) but %d --tls-key file(s): give one key per certificate", len(cfg.TLSCert), len(cfg.TLSKey))
+	}
+	pairs := make([]tlscert.Pair, len(cfg.TLSCert))
+	for i := range pairs {
+		pairs[i] = tlscert.Pair{Cert: cfg.TLSCert[i], Key: cfg.TLSKey[i]}
+	}
+	n.Certs, err = tlscert.Open(tlscert.Options{Pairs: pairs, DataDir: cfg.DataDir, Hostname: cfg.Hostname, Log: cfg.Logger})
+	if err != nil {
+		n.Shutdown(context.Background())
+		return nil, err
+	}
+	var watch context.Context
+	watch, n.stop = context.WithCancel(context.Background())
+	go n.Certs.Watch(watch, tlscert.DefaultPollInterval)
 	if cfg.ClusterAddr != "" {
 		n.addrs["cluster"] = cfg.ClusterAddr
 		n.addrs["rpc"] = c.RPCAddr()
@@ -158,6 +193,27 @@ func (n *Node) listen(proto, addr string, serve func(net.Listener) error) error 
 	return nil
 }
 
+// listenTLS is listen with implicit TLS (RFC 8314 §3.3): the handshake
+// comes first, bounded by handshakeTimeout.
+func (n *Node) listenTLS(proto, addr string, serve func(net.Listener) error) error {
+	if addr == "" {
+		return nil
+	}
+	return n.listen(proto, addr, func(l net.Listener) error {
+		return serve(tlscert.Listener(l, n.Certs.Config(), handshakeTimeout))
+	})
+}
+
+// handshakeTimeout bounds a TLS handshake on an implicit-TLS listener, so
+// a client that connects and sends nothing cannot hold a session.
+const handshakeTimeout = 30 * time.Second
+
+// plaintextAuth says whether a connection not under TLS may carry a
+// password: from loopback, or anywhere with --allow-plaintext-auth.
+func (n *Node) plaintextAuth(c net.Conn) bool {
+	return n.cfg.AllowPlaintextAuth || tlscert.IsLoopback(c.RemoteAddr())
+}
+
 func isClosed(err error) bool {
 	return errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) || errors.Is(err, gosmtp.ErrServerClosed) || errors.Is(err, pop3.ErrServerClosed)
 }
@@ -168,8 +224,12 @@ func (n *Node) startListeners() error {
 	sc.Hostname = cfg.Hostname
 	sc.MaxMessageBytes = cfg.MaxMessageBytes
 	sc.Logger = cfg.Logger
+	sc.TLSConfig = n.Certs.Config()
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listen("smtp", cfg.SMTPAddr, n.smtp.Serve); err != nil {
+		return err
+	}
+	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtp.Serve); err != nil {
 		return err
 	}
 
@@ -178,14 +238,22 @@ func (n *Node) startListeners() error {
 	pc.AuthFailDelay = cfg.AuthFailDelay
 	pc.Logger = cfg.Logger
 	pc.CommandContext = hangup.Watch
+	pc.TLSConfig = n.Certs.Config()
+	pc.PlaintextAuth = n.plaintextAuth
 	n.pop3 = pop3.New(proxy.POP3{P: n.Proxy, Log: cfg.Logger}, pc)
 	if err := n.listen("pop3", cfg.POP3Addr, n.pop3.Serve); err != nil {
 		return err
 	}
+	if err := n.listenTLS("pop3s", cfg.POP3SAddr, n.pop3.Serve); err != nil {
+		return err
+	}
 
 	n.imap = imap.New(&proxy.IMAPStore{P: n.Proxy}, proxy.IMAPAuth{P: n.Proxy}, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
-		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger})
+		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger, TLSConfig: n.Certs.Config(), PlaintextAuth: n.plaintextAuth})
 	if err := n.listen("imap", cfg.IMAPAddr, n.imap.Serve); err != nil {
+		return err
+	}
+	if err := n.listenTLS("imaps", cfg.IMAPSAddr, n.imap.Serve); err != nil {
 		return err
 	}
 
@@ -198,7 +266,7 @@ func (n *Node) startListeners() error {
 		token = t
 	}
 	as := &admin.Server{Users: n.Users, Token: token, Logger: cfg.Logger, Node: admin.NodeInfo{
-		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending,
+		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {
 			return admin.ReplicationStatus{Node: n.ID, Replicas: n.Opts.Replicas, WritePolicy: string(n.Opts.WritePolicy),
@@ -241,5 +309,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	}
 	wg.Wait()
 	n.wg.Wait()
+	if n.stop != nil {
+		n.stop()
+	}
 	return n.Core.Close()
 }

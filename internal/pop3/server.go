@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"runtime/debug"
@@ -54,6 +56,19 @@ type Config struct {
 	// cancels the work it started (hangup.Watch); stop is called when the
 	// command is over.
 	CommandContext func(parent context.Context, conn net.Conn) (ctx context.Context, stop func())
+	// TLSConfig, if set, offers STLS (RFC 2595 §4) to clients on plain
+	// connections.
+	TLSConfig *tls.Config
+	// PlaintextAuth says whether a connection not (yet) under TLS may send
+	// a password: RFC 8314 §3 wants none in clear over a network. nil
+	// allows it everywhere. When it says no, CAPA hides USER and SASL and
+	// both answer -ERR asking for STLS.
+	PlaintextAuth func(net.Conn) bool
+	// HandshakeTimeout bounds a TLS handshake after STLS. Default 30s.
+	HandshakeTimeout time.Duration
+	// MaxFailedLogins is how many failed logins a connection may make
+	// before it is closed (IMAP closes after the same number). Default 5.
+	MaxFailedLogins int
 }
 
 func (c Config) withDefaults() Config {
@@ -75,6 +90,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBadCommands <= 0 {
 		c.MaxBadCommands = 20
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 30 * time.Second
+	}
+	if c.MaxFailedLogins <= 0 {
+		c.MaxFailedLogins = 5
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -193,7 +214,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	n := len(s.active)
 	for c := range s.active {
-		c.conn.Close()
+		c.raw.Close()
 	}
 	s.mu.Unlock()
 	s.log.Warn("pop3: shutdown deadline passed; closed remaining sessions", "sessions", n)
@@ -226,6 +247,7 @@ func (s *Server) newSession(conn net.Conn) *session {
 	c := &session{
 		srv:  s,
 		conn: conn,
+		raw:  conn,
 		log:  s.log.With("session", id, "remote", conn.RemoteAddr().String()),
 		r:    bufio.NewReader(conn),
 		w:    bufio.NewWriterSize(timeoutWriter{conn, s.cfg.IdleTimeout}, 32<<10),
@@ -254,7 +276,7 @@ func (s *Server) serveSession(c *session) {
 	c.log.Debug("pop3: session started")
 	err := c.run()
 	switch {
-	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, errTooManyBad):
+	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, errTooManyBad), errors.Is(err, errHandshake):
 		c.log.Debug("pop3: session ended", "reason", err)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// RFC 1939 §3: autologout closes the connection without a reply.
@@ -282,6 +304,7 @@ var (
 	errLineTooLong = errors.New("line too long")
 	errTooManyBad  = errors.New("too many bad commands")
 	errQuit        = errors.New("client quit")
+	errHandshake   = errors.New("TLS handshake failed")
 )
 
 // maxReplyLine is the longest status line sent, CRLF included (RFC 2449 §4).
@@ -291,7 +314,8 @@ const maxReplyLine = 512
 // except Shutdown closing conn.
 type session struct {
 	srv  *Server
-	conn net.Conn
+	conn net.Conn // the client's connection, under TLS after STLS
+	raw  net.Conn // the accepted connection, which Shutdown closes
 	log  *slog.Logger
 	ctx  context.Context // the session's: ends with it, or at Shutdown
 	cmd  context.Context // the running command's (backend calls use it)
@@ -304,6 +328,7 @@ type session struct {
 	msgs    []Message
 	deleted []bool // marked by DELE, indexed like msgs
 	bad     int    // failed commands so far
+	failed  int    // failed logins so far
 	closing bool   // the last reply ended the session
 }
 
@@ -430,9 +455,13 @@ func (c *session) fail(format string, a ...any) {
 
 // sysTemp answers a command the backend could not carry out; not the
 // client's fault, so it does not count as a bad command (RFC 3206 §4).
+//
+// The reply names the command and a reference to the log line that holds
+// the cause; the cause itself (node addresses, RPC errors) stays inside.
 func (c *session) sysTemp(what string, err error) {
-	c.log.Warn("pop3: backend error", "op", what, "err", err)
-	c.writeLine(fmt.Sprintf("-ERR [SYS/TEMP] %s: %v", what, err))
+	ref := fmt.Sprintf("%08x", rand.Uint32())
+	c.log.Warn("pop3: backend error", "op", what, "err", err, "ref", ref)
+	c.writeLine(fmt.Sprintf("-ERR [SYS/TEMP] %s; try again later (reference %s)", what, ref))
 }
 
 // parseCommand splits a command line, line ending removed, into its
@@ -506,6 +535,8 @@ func (c *session) dispatch(cmd string, args []string) error {
 	if c.md == nil {
 		// AUTHORIZATION state (RFC 1939 §4).
 		switch cmd {
+		case "STLS":
+			return c.cmdSTLS(args)
 		case "USER":
 			c.cmdUser(args)
 		case "PASS":
@@ -569,7 +600,7 @@ func (c *session) dispatch(cmd string, args []string) error {
 		if c.nargs(cmd, args, 0, 0) {
 			c.writeLine("+OK")
 		}
-	case "USER", "PASS", "AUTH":
+	case "USER", "PASS", "AUTH", "STLS":
 		c.fail("%s not allowed after login", cmd)
 	default:
 		c.fail("unknown command %s", cmd)
@@ -632,19 +663,87 @@ func (c *session) stat() (n int, size int64) {
 }
 
 func (c *session) capa() {
-	// RFC 2449 §5, §6; AUTH-RESP-CODE is from RFC 3206, SASL from RFC 5034.
+	// RFC 2449 §5, §6; AUTH-RESP-CODE is from RFC 3206, SASL from RFC
+	// 5034, STLS from RFC 2595 §4 (not offered once TLS is on, nor after
+	// login).
 	c.ok("capability list follows")
-	for _, l := range []string{
-		"TOP", "USER", "UIDL", "RESP-CODES", "AUTH-RESP-CODE",
-		"PIPELINING", "SASL PLAIN", "IMPLEMENTATION Quill",
-	} {
+	lines := []string{"TOP", "UIDL", "RESP-CODES", "AUTH-RESP-CODE", "PIPELINING"}
+	if c.md == nil && c.srv.cfg.TLSConfig != nil && !c.tlsOn() {
+		lines = append(lines, "STLS")
+	}
+	if c.plaintextOK() {
+		lines = append(lines, "USER", "SASL PLAIN")
+	}
+	for _, l := range append(lines, "IMPLEMENTATION Quill") {
 		c.writeLine(l)
 	}
 	c.writeLine(".")
 }
 
+func (c *session) tlsOn() bool {
+	_, ok := c.conn.(*tls.Conn)
+	return ok
+}
+
+// plaintextOK says whether this connection may carry a password.
+func (c *session) plaintextOK() bool {
+	f := c.srv.cfg.PlaintextAuth
+	return f == nil || c.tlsOn() || f(c.conn)
+}
+
+// needTLS refuses a login on a connection that may not carry a password.
+func (c *session) needTLS(cmd string) bool {
+	if c.plaintextOK() {
+		return false
+	}
+	c.log.Info("pop3: login refused before TLS", "cmd", cmd)
+	c.fail("%s: a password needs TLS first: send STLS, or use the POP3S port", cmd)
+	return true
+}
+
+// cmdSTLS starts TLS on the connection (RFC 2595 §4).
+func (c *session) cmdSTLS(args []string) error {
+	if !c.nargs("STLS", args, 0, 0) {
+		return nil
+	}
+	cfg := c.srv.cfg.TLSConfig
+	switch {
+	case cfg == nil:
+		c.fail("STLS: TLS is not offered here")
+		return nil
+	case c.tlsOn():
+		c.fail("STLS: TLS is already on")
+		return nil
+	}
+	// Anything the client sent after STLS, before it could have seen the
+	// +OK, is not its TLS handshake: reading it as commands under TLS is
+	// the STARTTLS injection of CVE-2011-0411, so the session ends.
+	if c.r.Buffered() > 0 {
+		c.log.Info("pop3: data pipelined after STLS; closing")
+		c.fail("STLS: data after STLS before the TLS handshake; closing connection")
+		c.closing = true
+		return nil
+	}
+	c.user = ""
+	c.ok("begin TLS negotiation")
+	if err := c.w.Flush(); err != nil {
+		return err
+	}
+	tc := tls.Server(c.conn, cfg)
+	c.conn.SetDeadline(time.Now().Add(c.srv.cfg.HandshakeTimeout))
+	if err := tc.HandshakeContext(c.ctx); err != nil {
+		return fmt.Errorf("%w: %v", errHandshake, err)
+	}
+	c.conn.SetDeadline(time.Time{})
+	c.conn = tc
+	c.r = bufio.NewReader(tc)
+	c.w = bufio.NewWriterSize(timeoutWriter{tc, c.srv.cfg.IdleTimeout}, 32<<10)
+	c.log.Info("pop3: TLS on", "version", tls.VersionName(tc.ConnectionState().Version))
+	return nil
+}
+
 func (c *session) cmdUser(args []string) {
-	if !c.nargs("USER", args, 1, 1) {
+	if !c.nargs("USER", args, 1, 1) || c.needTLS("USER") {
 		return
 	}
 	c.user = args[0]
@@ -659,6 +758,7 @@ func (c *session) cmdPass(args []string) {
 		c.fail("PASS: send USER first")
 	case len(args) == 0 || args[0] == "":
 		c.fail("PASS: missing password")
+	case c.needTLS("PASS"):
 	default:
 		c.login("PASS", user, args[0])
 	}
@@ -669,11 +769,13 @@ func (c *session) cmdAuth(args []string) error {
 	if len(args) == 0 {
 		// Not in RFC 5034, but many clients probe mechanisms this way.
 		c.ok("SASL mechanisms follow")
-		c.writeLine("PLAIN")
+		if c.plaintextOK() {
+			c.writeLine("PLAIN")
+		}
 		c.writeLine(".")
 		return nil
 	}
-	if !c.nargs("AUTH", args, 1, 2) {
+	if !c.nargs("AUTH", args, 1, 2) || c.needTLS("AUTH") {
 		return nil
 	}
 	if !strings.EqualFold(args[0], "PLAIN") {
@@ -743,11 +845,17 @@ func parsePlain(msg []byte) (authz, user, pass string, err error) {
 func (c *session) login(mech, user, pass string) {
 	md, err := c.srv.backend.Login(c.cmd, user, pass)
 	if errors.Is(err, ErrAuthFailed) {
-		c.log.Info("pop3: login failed", "user", user, "mech", mech)
+		c.failed++
+		c.log.Info("pop3: login failed", "user", user, "mech", mech, "failures", c.failed)
 		c.authFailDelay()
 		// RFC 3206 §5: [AUTH] says the credentials were wrong, so the
 		// client need not retry blindly.
-		c.fail("[AUTH] %s: authentication failed", mech)
+		msg := "[AUTH] " + mech + ": authentication failed"
+		if c.failed >= c.srv.cfg.MaxFailedLogins {
+			c.closing = true
+			msg += "; too many failed logins, closing connection"
+		}
+		c.fail("%s", msg)
 		return
 	}
 	if err == nil && md == nil {
@@ -878,7 +986,11 @@ func (c *session) quit() error {
 		}
 	}
 	if len(uids) > 0 {
-		if err := c.md.Delete(c.cmd, uids); err != nil {
+		// Under the session's context, not the command's: a client may
+		// pipeline DELE and QUIT and half-close, which looks like a
+		// hang-up, and RFC 1939 §6 has the deletions happen once QUIT is
+		// received. Shutdown's deadline still cancels it.
+		if err := c.md.Delete(c.ctx, uids); err != nil {
 			c.sysTemp("QUIT: some deleted messages not removed", err)
 			return errQuit
 		}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/pop3"
+	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/writer"
 )
 
@@ -25,9 +27,14 @@ type POP3 struct {
 // Login implements pop3.Backend.
 func (b POP3) Login(ctx context.Context, user, password string) (pop3.Maildrop, error) {
 	prof, err := b.P.Login(ctx, user, password)
-	if err != nil {
+	if errors.Is(err, userdb.ErrNotFound) || errors.Is(err, userdb.ErrPasswordMismatch) {
 		metrics.AuthFailures.WithLabelValues("pop3").Inc()
 		return nil, fmt.Errorf("%w: %v", pop3.ErrAuthFailed, err)
+	}
+	if err != nil {
+		// Not the client's fault (the user's manager unreachable, too
+		// many checks at once): a temporary failure, not a wrong password.
+		return nil, err
 	}
 	metrics.Sessions.WithLabelValues("pop3").Inc()
 	return &maildrop{p: b.P, log: b.Log, user: prof.Address}, nil

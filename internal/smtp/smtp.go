@@ -7,10 +7,12 @@ package smtp
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"time"
@@ -39,6 +41,8 @@ type Config struct {
 	// RcptTimeout bounds the lookup of a recipient at its user manager.
 	RcptTimeout time.Duration
 	Logger      *slog.Logger
+	// TLSConfig, if set, offers STARTTLS (RFC 3207).
+	TLSConfig *tls.Config
 }
 
 // DefaultConfig returns the defaults an operator would expect.
@@ -83,6 +87,7 @@ func New(p Deliverer, cfg Config) *gosmtp.Server {
 	// RFC 5321 §4.5.3.1.6: a text line is at most 1000 octets with CRLF;
 	// go-smtp's default is 2000, which we keep to be lenient with senders.
 	s.ErrorLog = slogLogger{cfg.Logger}
+	s.TLSConfig = cfg.TLSConfig
 	return s
 }
 
@@ -141,8 +146,10 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)}
 	default:
+		ref := reference()
+		s.b.cfg.Logger.Warn("recipient lookup failed", "rcpt", to, "err", err, "ref", ref)
 		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
-			Message: fmt.Sprintf("<%s>: temporary failure: %v", to, err)}
+			Message: fmt.Sprintf("<%s>: temporary failure, try again later (reference %s)", to, ref)}
 	}
 }
 
@@ -173,12 +180,17 @@ func (s *session) Data(r io.Reader) error {
 	defer cancel()
 	if err := s.b.p.Deliver(ctx, s.rcpts, raw); err != nil {
 		metrics.DeliveryFailures.Inc()
-		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err)
+		ref := reference()
+		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
 		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
-			Message: fmt.Sprintf("message not stored, try again later: %v", err)}
+			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
 	}
 	return nil
 }
+
+// reference names a failure in the reply and in the log line that holds
+// its cause: the cause (node addresses, RPC errors) is not for the client.
+func reference() string { return fmt.Sprintf("%08x", rand.Uint32()) }
 
 func errTooLarge(limit int64) error {
 	return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 3, 4},
@@ -220,8 +232,13 @@ func (s *session) writeTrace(w *bytes.Buffer) {
 	if len(s.rcpts) == 1 {
 		for_ = fmt.Sprintf("\r\n\tfor <%s>", sanitize(s.rcpts[0]))
 	}
-	fmt.Fprintf(w, "Received: from %s ([%s])\r\n\tby %s (Quill) with ESMTP%s;\r\n\t%s\r\n",
-		helo, ip, s.b.cfg.Hostname, for_, time.Now().Format(time.RFC1123Z))
+	// RFC 3848: ESMTPS when the message came under TLS.
+	with := "ESMTP"
+	if _, ok := s.conn.TLSConnectionState(); ok {
+		with = "ESMTPS"
+	}
+	fmt.Fprintf(w, "Received: from %s ([%s])\r\n\tby %s (Quill) with %s%s;\r\n\t%s\r\n",
+		helo, ip, s.b.cfg.Hostname, with, for_, time.Now().Format(time.RFC1123Z))
 }
 
 // sanitize keeps client-chosen text from breaking the header it lands in.

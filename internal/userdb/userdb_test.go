@@ -1,6 +1,7 @@
 package userdb
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -15,10 +16,10 @@ func TestPasswordHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckPassword(h, "s3cret"); err != nil {
+	if err := CheckPassword(t.Context(), h, "s3cret"); err != nil {
 		t.Fatalf("right password rejected: %v", err)
 	}
-	if err := CheckPassword(h, "S3cret"); !errors.Is(err, ErrPasswordMismatch) {
+	if err := CheckPassword(t.Context(), h, "S3cret"); !errors.Is(err, ErrPasswordMismatch) {
 		t.Fatalf("wrong password: got %v", err)
 	}
 	h2, _ := HashPassword("s3cret")
@@ -26,7 +27,7 @@ func TestPasswordHash(t *testing.T) {
 		t.Fatal("two hashes of one password are equal: salt not random")
 	}
 	bc, _ := bcrypt.GenerateFromPassword([]byte("old"), bcrypt.MinCost)
-	if err := CheckPassword(string(bc), "old"); err != nil {
+	if err := CheckPassword(t.Context(), string(bc), "old"); err != nil {
 		t.Fatalf("bcrypt hash rejected: %v", err)
 	}
 	if _, err := HashPassword(""); err == nil {
@@ -81,5 +82,40 @@ func TestValidateAddress(t *testing.T) {
 		if err := ValidateAddress(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// At most cap(hashSlots) checks run at once, at most maxHashWaiters wait,
+// and the rest fail at once with ErrBusy (a flood of logins must not cost
+// 19 MiB each).
+func TestPasswordChecksAreBounded(t *testing.T) {
+	h, err := HashPassword("pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill every slot and the waiting room by hand, then check.
+	for range cap(hashSlots) {
+		hashSlots <- struct{}{}
+	}
+	hashWaiting.Add(maxHashWaiters)
+	err = CheckPassword(t.Context(), h, "pw")
+	hashWaiting.Add(-maxHashWaiters)
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("with every slot taken and %d waiting: %v, want ErrBusy", maxHashWaiters, err)
+	}
+	// With room to wait, a check waits for a slot until its context ends.
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := CheckPassword(ctx, h, "pw"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting for a slot: %v, want the context's deadline", err)
+	}
+	for range cap(hashSlots) {
+		<-hashSlots
+	}
+	if err := CheckPassword(t.Context(), h, "pw"); err != nil {
+		t.Fatalf("with the slots free: %v", err)
+	}
+	if n := hashWaiting.Load(); n != 0 {
+		t.Fatalf("%d waiters left counted", n)
 	}
 }

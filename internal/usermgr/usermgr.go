@@ -55,7 +55,7 @@ var (
 	// pullRetry spaces the scans asked again of a node that failed to
 	// answer (until it answers or the membership changes; the pull is
 	// then started afresh).
-	pullRetry = retry.Policy{Base: time.Second, Max: 5 * time.Second, Factor: 1.5}
+	pullRetry = retry.Policy{Base: time.Second, Factor: 1}
 	// heldRetry spaces the scans asked again of a node that still
 	// manages a bucket this node has taken over (its view of the
 	// membership lags): the bucket is not complete until that node has
@@ -891,7 +891,11 @@ func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*use
 	addr = userdb.Normalize(addr)
 	p, _, err := m.Lookup(ctx, addr)
 	if errors.Is(err, userdb.ErrNotFound) {
-		userdb.CheckPassword(m.dummyHash, password)
+		// The same work as for a real user, so timing does not tell
+		// which addresses exist.
+		if cerr := userdb.CheckPassword(ctx, m.dummyHash, password); errors.Is(cerr, userdb.ErrBusy) {
+			return nil, cerr
+		}
 		return nil, err
 	}
 	if err != nil {
@@ -904,7 +908,7 @@ func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*use
 	if hit && v.hash == p.PasswordHash && hmac.Equal(v.mac[:], mac[:]) {
 		return p, nil
 	}
-	if err := userdb.CheckPassword(p.PasswordHash, password); err != nil {
+	if err := userdb.CheckPassword(ctx, p.PasswordHash, password); err != nil {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
 	m.authMu.Lock()

@@ -214,8 +214,14 @@ func (n *Node) start() {
 	if n.ip != "" {
 		smtp, pop3, imap = net.JoinHostPort(n.ip, nsSMTPPort), net.JoinHostPort(n.ip, nsPOP3Port), net.JoinHostPort(n.ip, nsIMAPPort)
 	}
+	// No implicit-TLS listeners (their fixed default ports would collide
+	// between nodes); the tests log in without TLS, which nodes on the
+	// netns addresses (not loopback) refuse unless told otherwise.
 	args := []string{"serve", "--data", n.Data, "--smtp", smtp, "--pop3", pop3,
-		"--imap", imap, "--http", n.HTTP, "--cluster", n.Gossip}
+		"--imap", imap, "--http", n.HTTP, "--cluster", n.Gossip, "--smtps=", "--imaps=", "--pop3s="}
+	if n.ip != "" {
+		args = append(args, "--allow-plaintext-auth")
+	}
 	if len(n.join) > 0 {
 		args = append(args, "--join", strings.Join(n.join, ","))
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"runtime/debug"
 	"strings"
@@ -44,7 +45,9 @@ var internalServerErrorResp = &imap.StatusResponse{
 
 // errorResp is the answer to a command whose session method failed with an
 // error that is not an IMAP answer (quill): NO with the code ErrorCode gives
-// (SERVERBUG by default) and a text naming the command and the cause.
+// (SERVERBUG by default) and a text naming the command and a reference to
+// the log line that holds the cause. The cause itself (addresses of other
+// machines, RPC errors) is for the operator, not the client.
 func (s *Server) errorResp(cmd string, err error) *imap.StatusResponse {
 	code := imap.ResponseCodeServerBug
 	if s.options.ErrorCode != nil {
@@ -52,7 +55,13 @@ func (s *Server) errorResp(cmd string, err error) *imap.StatusResponse {
 			code = c
 		}
 	}
-	return &imap.StatusResponse{Type: imap.StatusResponseTypeNo, Code: code, Text: fmt.Sprintf("%s failed: %v", cmd, err)}
+	ref := fmt.Sprintf("%08x", rand.Uint32())
+	s.logger().Printf("%s failed (reference %s): %v", cmd, ref, err)
+	text := fmt.Sprintf("%s failed (reference %s)", cmd, ref)
+	if code == imap.ResponseCodeUnavailable {
+		text = fmt.Sprintf("%s failed; try again later (reference %s)", cmd, ref)
+	}
+	return &imap.StatusResponse{Type: imap.StatusResponseTypeNo, Code: code, Text: text}
 }
 
 // A Conn represents an IMAP connection to the server.
@@ -540,7 +549,12 @@ func (c *Conn) canAuth() bool {
 		return false
 	}
 	_, isTLS := c.conn.(*tls.Conn)
-	return isTLS || c.server.options.InsecureAuth
+	if isTLS || c.server.options.InsecureAuth {
+		return true
+	}
+	// quill: per connection (loopback clients may send a password in clear).
+	f := c.server.options.InsecureAuthConn
+	return f != nil && f(c.conn)
 }
 
 func (c *Conn) writeStatusResp(tag string, statusResp *imap.StatusResponse) error {

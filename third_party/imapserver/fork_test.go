@@ -425,7 +425,10 @@ func TestAppendTruncatedLiteralAnswered(t *testing.T) {
 	if err := c.conn.CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
-	c.expect("a NO [SERVERBUG] APPEND failed: unexpected EOF")
+	c.expect("a NO [SERVERBUG] APPEND failed (reference R)")
+	if !ts.logger.logged("unexpected EOF") {
+		t.Error("the cause of the failed APPEND is not in the log")
+	}
 	c.expectClosed()
 	// The session read io.ErrUnexpectedEOF, not a short message. (row 9)
 	if n := ts.numMessages(); n != 3 {
@@ -531,7 +534,8 @@ func TestReadOnlyCloseExpungesNothing(t *testing.T) {
 
 // QUILL.md row 13: a session error that is not an *imap.Error is answered
 // NO with the code Options.ErrorCode picks and a text naming the command and
-// the cause; "" keeps SERVERBUG; an *imap.Error is passed through.
+// a reference to the log line with the cause (not the cause: it may name
+// other machines); "" keeps SERVERBUG; an *imap.Error is passed through.
 func TestSessionErrorCodeAndCause(t *testing.T) {
 	ts := newTestServer(t, func(o *Options) {
 		o.ErrorCode = func(err error) imap.ResponseCode {
@@ -543,27 +547,33 @@ func TestSessionErrorCodeAndCause(t *testing.T) {
 	})
 	c := ts.login()
 	c.expectCmd("a", "STATUS Unreachable (MESSAGES)",
-		"a NO [UNAVAILABLE] STATUS failed: fetching from node n2: node unavailable")
+		"a NO [UNAVAILABLE] STATUS failed; try again later (reference R)")
 	c.expectCmd("b", "SELECT Unreachable",
-		"b NO [UNAVAILABLE] SELECT failed: fetching from node n2: node unavailable")
+		"b NO [UNAVAILABLE] SELECT failed; try again later (reference R)")
 	c.expectCmd("c", "STATUS Broken (MESSAGES)",
-		"c NO [SERVERBUG] STATUS failed: disk on fire")
+		"c NO [SERVERBUG] STATUS failed (reference R)")
+	if !ts.logger.logged("disk on fire") {
+		t.Error("the cause of the failed STATUS is not in the log")
+	}
 	c.expectCmd("d", "STATUS Nowhere (MESSAGES)",
 		"d NO [NONEXISTENT] No such mailbox")
 	c.write("e APPEND Unreachable {5+}\r\nhello\r\n")
-	c.expect("e NO [UNAVAILABLE] APPEND failed: fetching from node n2: node unavailable")
+	c.expect("e NO [UNAVAILABLE] APPEND failed; try again later (reference R)")
 	c.expectCmd("f", "STATUS INBOX (MESSAGES)",
 		"* STATUS INBOX (MESSAGES 3)",
 		"f OK STATUS completed")
 }
 
-// QUILL.md row 13: without Options.ErrorCode the code is SERVERBUG, but the
-// text still names the command and the cause.
+// QUILL.md row 13: without Options.ErrorCode the code is SERVERBUG; the
+// text names the command, the log the cause.
 func TestSessionErrorWithoutErrorCodeNamesCause(t *testing.T) {
 	ts := newTestServer(t, nil)
 	c := ts.login()
 	c.expectCmd("a", "STATUS Unreachable (MESSAGES)",
-		"a NO [SERVERBUG] STATUS failed: fetching from node n2: node unavailable")
+		"a NO [SERVERBUG] STATUS failed (reference R)")
+	if !ts.logger.logged("fetching from node n2: node unavailable") {
+		t.Error("the cause is not in the log")
+	}
 }
 
 type ctxKey struct{}
@@ -704,4 +714,48 @@ func TestErrorAfterLiteralDiscardsRestOfLine(t *testing.T) {
 		t.Fatalf("CREATE of a bad name: got %q", line)
 	}
 	c.expectCmd("b", "NOOP", "b OK NOOP completed")
+}
+
+// QUILL.md row 16: Options.InsecureAuthConn decides per connection whether
+// a password may be sent without TLS: LOGINDISABLED and no AUTH= where it
+// may not, and LOGIN/AUTHENTICATE are refused with PRIVACYREQUIRED.
+func TestInsecureAuthPerConnection(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		ts := newTestServer(t, func(o *Options) {
+			o.InsecureAuth = false
+			o.InsecureAuthConn = func(net.Conn) bool { return allow }
+		})
+		c, _ := ts.dial()
+		caps := strings.Join(c.cmd("a", "CAPABILITY"), "\n")
+		if got := strings.Contains(caps, "LOGINDISABLED"); got == allow {
+			t.Errorf("allow %v: CAPABILITY %q (LOGINDISABLED %v)", allow, caps, got)
+		}
+		if got := strings.Contains(caps, "AUTH=PLAIN"); got != allow {
+			t.Errorf("allow %v: CAPABILITY %q (AUTH=PLAIN %v)", allow, caps, got)
+		}
+		lines := c.cmd("b", "LOGIN "+testUser+" "+testPassword)
+		last := lines[len(lines)-1]
+		if allow && !strings.HasPrefix(last, "b OK ") || !allow && !strings.HasPrefix(last, "b NO [PRIVACYREQUIRED] ") {
+			t.Errorf("allow %v: LOGIN answered %q", allow, last)
+		}
+	}
+}
+
+// QUILL.md row 17: lists nested too deep and mailbox names that are not
+// modified UTF-7 are the client's errors, answered BAD [CLIENTBUG] (were NO
+// [SERVERBUG]); the session goes on. A LIST pattern that is not modified
+// UTF-7 is matched as it is spelt.
+func TestClientErrorsInArgumentsAreBAD(t *testing.T) {
+	ts := newTestServer(t, nil)
+	c := ts.login()
+	c.expectCmd("a", "SEARCH "+strings.Repeat("(", 2000)+"ALL"+strings.Repeat(")", 2000),
+		"a BAD [CLIENTBUG] lists nested deeper than 1000")
+	c.expectCmd("b", `SELECT "&Jjo"`,
+		"b BAD [CLIENTBUG] mailbox name is not valid modified UTF-7 (RFC 3501 section 5.1.3)")
+	c.expectCmd("c", `CREATE "&-&"`,
+		"c BAD [CLIENTBUG] mailbox name is not valid modified UTF-7 (RFC 3501 section 5.1.3)")
+	// The test session has no LIST: its answer shows the pattern got past
+	// the parser to the session.
+	c.expectCmd("d", `LIST "" "&'"`, "d NO [CANNOT] LIST is not supported by the test session")
+	c.expectCmd("e", "NOOP", "e OK NOOP completed")
 }

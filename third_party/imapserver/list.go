@@ -206,7 +206,13 @@ func readListMailbox(dec *imapwire.Decoder) (string, error) {
 			return "", dec.Err()
 		}
 	}
-	return utf7.Decode(mailbox)
+	// quill: a pattern that is not valid modified UTF-7 (say "&'") is a
+	// pattern like any other: it matches the names spelt that way, which
+	// is none, instead of failing the command.
+	if decoded, err := utf7.Decode(mailbox); err == nil {
+		return decoded, nil
+	}
+	return mailbox, nil
 }
 
 func isListChar(ch byte) bool {

@@ -50,6 +50,10 @@ type Options struct {
 	// InsecureAuth allows clients to authenticate without TLS. In this mode,
 	// the server is susceptible to man-in-the-middle attacks.
 	InsecureAuth bool
+	// InsecureAuthConn, if set, decides per connection whether a client
+	// not under TLS may authenticate (quill: a password from loopback
+	// crosses no network). InsecureAuth true wins.
+	InsecureAuthConn func(net.Conn) bool
 	// ServerID is answered to the ID command (RFC 2971) as field, value
 	// pairs; empty means NIL. (quill)
 	ServerID []string

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -655,7 +656,22 @@ func (c *testClient) tryReadLine() (string, error) {
 	if !strings.HasSuffix(line, "\r\n") {
 		return line, fmt.Errorf("line %q does not end with CRLF", line)
 	}
-	return strings.TrimSuffix(line, "\r\n"), nil
+	// The reference of an error reply is random; tests compare the rest.
+	return refPattern.ReplaceAllString(strings.TrimSuffix(line, "\r\n"), "(reference R)"), nil
+}
+
+var refPattern = regexp.MustCompile(`\(reference [0-9a-f]{8}\)`)
+
+// logged reports whether a log line contains sub.
+func (l *syncLogger) logged(sub string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if strings.Contains(line, sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // expect reads len(want) lines and compares them exactly.

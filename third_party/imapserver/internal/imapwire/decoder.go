@@ -495,7 +495,10 @@ func (dec *Decoder) List(f func() error) (isList bool, err error) {
 	}()
 
 	if dec.listDepth >= maxListDepth {
-		return false, fmt.Errorf("imapwire: exceeded max depth")
+		// quill: a client's error, answered BAD (was a plain error, which
+		// the server answered NO [SERVERBUG]).
+		return false, &imap.Error{Type: imap.StatusResponseTypeBad, Code: imap.ResponseCodeClientBug,
+			Text: fmt.Sprintf("lists nested deeper than %d", maxListDepth)}
 	}
 
 	for {
@@ -544,8 +547,11 @@ func (dec *Decoder) ExpectMailbox(ptr *string) bool {
 	name, err := utf7.Decode(name)
 	if err == nil {
 		*ptr = name
+		return true
 	}
-	return dec.returnErr(err)
+	// quill: a client's error, answered BAD (was NO [SERVERBUG]).
+	return dec.returnErr(&imap.Error{Type: imap.StatusResponseTypeBad, Code: imap.ResponseCodeClientBug,
+		Text: "mailbox name is not valid modified UTF-7 (RFC 3501 section 5.1.3)"})
 }
 
 func (dec *Decoder) ExpectUID(ptr *imap.UID) bool {
