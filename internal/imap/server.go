@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
@@ -32,6 +33,10 @@ type Config struct {
 	Logger *slog.Logger
 	// TLSConfig, if set, offers STARTTLS on plain connections.
 	TLSConfig *tls.Config
+	// Logins, if set, decides the delay after a failed login (growing per
+	// address and account) and locks out an address that fails too
+	// often; without it every failure waits AuthFailDelay.
+	Logins guard.Logins
 	// PlaintextAuth says whether a connection not under TLS may send a
 	// password (RFC 8314 §3); where it may not, the server advertises
 	// LOGINDISABLED. nil allows it everywhere.

@@ -89,12 +89,31 @@ func (s *session) Close() error {
 	return nil
 }
 
+// sleepCtx waits d or until ctx ends (the client hung up).
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 // Login checks the password through the user manager (Porcupine §2.3.2:
 // the proxy authenticates, then finds the user's mailbox fragments).
 func (s *session) Login(username, password string) error {
 	if s.failures >= maxFailedLogins {
 		s.conn.Bye("Too many failed logins")
 		return imapserver.ErrAuthFailed
+	}
+	remote := s.conn.NetConn().RemoteAddr()
+	logins := s.srv.cfg.Logins
+	if logins != nil {
+		if err := logins.LoginAllowed(remote); err != nil {
+			s.failures++
+			s.srv.cfg.Logger.Warn("login refused: address locked out", "user", username, "remote", remote.String())
+			return no(imap.ResponseCodeUnavailable, "too many failed logins from your address; try again later")
+		}
 	}
 	prof, err := s.srv.auth.Login(s.ctx(), username, password)
 	if err != nil && !errors.Is(err, userdb.ErrNotFound) && !errors.Is(err, userdb.ErrPasswordMismatch) {
@@ -105,10 +124,18 @@ func (s *session) Login(username, password string) error {
 	}
 	if err != nil {
 		s.failures++
-		if d := s.srv.cfg.AuthFailDelay; d > 0 {
-			time.Sleep(d)
+		d := s.srv.cfg.AuthFailDelay
+		if logins != nil {
+			d = logins.LoginFailed(remote, username)
+		}
+		s.srv.cfg.Logger.Info("login failed", "user", username, "remote", remote.String(), "delay", d)
+		if d > 0 {
+			sleepCtx(s.ctx(), d)
 		}
 		return imapserver.ErrAuthFailed
+	}
+	if logins != nil {
+		logins.LoginSucceeded(remote)
 	}
 	if err := s.srv.store.EnsureUser(s.ctx(), prof.Address); err != nil {
 		ref := fmt.Sprintf("%08x", rand.Uint32())

@@ -13,11 +13,13 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
 	"github.com/quillmail/quill/internal/pop3"
@@ -46,6 +48,13 @@ type Config struct {
 	// serves a self-signed certificate it keeps in DATA/tls.
 	TLSCert []string `flag:"tls-cert" help:"certificate chain PEM file (several, comma-separated, for several domains: chosen by SNI); re-read when it changes or on SIGHUP" doc:"none: a self-signed certificate made in DATA/tls"`
 	TLSKey  []string `flag:"tls-key" help:"private key PEM file of each --tls-cert, in the same order"`
+	// Limits of the guard (internal/guard): connections in all and per
+	// client address, new connections per address, failed logins.
+	MaxConns         int           `flag:"max-conns" help:"client connections of all listeners together; 0: 10,000, or fewer to stay below the open-file limit" doc:"0"`
+	MaxConnsPerIP    int           `flag:"max-conns-per-ip" help:"client connections from one address"`
+	ConnRatePerIP    int           `flag:"conn-rate-per-ip" help:"new connections per minute from one address (0: no limit, as Postfix)"`
+	AuthLockoutAfter int           `flag:"auth-lockout-after" help:"failed logins from one address (within 15 minutes) after which it may not log in for --auth-lockout-for"`
+	AuthLockoutFor   time.Duration `flag:"auth-lockout-for" help:"how long an address that failed too often may not log in"`
 	// AllowPlaintextAuth lets clients anywhere send passwords without TLS;
 	// loopback clients always may.
 	AllowPlaintextAuth bool `flag:"allow-plaintext-auth" help:"accept passwords without TLS from any address (test rigs only; loopback always may)"`
@@ -60,8 +69,10 @@ type Config struct {
 	// MaxMessageBytes is the SMTP SIZE limit.
 	MaxMessageBytes int64 `flag:"max-message-size" help:"largest message accepted, in bytes"`
 	// AuthFailDelay is how long a wrong password waits before its error,
-	// slowing password guessing.
-	AuthFailDelay time.Duration `flag:"auth-fail-delay" help:"delay before answering a failed login"`
+	// slowing password guessing; it doubles with each further failure of
+	// the address or account, up to 16 s.
+	AuthFailDelay time.Duration `flag:"auth-fail-delay" help:"delay before answering a first failed login; each further failure of the address or account doubles it, up to --auth-max-delay"`
+	AuthMaxDelay  time.Duration `flag:"auth-max-delay" help:"longest delay before answering a failed login"`
 	// MinFree is the free disk space under which the node takes no new
 	// mail; under half of it, not even replica copies.
 	MinFree int64 `flag:"min-free" help:"free disk bytes under which the node takes no new mail (under half of it, not even replica copies)"`
@@ -89,24 +100,27 @@ func DefaultConfig() Config {
 		host = "localhost"
 	}
 	return Config{
-		DataDir:         "quill-data",
-		SMTPAddr:        "127.0.0.1:2525",
-		POP3Addr:        "127.0.0.1:1110",
-		IMAPAddr:        "127.0.0.1:1143",
-		HTTPAddr:        "127.0.0.1:8025",
-		SMTPSAddr:       "127.0.0.1:1465",
-		IMAPSAddr:       "127.0.0.1:1993",
-		POP3SAddr:       "127.0.0.1:1995",
-		Hostname:        host,
-		MaxMessageBytes: 25 << 20,
-		AuthFailDelay:   time.Second,
-		MinFree:         256 << 20,
-		Replicas:        core.DefaultReplicas,
-		WritePolicy:     string(replica.One),
-		ReplaceAfter:    replica.DefaultReplaceAfter,
-		LogMaxAge:       replica.DefaultMaxAge,
-		AuditInterval:   writer.DefaultAuditInterval,
-		Logger:          slog.Default(),
+		DataDir:          "quill-data",
+		SMTPAddr:         "127.0.0.1:2525",
+		POP3Addr:         "127.0.0.1:1110",
+		IMAPAddr:         "127.0.0.1:1143",
+		HTTPAddr:         "127.0.0.1:8025",
+		SMTPSAddr:        "127.0.0.1:1465",
+		IMAPSAddr:        "127.0.0.1:1993",
+		POP3SAddr:        "127.0.0.1:1995",
+		Hostname:         host,
+		MaxMessageBytes:  25 << 20,
+		AuthFailDelay:    time.Second,
+		MaxConnsPerIP:    150,
+		AuthLockoutAfter: 20,
+		AuthLockoutFor:   15 * time.Minute,
+		MinFree:          256 << 20,
+		Replicas:         core.DefaultReplicas,
+		WritePolicy:      string(replica.One),
+		ReplaceAfter:     replica.DefaultReplaceAfter,
+		LogMaxAge:        replica.DefaultMaxAge,
+		AuditInterval:    writer.DefaultAuditInterval,
+		Logger:           slog.Default(),
 	}
 }
 
@@ -118,6 +132,8 @@ type Node struct {
 
 	// Certs are the certificates every TLS listener presents.
 	Certs *tlscert.Store
+	// Guard counts client connections and failed logins.
+	Guard *guard.Guard
 	stop  context.CancelFunc // ends the certificate watcher
 
 	smtp  *gosmtp.Server
@@ -155,6 +171,9 @@ func Start(cfg Config) (*Node, error) {
 		n.Shutdown(context.Background())
 		return nil, err
 	}
+	n.Guard = guard.New(guard.Limits{MaxConns: maxConns(cfg.MaxConns, cfg.Logger), MaxConnsPerIP: cfg.MaxConnsPerIP,
+		RatePerIP: cfg.ConnRatePerIP, AuthFailDelay: cfg.AuthFailDelay, AuthMaxDelay: cfg.AuthMaxDelay, LockoutAfter: cfg.AuthLockoutAfter,
+		LockoutFor: cfg.AuthLockoutFor}, cfg.Logger)
 	var watch context.Context
 	watch, n.stop = context.WithCancel(context.Background())
 	go n.Certs.Watch(watch, tlscert.DefaultPollInterval)
@@ -193,15 +212,61 @@ func (n *Node) listen(proto, addr string, serve func(net.Listener) error) error 
 	return nil
 }
 
-// listenTLS is listen with implicit TLS (RFC 8314 §3.3): the handshake
-// comes first, bounded by handshakeTimeout.
+// listenClients is listen for a protocol's clients: every connection
+// passes the guard, which answers one over a limit with refuse's line.
+func (n *Node) listenClients(proto, addr string, refuse func(string) []byte, serve func(net.Listener) error) error {
+	return n.listen(proto, addr, func(l net.Listener) error {
+		return serve(n.Guard.Listener(proto, l, refuse))
+	})
+}
+
+// listenTLS is listenClients with implicit TLS (RFC 8314 §3.3): the
+// handshake comes first, bounded by handshakeTimeout; a refusal can say
+// nothing before it, so the connection is just closed.
 func (n *Node) listenTLS(proto, addr string, serve func(net.Listener) error) error {
 	if addr == "" {
 		return nil
 	}
 	return n.listen(proto, addr, func(l net.Listener) error {
-		return serve(tlscert.Listener(l, n.Certs.Config(), handshakeTimeout))
+		return serve(tlscert.Listener(n.Guard.Listener(proto, l, nil), n.Certs.Config(), handshakeTimeout))
 	})
+}
+
+// The lines a refused connection gets, in each protocol's words for "try
+// again later" (RFC 5321 §3.8, RFC 3206 SYS/TEMP, RFC 5530 UNAVAILABLE).
+func refuseSMTP(host string) func(string) []byte {
+	return func(reason string) []byte {
+		return []byte("421 4.7.0 " + host + " " + reason + ", try again later\r\n")
+	}
+}
+
+func refusePOP3(reason string) []byte {
+	return []byte("-ERR [SYS/TEMP] " + reason + ", try again later\r\n")
+}
+
+func refuseIMAP(reason string) []byte {
+	return []byte("* BYE [UNAVAILABLE] " + reason + ", try again later\r\n")
+}
+
+// fdReserve is the open files kept for everything but client connections:
+// Pebble's files, node-to-node RPC, gossip, the admin API.
+const fdReserve = 1024
+
+// maxConns is the client connection cap: the flag, or 10,000, lowered to
+// stay fdReserve below the open-file limit (Go raises the soft limit to
+// the hard one at start).
+func maxConns(flag int, log *slog.Logger) int {
+	want := flag
+	if want <= 0 {
+		want = 10000
+	}
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < uint64(want+fdReserve) {
+		limit := max(int(rl.Cur)-fdReserve, int(rl.Cur)/2)
+		log.Warn("connection cap lowered below the open-file limit", "max_conns", limit, "nofile", rl.Cur)
+		return limit
+	}
+	return want
 }
 
 // handshakeTimeout bounds a TLS handshake on an implicit-TLS listener, so
@@ -226,7 +291,7 @@ func (n *Node) startListeners() error {
 	sc.Logger = cfg.Logger
 	sc.TLSConfig = n.Certs.Config()
 	n.smtp = smtp.New(n.Proxy, sc)
-	if err := n.listen("smtp", cfg.SMTPAddr, n.smtp.Serve); err != nil {
+	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
 		return err
 	}
 	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtp.Serve); err != nil {
@@ -240,8 +305,9 @@ func (n *Node) startListeners() error {
 	pc.CommandContext = hangup.Watch
 	pc.TLSConfig = n.Certs.Config()
 	pc.PlaintextAuth = n.plaintextAuth
+	pc.Logins = n.Guard
 	n.pop3 = pop3.New(proxy.POP3{P: n.Proxy, Log: cfg.Logger}, pc)
-	if err := n.listen("pop3", cfg.POP3Addr, n.pop3.Serve); err != nil {
+	if err := n.listenClients("pop3", cfg.POP3Addr, refusePOP3, n.pop3.Serve); err != nil {
 		return err
 	}
 	if err := n.listenTLS("pop3s", cfg.POP3SAddr, n.pop3.Serve); err != nil {
@@ -249,8 +315,9 @@ func (n *Node) startListeners() error {
 	}
 
 	n.imap = imap.New(&proxy.IMAPStore{P: n.Proxy}, proxy.IMAPAuth{P: n.Proxy}, imap.Config{AuthFailDelay: cfg.AuthFailDelay,
-		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger, TLSConfig: n.Certs.Config(), PlaintextAuth: n.plaintextAuth})
-	if err := n.listen("imap", cfg.IMAPAddr, n.imap.Serve); err != nil {
+		MaxMessageBytes: cfg.MaxMessageBytes, Logger: cfg.Logger, TLSConfig: n.Certs.Config(), PlaintextAuth: n.plaintextAuth,
+		Logins: n.Guard})
+	if err := n.listenClients("imap", cfg.IMAPAddr, refuseIMAP, n.imap.Serve); err != nil {
 		return err
 	}
 	if err := n.listenTLS("imaps", cfg.IMAPSAddr, n.imap.Serve); err != nil {

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quillmail/quill/internal/guard"
 )
 
 // ErrServerClosed is returned by Serve once Shutdown has been called.
@@ -66,6 +68,10 @@ type Config struct {
 	PlaintextAuth func(net.Conn) bool
 	// HandshakeTimeout bounds a TLS handshake after STLS. Default 30s.
 	HandshakeTimeout time.Duration
+	// Logins, if set, decides the delay after a failed login (growing per
+	// address and account) and locks out an address that fails too
+	// often; without it every failure waits AuthFailDelay.
+	Logins guard.Logins
 	// MaxFailedLogins is how many failed logins a connection may make
 	// before it is closed (IMAP closes after the same number). Default 5.
 	MaxFailedLogins int
@@ -819,7 +825,7 @@ func (c *session) cmdAuth(args []string) error {
 	if authz != "" && authz != user {
 		// Acting as another user is an admin feature Quill does not have.
 		c.log.Info("pop3: login refused: authorization identity differs", "user", user, "authz", authz)
-		c.authFailDelay()
+		c.authFailDelay(c.srv.cfg.AuthFailDelay)
 		c.fail("[AUTH] AUTH PLAIN: not authorized to act as %s", short(authz))
 		return nil
 	}
@@ -843,11 +849,27 @@ func parsePlain(msg []byte) (authz, user, pass string, err error) {
 // login authenticates and, on success, takes the snapshot that numbers the
 // messages for the rest of the session, entering the TRANSACTION state.
 func (c *session) login(mech, user, pass string) {
+	logins, remote := c.srv.cfg.Logins, c.conn.RemoteAddr()
+	if logins != nil {
+		if err := logins.LoginAllowed(remote); err != nil {
+			c.failed++
+			c.log.Warn("pop3: login refused: address locked out", "user", user)
+			c.writeLine("-ERR [SYS/TEMP] " + mech + ": too many failed logins from your address; try again later")
+			if c.failed >= c.srv.cfg.MaxFailedLogins {
+				c.closing = true
+			}
+			return
+		}
+	}
 	md, err := c.srv.backend.Login(c.cmd, user, pass)
 	if errors.Is(err, ErrAuthFailed) {
 		c.failed++
-		c.log.Info("pop3: login failed", "user", user, "mech", mech, "failures", c.failed)
-		c.authFailDelay()
+		d := c.srv.cfg.AuthFailDelay
+		if logins != nil {
+			d = logins.LoginFailed(remote, user)
+		}
+		c.log.Info("pop3: login failed", "user", user, "mech", mech, "failures", c.failed, "delay", d)
+		c.authFailDelay(d)
 		// RFC 3206 §5: [AUTH] says the credentials were wrong, so the
 		// client need not retry blindly.
 		msg := "[AUTH] " + mech + ": authentication failed"
@@ -879,6 +901,9 @@ func (c *session) login(mech, user, pass string) {
 		return
 	}
 	opened = true
+	if logins != nil {
+		logins.LoginSucceeded(remote)
+	}
 	c.md, c.msgs, c.deleted = md, msgs, make([]bool, len(msgs))
 	c.log = c.log.With("user", user)
 	n, size := c.stat()
@@ -886,8 +911,7 @@ func (c *session) login(mech, user, pass string) {
 	c.ok("maildrop has %d messages (%d octets)", n, size)
 }
 
-func (c *session) authFailDelay() {
-	d := c.srv.cfg.AuthFailDelay
+func (c *session) authFailDelay(d time.Duration) {
 	if d <= 0 {
 		return
 	}

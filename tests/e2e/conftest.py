@@ -257,7 +257,11 @@ def quill_factory(quill_bin, tmp_path, request):
 
     def make(*extra_args: str, auth_fail_delay: float = AUTH_FAIL_DELAY) -> QuillNode:
         name = f"node{len(nodes)}"
-        args = ["--auth-fail-delay", f"{int(auth_fail_delay * 1000)}ms", *extra_args]
+        # A fixed delay and no lockout, so that tests which fail logins on
+        # purpose keep their timing; test_abuse.py sets its own.
+        delay = f"{int(auth_fail_delay * 1000)}ms"
+        args = ["--auth-fail-delay", delay, "--auth-max-delay", delay, "--auth-lockout-after", "100000",
+                *extra_args]
         node = QuillNode(quill_bin, tmp_path / name, args, name=name)
         nodes.append(node)
         return node.start()
