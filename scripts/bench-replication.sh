@@ -15,8 +15,9 @@ mkdir -p "$OUT"
 
 # metrics NAME WHEN: both nodes' RPC counters, one file.
 metrics() {
-	for port in 8025 8035; do
-		curl -s "http://127.0.0.1:$port/metrics" | grep '^quill_rpc_' | sed "s/^/$port /"
+	for node in "8025 $a" "8035 $b"; do
+		set -- "$1" "$2" $node
+		curl -s -H "Authorization: Bearer $(cat "$4/admin.token")" "http://127.0.0.1:$3/metrics" | grep '^quill_rpc_' | sed "s/^/$3 /"
 	done >"$OUT/$1-metrics-$2.txt"
 }
 
@@ -58,6 +59,9 @@ run() { # name replicas policy [bench flags]
 	"$Q" serve --data "$b" --smtps= --imaps= --pop3s= --smtp 127.0.0.1:2535 --pop3 127.0.0.1:1120 --imap 127.0.0.1:1153 --http 127.0.0.1:8035 \
 		--cluster 127.0.0.1:7956 --join 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-b.log" 2>&1 & pb=$!
 	sleep 3
+	# The admin API asks for the token on every call; quill bench creates
+	# the users through node a.
+	QUILL_ADMIN_TOKEN=$(cat "$a/admin.token"); export QUILL_ADMIN_TOKEN
 	echo "== $name: replicas $r, write policy $pol $* (pids $pa $pb)" >&2
 	# Users are created (and a few messages delivered) before the counters
 	# are read, so the figures are the workload's alone.
@@ -69,8 +73,8 @@ run() { # name replicas policy [bench flags]
 	# Let the update logs drain so their pushes are counted.
 	sleep 3
 	metrics "$name" after
-	curl -s http://127.0.0.1:8025/api/replication >"$OUT/$name-repl-a.json" || true
-	curl -s http://127.0.0.1:8035/api/replication >"$OUT/$name-repl-b.json" || true
+	curl -s -H "Authorization: Bearer $QUILL_ADMIN_TOKEN" http://127.0.0.1:8025/api/replication >"$OUT/$name-repl-a.json" || true
+	curl -s -H "Authorization: Bearer $(cat "$b/admin.token")" http://127.0.0.1:8035/api/replication >"$OUT/$name-repl-b.json" || true
 	kill "$pa" "$pb"; wait "$pa" "$pb" 2>/dev/null || true
 	rm -rf "$a" "$b"
 	grep -E "delivered|SMTP|CPU" "$OUT/$name.txt" | head -6 >&2

@@ -186,7 +186,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f.StringVar(&password, "password", "benchpass", "password of every bench user")
 	f.Uint64Var(&seed, "seed", 1, "random seed")
 	f.StringVar(&adminURL, "admin", "http://127.0.0.1:8025", "Quill admin API base URL, for creating the users")
-	f.StringVar(&adminToken, "admin-token", "", "bearer token for the admin API")
+	f.StringVar(&adminToken, "admin-token", os.Getenv("QUILL_ADMIN_TOKEN"), "token of the admin API, for creating the users (default $QUILL_ADMIN_TOKEN; DATA/admin.token of the node)")
 	f.IntVar(&createPar, "create-parallel", 4, "user creation requests in flight")
 	f.StringVar(&usersFile, "users-file", "", `read users from FILE ("address [password]" lines) and create none`)
 	f.BoolVar(&noCreate, "no-create", false, "do not create the users")

@@ -35,6 +35,23 @@ func init() {
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.AddCommand(status)
 	rootCmd.AddCommand(cmd)
+
+	var d adminClient
+	dash := &cobra.Command{
+		Use:   "dashboard",
+		Short: "Print the address that opens the dashboard in a browser (it carries the admin token once)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tok, err := d.tokenValue()
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s/?token=%s\n", strings.TrimRight(d.server, "/"), tok)
+			return nil
+		},
+	}
+	d.flags(dash)
+	rootCmd.AddCommand(dash)
 }
 
 // printStatus draws the cluster for a terminal: one line per node with a

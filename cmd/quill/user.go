@@ -34,6 +34,19 @@ func (c *adminClient) flags(cmd *cobra.Command) {
 	cmd.PersistentFlags().StringVar(&c.dataDir, "data", "quill-data", "data directory to read the admin token from when --token is not given")
 }
 
+// tokenValue is --token, $QUILL_ADMIN_TOKEN, or the token file of --data.
+func (c *adminClient) tokenValue() (string, error) {
+	if c.token != "" {
+		return c.token, nil
+	}
+	path := filepath.Join(c.dataDir, admin.TokenFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("admin token: %w (give --token, set QUILL_ADMIN_TOKEN, or --data of the node)", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 func (c *adminClient) do(method, path string, body any, out any) error {
 	var rd io.Reader
 	if body != nil {
@@ -44,12 +57,7 @@ func (c *adminClient) do(method, path string, body any, out any) error {
 	if err != nil {
 		return err
 	}
-	tok := c.token
-	if tok == "" {
-		if b, err := os.ReadFile(filepath.Join(c.dataDir, admin.TokenFile)); err == nil {
-			tok = strings.TrimSpace(string(b))
-		}
-	}
+	tok, _ := c.tokenValue()
 	if tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}

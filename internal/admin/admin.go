@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -86,24 +85,15 @@ type ReplicationStatus struct {
 type Server struct {
 	Users *usermgr.Manager
 	Node  NodeInfo
-	// Token, when non-empty, is required as "Authorization: Bearer TOKEN"
-	// on every request except /healthz.
-	Token  string
+	// Token, when non-empty, is required on every request except
+	// /healthz, on loopback too (any local account could otherwise read
+	// and change every user): "Authorization: Bearer TOKEN", or the
+	// cookie a browser gets by opening /?token=TOKEN once.
+	Token string
+	// Pprof serves Go's profiler under /debug/pprof/ (heap dumps hold
+	// mail and passwords in memory: off unless asked for).
+	Pprof  bool
 	Logger *slog.Logger
-}
-
-// RequireToken reports whether a listen address needs the token: anything
-// not bound to loopback does.
-func RequireToken(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return true
-	}
-	if host == "localhost" {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip == nil || !ip.IsLoopback()
 }
 
 // Handler returns the HTTP handler.
@@ -120,20 +110,45 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/replication", s.replication)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /{$}", s.dashboard)
-	// Go's profiler, for operators chasing a slow node (behind the token
-	// like everything else when the API is not on loopback).
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if s.Pprof {
+		// Go's profiler, for operators chasing a slow node (--pprof).
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return s.auth(mux)
+}
+
+// tokenCookie carries the token for a browser, which cannot send a header.
+const tokenCookie = "quill_admin"
+
+// tokenOf returns the token a request presents: its bearer header or its
+// cookie.
+func tokenOf(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); h != "" {
+		return strings.TrimPrefix(h, "Bearer ")
+	}
+	if c, err := r.Cookie(tokenCookie); err == nil {
+		return c.Value
+	}
+	return ""
 }
 
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.Token != "" && r.URL.Path != "/healthz" {
-			got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) != 1 {
-				writeError(w, http.StatusUnauthorized, errors.New("admin token missing or wrong (see "+TokenFile+" in the data directory)"))
+			// A browser opens /?token=TOKEN once (`quill dashboard` prints
+			// that address): it gets the token as a cookie that scripts of
+			// other sites cannot read or send, and a clean address.
+			if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet &&
+				subtle.ConstantTimeCompare([]byte(q), []byte(s.Token)) == 1 {
+				http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: s.Token, Path: "/", HttpOnly: true,
+					SameSite: http.SameSiteStrictMode})
+				http.Redirect(w, r, r.URL.Path, http.StatusSeeOther)
+				return
+			}
+			if subtle.ConstantTimeCompare([]byte(tokenOf(r)), []byte(s.Token)) != 1 {
+				writeError(w, http.StatusUnauthorized, errors.New("admin token missing or wrong (see "+TokenFile+" in the data directory; a browser opens the address `quill dashboard` prints)"))
 				return
 			}
 		}

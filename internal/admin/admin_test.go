@@ -108,11 +108,43 @@ func TestTokenAndViews(t *testing.T) {
 	}
 }
 
-func TestRequireToken(t *testing.T) {
-	for addr, want := range map[string]bool{"127.0.0.1:8025": false, "localhost:1": false, "[::1]:8025": false,
-		"0.0.0.0:8025": true, ":8025": true, "10.1.2.3:80": true} {
-		if admin.RequireToken(addr) != want {
-			t.Errorf("RequireToken(%q) != %v", addr, want)
-		}
+// A browser gets the token as a cookie from /?token=, and the cookie
+// opens the dashboard; a wrong token in the query sets nothing.
+func TestDashboardTokenCookie(t *testing.T) {
+	ts := newServer(t, "sekrit")
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get(ts.URL + "/?token=wrong")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 || len(resp.Cookies()) != 0 {
+		t.Fatalf("wrong token: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	resp, err = client.Get(ts.URL + "/?token=sekrit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 || !resp.Cookies()[0].HttpOnly {
+		t.Fatalf("right token: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	req, _ := http.NewRequest("GET", ts.URL+"/", nil)
+	req.AddCookie(resp.Cookies()[0])
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("dashboard with the cookie: %d", resp.StatusCode)
+	}
+}
+
+// The profiler is not served unless asked for.
+func TestPprofOffByDefault(t *testing.T) {
+	ts := newServer(t, "sekrit")
+	if c, _ := call(t, "GET", ts.URL+"/debug/pprof/", "sekrit", ""); c != 404 {
+		t.Fatalf("/debug/pprof/ without --pprof: %d, want 404", c)
 	}
 }

@@ -133,7 +133,11 @@ wait:
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	users := GenerateUsers(30, "bench.example", "benchpass")
-	if _, err := (&Creator{BaseURL: "http://" + addrs["HTTP"], Parallel: 4}).Create(ctx, users); err != nil {
+	tok, err := os.ReadFile(filepath.Join(data, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&Creator{BaseURL: "http://" + addrs["HTTP"], Token: strings.TrimSpace(string(tok)), Parallel: 4}).Create(ctx, users); err != nil {
 		t.Fatalf("creating users: %v", err)
 	}
 

@@ -39,7 +39,9 @@ type Config struct {
 	SMTPAddr string `flag:"smtp" help:"SMTP listen address (mail from other servers)"`
 	POP3Addr string `flag:"pop3" help:"POP3 listen address"`
 	IMAPAddr string `flag:"imap" help:"IMAP listen address"`
-	HTTPAddr string `flag:"http" help:"admin API, dashboard and /metrics listen address (needs the token in DATA/admin.token unless on loopback)"`
+	HTTPAddr string `flag:"http" help:"admin API, dashboard and /metrics listen address (every call but /healthz needs the token in DATA/admin.token)"`
+	// Pprof serves Go's profiler on the admin listener.
+	Pprof bool `flag:"pprof" help:"serve Go's profiler under /debug/pprof/ on the admin listener (behind the token)"`
 	// Implicit TLS listeners (RFC 8314 §3.3); empty turns one off.
 	SMTPSAddr string `flag:"smtps" help:"SMTP with implicit TLS (RFC 8314, submissions) listen address; empty: none"`
 	IMAPSAddr string `flag:"imaps" help:"IMAP with implicit TLS (IMAPS) listen address; empty: none"`
@@ -324,15 +326,13 @@ func (n *Node) startListeners() error {
 		return err
 	}
 
-	token := ""
-	if admin.RequireToken(cfg.HTTPAddr) {
-		t, err := admin.LoadToken(cfg.DataDir)
-		if err != nil {
-			return err
-		}
-		token = t
+	// The token is asked for on loopback too: any local account could
+	// otherwise list users and set passwords.
+	token, err := admin.LoadToken(cfg.DataDir)
+	if err != nil {
+		return err
 	}
-	as := &admin.Server{Users: n.Users, Token: token, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {

@@ -6,6 +6,8 @@ package cluster_test
 import (
 	"bufio"
 	"bytes"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -238,7 +240,13 @@ func (n *Node) start() {
 	if err := os.MkdirAll(n.Data, 0o700); err != nil {
 		fatalf(t, "%v", err)
 	}
-	if n.token != "" {
+	if n.token == "" {
+		// The admin API asks for a token on loopback too.
+		var tok [16]byte
+		crand.Read(tok[:])
+		n.token = hex.EncodeToString(tok[:])
+	}
+	{
 		// quill reads an existing token file and makes one only if
 		// missing (also after a wipe).
 		if err := os.WriteFile(filepath.Join(n.Data, admin.TokenFile), []byte(n.token+"\n"), 0o600); err != nil {

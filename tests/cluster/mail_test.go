@@ -22,7 +22,10 @@ func (n *Node) addUser(t *testing.T, addr, pw string) {
 	t.Helper()
 	body, _ := json.Marshal(map[string]string{"address": addr, "password": pw})
 	c := http.Client{Timeout: 30 * time.Second}
-	resp, err := c.Post("http://"+n.HTTP+"/api/users", "application/json", bytes.NewReader(body))
+	req, _ := http.NewRequest(http.MethodPost, "http://"+n.HTTP+"/api/users", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+n.token)
+	resp, err := c.Do(req)
 	if err != nil {
 		fatalf(t, "%v", err)
 	}

@@ -204,6 +204,7 @@ func TestWipedNodeIsRefilled(t *testing.T) {
 func setPassword(n *Node, addr, pw string) error {
 	body, _ := json.Marshal(map[string]string{"password": pw})
 	req, _ := http.NewRequest(http.MethodPut, "http://"+n.HTTP+"/api/users/"+addr+"/password", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+n.token)
 	c := http.Client{Timeout: 30 * time.Second}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -315,6 +316,7 @@ func TestWritePolicyAllPerUser(t *testing.T) {
 	nodes[0].addUser(t, one, "pw")
 	body, _ := json.Marshal(map[string]any{"replicas": 2, "write_policy": "all"})
 	req, _ := http.NewRequest(http.MethodPut, "http://"+nodes[1].HTTP+"/api/users/"+u+"/replication", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+nodes[1].token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		fatalf(t, "%v", err)

@@ -218,9 +218,15 @@ class QuillNode:
     def add_user(self, addr: str, pw: str) -> None:
         self.cli("user", "add", addr, "--password", pw)
 
-    def api(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    @property
+    def admin_token(self) -> str:
+        return (self.data_dir / "admin.token").read_text().strip()
+
+    def api(self, method: str, path: str, body: bytes | None = None, token: str | None = None) -> tuple[int, bytes]:
+        """Calls the admin API with the node's token (or the given one)."""
         req = urllib.request.Request(self.http_url + path, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": "Bearer " + (self.admin_token if token is None else token)})
         try:
             with urllib.request.urlopen(req, timeout=CLI_TIMEOUT) as resp:
                 return resp.status, resp.read()

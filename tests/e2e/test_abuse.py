@@ -201,3 +201,18 @@ def test_huge_literal_before_login_is_refused_at_once(quill_factory):
     assert time.monotonic() - t < 2
     s.close()
     assert count(node, ALICE, PW) == 0
+
+
+def test_admin_api_asks_for_the_token_on_loopback(quill_factory):
+    node = quill_factory()
+    status, body = node.api("GET", "/api/users", token="")
+    assert status == 401 and b"admin token" in body, (status, body)
+    assert node.api("GET", "/api/users", token="wrong")[0] == 401
+    assert node.api("GET", "/api/users")[0] == 200
+    assert node.api("GET", "/healthz", token="")[0] == 200
+    # The profiler (heap dumps) is off unless --pprof.
+    assert node.api("GET", "/debug/pprof/")[0] == 404
+    # The CLI finds the token in the data directory by itself.
+    node.add_user(ALICE, PW)
+    url = node.cli("dashboard").stdout.strip()
+    assert url.startswith(node.http_url + "/?token=") and url.endswith(node.admin_token), url

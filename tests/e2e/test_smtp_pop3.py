@@ -694,7 +694,7 @@ def test_admin_cli_user_lifecycle(node):
 
 def test_admin_cli_survives_restart_and_password_from_stdin(node, quill_bin):
     import subprocess
-    r = subprocess.run([quill_bin, "user", "add", ALICE, "--server", node.http_url],
+    r = subprocess.run([quill_bin, "user", "add", ALICE, "--server", node.http_url, "--data", str(node.data_dir)],
                        input="piped-pw\n", capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert node.restart() == 0
