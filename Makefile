@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e fuzz faults faults-long vet proto clean
+.PHONY: build run test deps unit e2e fuzz faults faults-long testssl vet proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -66,6 +66,11 @@ faults:
 # faults-long.log; docs/reliability.md records the figures and seeds.
 faults-long:
 	QUILL_FAULTS=1000 $(GO) test -count=1 -timeout 240m -run 'TestFaultsNetns$$' -v ./tests/cluster/ 2>&1 | tee faults-long.log; test $${PIPESTATUS[0]} -eq 0
+
+# testssl.sh against every TLS listener of a fresh node (about 9 minutes);
+# docs/security.md records the result.
+testssl: build
+	bash scripts/testssl.sh $(CURDIR)/$(BIN) /tmp/quill-testssl
 
 clean:
 	rm -rf bin
