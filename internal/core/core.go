@@ -30,6 +30,7 @@ import (
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
+	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 	"github.com/quillmail/quill/internal/writer"
@@ -426,6 +427,12 @@ func (c *Core) noteAlive() {
 	}
 }
 
+// keepOnRenewal are the files of a data directory that are not hard state
+// of the cluster and outlive a renewal: the addresses of other members (to
+// rejoin), the admin token the operator's tools hold (admin.TokenFile) and
+// the self-signed TLS certificate clients may have accepted.
+var keepOnRenewal = map[string]bool{knownFile: true, "admin.token": true, tlscert.SelfSignedDir: true}
+
 // renewIfAway wipes the data directory of a node that was last alive longer
 // ago than its peers keep update log entries: it missed updates it can no
 // longer get, so it rejoins as a new node with no hard state (Porcupine
@@ -446,7 +453,7 @@ func renewIfAway(dataDir string, maxAge time.Duration, log *slog.Logger) error {
 		return fmt.Errorf("data directory %s: %w", dataDir, err)
 	}
 	for _, e := range entries {
-		if e.Name() == knownFile {
+		if keepOnRenewal[e.Name()] {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(dataDir, e.Name())); err != nil {

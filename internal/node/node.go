@@ -113,6 +113,7 @@ func DefaultConfig() Config {
 		Hostname:         host,
 		MaxMessageBytes:  25 << 20,
 		AuthFailDelay:    time.Second,
+		AuthMaxDelay:     16 * time.Second,
 		MaxConnsPerIP:    150,
 		AuthLockoutAfter: 20,
 		AuthLockoutFor:   15 * time.Minute,
