@@ -178,17 +178,23 @@ func admit(lim Limits, st *ipState, total int, now time.Time) refusal {
 func (g *Guard) open(ip netip.Addr) refusal {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st := g.ips[ip]
-	if st == nil {
-		st = &ipState{}
-		g.ips[ip] = st
-	}
+	st := g.stateLocked(ip)
 	if r := admit(g.lim, st, g.total, g.now()); r != "" {
 		return r
 	}
 	st.conns++
 	g.total++
 	return ""
+}
+
+// stateLocked returns the state of ip, making it if new. g.mu is held.
+func (g *Guard) stateLocked(ip netip.Addr) *ipState {
+	st := g.ips[ip]
+	if st == nil {
+		st = &ipState{}
+		g.ips[ip] = st
+	}
+	return st
 }
 
 func (g *Guard) close(ip netip.Addr) {
@@ -318,11 +324,7 @@ func (g *Guard) LoginFailed(remote net.Addr, account string) time.Duration {
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st := g.ips[ip]
-	if st == nil {
-		st = &ipState{}
-		g.ips[ip] = st
-	}
+	st := g.stateLocked(ip)
 	nIP := st.fails.count(now, g.lim.AuthWindow)
 	if nIP >= g.lim.LockoutAfter && now.After(st.locked) {
 		st.locked = now.Add(g.lim.LockoutFor)

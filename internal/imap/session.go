@@ -12,6 +12,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
@@ -89,16 +90,6 @@ func (s *session) Close() error {
 	return nil
 }
 
-// sleepCtx waits d or until ctx ends (the client hung up).
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
 // Login checks the password through the user manager (Porcupine §2.3.2:
 // the proxy authenticates, then finds the user's mailbox fragments).
 func (s *session) Login(username, password string) error {
@@ -130,7 +121,7 @@ func (s *session) Login(username, password string) error {
 		}
 		s.srv.cfg.Logger.Info("login failed", "user", username, "remote", remote.String(), "delay", d)
 		if d > 0 {
-			sleepCtx(s.ctx(), d)
+			retry.Sleep(s.ctx(), d) // ends early if the client hangs up
 		}
 		return imapserver.ErrAuthFailed
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/guard"
+	"github.com/quillmail/quill/internal/retry"
 )
 
 // ErrServerClosed is returned by Serve once Shutdown has been called.
@@ -912,14 +913,8 @@ func (c *session) login(mech, user, pass string) {
 }
 
 func (c *session) authFailDelay(d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-c.ctx.Done():
+	if d > 0 {
+		retry.Sleep(c.ctx, d)
 	}
 }
 

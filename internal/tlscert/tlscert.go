@@ -382,12 +382,6 @@ func IsLoopback(addr net.Addr) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// IsTLS reports whether a connection is (already) encrypted.
-func IsTLS(c net.Conn) bool {
-	_, ok := c.(*tls.Conn)
-	return ok
-}
-
 // Listener wraps l so that every connection it accepts speaks TLS (RFC 8314
 // implicit TLS). Each connection starts with a deadline of timeout for its
 // handshake, which the protocol server's own deadlines then replace; the
