@@ -46,10 +46,12 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=$(FUZZTIME) ./internal/pop3/
 	$(GO) test -run='^$$' -fuzz=FuzzSession -fuzztime=$(FUZZTIME) ./internal/pop3/
-	for f in FuzzCommands FuzzMessage FuzzAddressList FuzzMatchMailbox FuzzResolveSets; do \
+	$(GO) test -run='^$$' -fuzz=FuzzSTLS -fuzztime=$(FUZZTIME) ./internal/pop3/
+	for f in FuzzCommands FuzzStartTLS FuzzMessage FuzzAddressList FuzzMatchMailbox FuzzResolveSets; do \
 		$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./internal/imap/ || exit 1; done
 	$(GO) test -run='^$$' -fuzz=FuzzPush -fuzztime=$(FUZZTIME) ./internal/replica/
 	$(GO) test -run='^$$' -fuzz=FuzzMessageRecord -fuzztime=$(FUZZTIME) ./internal/mailbox/
+	$(GO) test -run='^$$' -fuzz=FuzzExchange -fuzztime=$(FUZZTIME) ./internal/saslsrv/
 
 # The long fault runs under a delivery stream: SIGKILL and SIGSTOP of random
 # nodes on loopback; then (as root, else skipped) kill -9, SIGSTOP, network

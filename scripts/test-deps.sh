@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks, openssl,
-# fetchmail from Debian, pytest from PyPI, and the Go modules; protoc
+# fetchmail from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh).
 set -euo pipefail
@@ -16,6 +16,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest
+python3 -c 'import scramp' >/dev/null 2>&1 || python3 -m pip install -q 'scramp>=1.4,<2'
 go mod download
 (cd third_party/imapserver && go mod download)
 go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12

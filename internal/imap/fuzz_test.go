@@ -1,9 +1,13 @@
 package imap
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/base64"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -13,6 +17,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/tlscert"
 )
 
 // naiveMatch is the textbook backtracking LIST matcher, the reference for
@@ -210,6 +215,80 @@ func FuzzCommands(f *testing.F) {
 		defer plog.mu.Unlock()
 		if len(plog.msg) > 0 {
 			t.Fatalf("server panicked on %q: %s", cmd, plog.msg[0])
+		}
+	})
+}
+
+// FuzzStartTLS drives the STARTTLS state change (RFC 9051 §6.2.1) with
+// arbitrary commands before it and arbitrary commands under TLS after it,
+// over a real connection: no input may panic the server, and no login
+// before TLS may succeed (every connection counts as coming over a
+// network, so LOGINDISABLED holds until TLS).
+func FuzzStartTLS(f *testing.F) {
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	for _, s := range [][2]string{
+		{"a CAPABILITY\r\n", "a LOGIN " + testUser + " " + testPass + "\r\nb SELECT INBOX\r\n"},
+		{"a LOGIN " + testUser + " " + testPass + "\r\n", "a AUTHENTICATE PLAIN " + b64("\x00"+testUser+"\x00"+testPass) + "\r\n"},
+		{"a STARTTLS\r\nb NOOP\r\n", "a STARTTLS\r\n"},
+		{"a AUTHENTICATE LOGIN\r\n", "a AUTHENTICATE LOGIN\r\n" + b64(testUser) + "\r\n" + b64(testPass) + "\r\nb FETCH 1 BODY[]\r\n"},
+		{"a AUTHENTICATE SCRAM-SHA-256 " + b64("n,,n=u,r=abc") + "\r\n", "a AUTHENTICATE SCRAM-SHA-256\r\n*\r\n"},
+	} {
+		f.Add([]byte(s[0]), []byte(s[1]))
+	}
+	c := openCore(f, f.TempDir())
+	defer c.Close()
+	deliverTo(f, c, exactMsg)
+	certPEM, keyPEM, err := tlscert.SelfSigned("localhost", time.Now(), time.Hour)
+	if err != nil {
+		f.Fatal(err)
+	}
+	cert, _ := tls.X509KeyPair(certPEM, keyPEM)
+	plog := &panicLog{}
+	srv := New(&proxy.IMAPStore{P: c.Proxy}, testAuth{testUser: testPass}, Config{AuthFailDelay: -1, Logger: slog.New(plog),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, PlaintextAuth: func(net.Conn) bool { return false }})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Shutdown(context.Background())
+
+	f.Fuzz(func(t *testing.T, before, after []byte) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write(before)
+		c.Write([]byte("\r\nDONE\r\nzz STARTTLS\r\n"))
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil {
+				return // closed, or the STARTTLS was swallowed by a literal
+			}
+			if strings.HasSuffix(l, "Logged in\r\n") || strings.HasSuffix(l, "authentication successful\r\n") {
+				t.Fatalf("login before TLS accepted: %q for %q", l, before)
+			}
+			if strings.HasPrefix(l, "zz OK") {
+				break
+			}
+			if strings.HasPrefix(l, "zz ") {
+				return // STARTTLS refused (already under TLS, or after login)
+			}
+		}
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+		if err := tc.Handshake(); err != nil {
+			return
+		}
+		tc.Write(after)
+		tc.Write([]byte("\r\nDONE\r\nzz LOGOUT\r\n"))
+		io.Copy(io.Discard, tc)
+		plog.mu.Lock()
+		defer plog.mu.Unlock()
+		if len(plog.msg) > 0 {
+			t.Fatalf("server panicked on %q / %q: %s", before, after, plog.msg[0])
 		}
 	})
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/emersion/go-imap/v2/imapclient"
 	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/xdg-go/scram"
 )
 
 // testAuth accepts the users in the map with their passwords; the real
@@ -28,6 +30,26 @@ func (a testAuth) Login(ctx context.Context, user, password string) (*userdb.Pro
 		return &userdb.Profile{Address: user}, nil
 	}
 	return nil, userdb.ErrPasswordMismatch
+}
+
+// SCRAMKeys derives keys from the test password, as setting it would.
+func (a testAuth) SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error) {
+	p, ok := a[user]
+	if !ok {
+		return scram.StoredCredentials{}, saslsrv.NotFound
+	}
+	keys, err := userdb.DeriveSCRAM(p)
+	if err != nil {
+		return scram.StoredCredentials{}, err
+	}
+	return userdb.ParseSCRAM(keys)
+}
+
+func (a testAuth) Proven(ctx context.Context, user string) (*userdb.Profile, error) {
+	if _, ok := a[user]; ok {
+		return &userdb.Profile{Address: user}, nil
+	}
+	return nil, userdb.ErrNotFound
 }
 
 const testUser, testPass = "u@example.org", "secret"

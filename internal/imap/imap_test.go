@@ -12,6 +12,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-imap/v2/imapclient"
+	"github.com/xdg-go/scram"
 )
 
 func TestCapabilityAndID(t *testing.T) {
@@ -779,4 +780,121 @@ func TestIMAP4rev2Enabled(t *testing.T) {
 	if u := r.ok("SEARCH ALL"); !has(u, "* ESEARCH") || !has(u, "ALL 1") {
 		t.Errorf("rev2 SEARCH: %q", u)
 	}
+}
+
+// TestAuthenticateMechanisms runs AUTHENTICATE LOGIN and SCRAM-SHA-256
+// (RFC 7677) as a client would, and the failures each can end in.
+func TestAuthenticateMechanisms(t *testing.T) {
+	e := newEnv(t)
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	// challenge reads a continuation request and decodes it.
+	challenge := func(r *raw) string {
+		t.Helper()
+		l := r.line()
+		text, ok := strings.CutPrefix(l, "+ ")
+		if !ok && l != "+" {
+			t.Fatalf("want a continuation, got %q", l)
+		}
+		b, err := base64.StdEncoding.DecodeString(text)
+		if err != nil {
+			t.Fatalf("continuation %q: %v", l, err)
+		}
+		return string(b)
+	}
+	r := e.raw(false)
+	caps := strings.Join(r.ok("CAPABILITY"), " ")
+	for _, m := range []string{"AUTH=SCRAM-SHA-256", "AUTH=PLAIN", "AUTH=LOGIN"} {
+		if !strings.Contains(caps, m) {
+			t.Errorf("CAPABILITY lacks %s: %s", m, caps)
+		}
+	}
+
+	t.Run("LOGIN", func(t *testing.T) {
+		r := e.raw(false)
+		tag := r.send("AUTHENTICATE LOGIN")
+		if got := challenge(r); got != "Username:" {
+			t.Fatalf("first challenge %q", got)
+		}
+		fmt.Fprintf(r.c, "%s\r\n", b64(testUser))
+		if got := challenge(r); got != "Password:" {
+			t.Fatalf("second challenge %q", got)
+		}
+		fmt.Fprintf(r.c, "%s\r\n", b64(testPass))
+		if _, st := r.until(tag); !strings.HasPrefix(st, "OK") {
+			t.Fatalf("AUTHENTICATE LOGIN: %s", st)
+		}
+		r.ok("SELECT INBOX")
+	})
+	t.Run("empty challenge", func(t *testing.T) {
+		r := e.raw(false)
+		tag := r.send("AUTHENTICATE PLAIN")
+		if l := r.line(); l != "+ " && l != "+" {
+			t.Fatalf("empty challenge sent as %q, want \"+ \"", l)
+		}
+		fmt.Fprintf(r.c, "*\r\n")
+		if _, st := r.until(tag); !strings.HasPrefix(st, "BAD") {
+			t.Fatalf("cancelled AUTHENTICATE: %s", st)
+		}
+	})
+	scramLogin := func(t *testing.T, user, pass string) (status string) {
+		r := e.raw(false)
+		cl, err := scram.SHA256.NewClient(user, pass, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conv := cl.NewConversation()
+		first, _ := conv.Step("")
+		tag := r.send("AUTHENTICATE SCRAM-SHA-256 " + b64(first))
+		final, err := conv.Step(challenge(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(r.c, "%s\r\n", b64(final))
+		l := r.line()
+		if strings.HasPrefix(l, tag+" ") {
+			return l[len(tag)+1:]
+		}
+		text, _ := strings.CutPrefix(l, "+ ")
+		serverFinal, _ := base64.StdEncoding.DecodeString(text)
+		if _, err := conv.Step(string(serverFinal)); err != nil || !conv.Valid() {
+			t.Fatalf("server-final %q does not prove the server has the keys: %v", serverFinal, err)
+		}
+		fmt.Fprintf(r.c, "\r\n")
+		_, st := r.until(tag)
+		if strings.HasPrefix(st, "OK") {
+			r.ok("SELECT INBOX")
+		}
+		return st
+	}
+	t.Run("SCRAM-SHA-256", func(t *testing.T) {
+		if st := scramLogin(t, testUser, testPass); !strings.HasPrefix(st, "OK") {
+			t.Fatalf("SCRAM login: %s", st)
+		}
+	})
+	t.Run("SCRAM wrong password", func(t *testing.T) {
+		if st := scramLogin(t, testUser, "wrong"); !strings.HasPrefix(st, "NO [AUTHENTICATIONFAILED]") {
+			t.Fatalf("SCRAM with a wrong password: %s", st)
+		}
+	})
+	t.Run("SCRAM unknown user", func(t *testing.T) {
+		if st := scramLogin(t, "nobody@example.org", testPass); !strings.HasPrefix(st, "NO [AUTHENTICATIONFAILED]") {
+			t.Fatalf("SCRAM for an unknown user: %s", st)
+		}
+	})
+	t.Run("malformed", func(t *testing.T) {
+		r := e.raw(false)
+		if _, st := r.cmd("AUTHENTICATE SCRAM-SHA-256 " + b64("x,,n=u,r=abc")); !strings.HasPrefix(st, "BAD") {
+			t.Errorf("malformed client-first: %s", st)
+		}
+		if _, st := r.cmd("AUTHENTICATE PLAIN " + b64("only-one-field")); !strings.HasPrefix(st, "BAD") {
+			t.Errorf("malformed PLAIN: %s", st)
+		}
+		if _, st := r.cmd("AUTHENTICATE CRAM-MD5"); !strings.HasPrefix(st, "NO") || !strings.Contains(st, "SCRAM-SHA-256") {
+			t.Errorf("unsupported mechanism: %s", st)
+		}
+		if _, st := r.cmd("AUTHENTICATE PLAIN " + b64("someone\x00"+testUser+"\x00"+testPass)); !strings.HasPrefix(st, "NO [AUTHENTICATIONFAILED]") {
+			t.Errorf("PLAIN acting as another user: %s", st)
+		}
+		r.ok("LOGIN " + testUser + " " + testPass) // the connection still serves
+	})
 }

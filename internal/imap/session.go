@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	"github.com/emersion/go-sasl"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/retry"
+	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/third_party/imapserver"
+	"github.com/xdg-go/scram"
 )
 
 func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
@@ -93,6 +96,47 @@ func (s *session) Close() error {
 // Login checks the password through the user manager (Porcupine §2.3.2:
 // the proxy authenticates, then finds the user's mailbox fragments).
 func (s *session) Login(username, password string) error {
+	return s.finishLogin(saslsrv.Credentials{Mechanism: "LOGIN command", User: username, Password: password}, nil)
+}
+
+// AuthenticateMechanisms implements imapserver.SessionSASL; the library
+// advertises them only where a login may be made (RFC 8314 §3).
+func (s *session) AuthenticateMechanisms() []string { return saslsrv.Mechanisms }
+
+// Authenticate implements imapserver.SessionSASL: AUTHENTICATE ends in
+// finishLogin like LOGIN, so every mechanism has the same checks, delays
+// and lockouts.
+func (s *session) Authenticate(mech string) (sasl.Server, error) {
+	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
+		return s.srv.auth.SCRAMKeys(s.ctx(), user)
+	}, s.finishLogin)
+	if errors.Is(err, saslsrv.ErrUnsupported) {
+		return nil, no("", "AUTHENTICATE: mechanism %.40q not supported; offered: %s", mech, strings.Join(saslsrv.Mechanisms, " "))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return saslErrors{srv}, nil
+}
+
+// saslErrors answers a malformed SASL message with BAD, naming what was
+// wrong, instead of the library's NO [SERVERBUG].
+type saslErrors struct{ sasl.Server }
+
+func (e saslErrors) Next(resp []byte) ([]byte, bool, error) {
+	ch, done, err := e.Server.Next(resp)
+	if errors.Is(err, saslsrv.ErrMalformed) {
+		return nil, false, &imap.Error{Type: imap.StatusResponseTypeBad, Text: err.Error()}
+	}
+	return ch, done, err
+}
+
+// finishLogin ends a LOGIN or AUTHENTICATE: it checks the credentials (a
+// password through the user manager, or a SCRAM proof already checked),
+// applies the address's lockout and the failure delay, and opens the
+// session's view of the user's mail.
+func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
+	username := creds.User
 	if s.failures >= maxFailedLogins {
 		s.conn.Bye("Too many failed logins")
 		return imapserver.ErrAuthFailed
@@ -102,16 +146,26 @@ func (s *session) Login(username, password string) error {
 	if logins != nil {
 		if err := logins.LoginAllowed(remote); err != nil {
 			s.failures++
-			s.srv.cfg.Logger.Warn("login refused: address locked out", "user", username, "remote", remote.String())
+			s.srv.cfg.Logger.Warn("login refused: address locked out", "user", username, "mech", creds.Mechanism, "remote", remote.String())
 			return no(imap.ResponseCodeUnavailable, "too many failed logins from your address; try again later")
 		}
 	}
-	prof, err := s.srv.auth.Login(s.ctx(), username, password)
-	if err != nil && !errors.Is(err, userdb.ErrNotFound) && !errors.Is(err, userdb.ErrPasswordMismatch) {
+	var prof *userdb.Profile
+	err := exErr
+	switch {
+	case err != nil:
+	case creds.Proven:
+		prof, err = s.srv.auth.Proven(s.ctx(), username)
+	default:
+		prof, err = s.srv.auth.Login(s.ctx(), username, creds.Password)
+	}
+	wrong := errors.Is(err, userdb.ErrNotFound) || errors.Is(err, userdb.ErrPasswordMismatch) || errors.Is(err, saslsrv.ErrAuthFailed)
+	if err != nil && !wrong {
 		// Not a wrong password: the user's manager could not be asked
 		// (RFC 5530 UNAVAILABLE, try again later).
-		s.srv.cfg.Logger.Warn("login unavailable", "user", username, "err", err)
-		return no(imap.ResponseCodeUnavailable, "login for %s: temporarily unavailable, try again", username)
+		ref := fmt.Sprintf("%08x", rand.Uint32())
+		s.srv.cfg.Logger.Warn("login unavailable", "user", username, "mech", creds.Mechanism, "err", err, "ref", ref)
+		return no(imap.ResponseCodeUnavailable, "login for %s: temporarily unavailable, try again later (reference %s)", username, ref)
 	}
 	if err != nil {
 		s.failures++
@@ -119,7 +173,7 @@ func (s *session) Login(username, password string) error {
 		if logins != nil {
 			d = logins.LoginFailed(remote, username)
 		}
-		s.srv.cfg.Logger.Info("login failed", "user", username, "remote", remote.String(), "delay", d)
+		s.srv.cfg.Logger.Info("login failed", "user", username, "mech", creds.Mechanism, "remote", remote.String(), "err", err, "delay", d)
 		if d > 0 {
 			retry.Sleep(s.ctx(), d) // ends early if the client hangs up
 		}

@@ -567,8 +567,10 @@ type Profile struct {
 	Replicas        int32                  `protobuf:"varint,9,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	WritePolicy     string                 `protobuf:"bytes,10,opt,name=write_policy,json=writePolicy,proto3" json:"write_policy,omitempty"`
 	LastUidValidity uint32                 `protobuf:"varint,11,opt,name=last_uid_validity,json=lastUidValidity,proto3" json:"last_uid_validity,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// SCRAM-SHA-256 keys (RFC 5803 form), derived when the password is set.
+	ScramSha256   string `protobuf:"bytes,12,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Profile) Reset() {
@@ -676,6 +678,13 @@ func (x *Profile) GetLastUidValidity() uint32 {
 		return x.LastUidValidity
 	}
 	return 0
+}
+
+func (x *Profile) GetScramSha256() string {
+	if x != nil {
+		return x.ScramSha256
+	}
+	return ""
 }
 
 // MessageObject is a message as the replication manager replicates it:
@@ -871,7 +880,7 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\vspecial_use\x18\x04 \x01(\tR\n" +
 	"specialUse\x12!\n" +
 	"\fuid_reserved\x18\x05 \x01(\rR\vuidReserved\x12(\n" +
-	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\xe7\x02\n" +
+	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\x8a\x03\n" +
 	"\aProfile\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12#\n" +
 	"\rpassword_hash\x18\x02 \x01(\tR\fpasswordHash\x12\x18\n" +
@@ -884,7 +893,8 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\breplicas\x18\t \x01(\x05R\breplicas\x12!\n" +
 	"\fwrite_policy\x18\n" +
 	" \x01(\tR\vwritePolicy\x12*\n" +
-	"\x11last_uid_validity\x18\v \x01(\rR\x0flastUidValidity\"\xc0\x02\n" +
+	"\x11last_uid_validity\x18\v \x01(\rR\x0flastUidValidity\x12!\n" +
+	"\fscram_sha256\x18\f \x01(\tR\vscramSha256\"\xc0\x02\n" +
 	"\rMessageObject\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +

@@ -235,6 +235,7 @@ type ApplyRequest struct {
 	Hash          string                 `protobuf:"bytes,3,opt,name=hash,proto3" json:"hash,omitempty"`
 	Replicas      int32                  `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	Policy        string                 `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
+	ScramSha256   string                 `protobuf:"bytes,6,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +301,13 @@ func (x *ApplyRequest) GetReplicas() int32 {
 func (x *ApplyRequest) GetPolicy() string {
 	if x != nil {
 		return x.Policy
+	}
+	return ""
+}
+
+func (x *ApplyRequest) GetScramSha256() string {
+	if x != nil {
+		return x.ScramSha256
 	}
 	return ""
 }
@@ -1166,13 +1174,14 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\x05place\x18\x01 \x01(\v2\x10.quill.v1.PlacedR\x05place\x12+\n" +
 	"\amessage\x18\x02 \x01(\v2\x11.quill.v1.MessageR\amessage\x12\x14\n" +
 	"\x05nodes\x18\x03 \x03(\tR\x05nodes\x12\x16\n" +
-	"\x06cancel\x18\x04 \x01(\bR\x06cancel\"\x80\x01\n" +
+	"\x06cancel\x18\x04 \x01(\bR\x06cancel\"\xa3\x01\n" +
 	"\fApplyRequest\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\tR\x02op\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04hash\x18\x03 \x01(\tR\x04hash\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\x05R\breplicas\x12\x16\n" +
-	"\x06policy\x18\x05 \x01(\tR\x06policy\"\x94\x01\n" +
+	"\x06policy\x18\x05 \x01(\tR\x06policy\x12!\n" +
+	"\fscram_sha256\x18\x06 \x01(\tR\vscramSha256\"\x94\x01\n" +
 	"\x0eMailboxRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+
+	"github.com/xdg-go/scram"
 )
 
 // ErrAuthFailed is returned by Backend.Login when the address or password is
@@ -20,6 +22,11 @@ type Backend interface {
 	// Login checks the credentials and opens the user's maildrop (INBOX).
 	// Wrong credentials return an error wrapping ErrAuthFailed.
 	Login(ctx context.Context, username, password string) (Maildrop, error)
+	// SCRAMKeys returns a user's SCRAM-SHA-256 keys, or an error wrapping
+	// saslsrv.NotFound.
+	SCRAMKeys(ctx context.Context, username string) (scram.StoredCredentials, error)
+	// Open opens the maildrop of a user whose SCRAM proof was checked.
+	Open(ctx context.Context, username string) (Maildrop, error)
 }
 
 // Message is one entry of the maildrop snapshot taken at login.

@@ -23,6 +23,8 @@ import (
 
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/retry"
+	"github.com/quillmail/quill/internal/saslsrv"
+	"github.com/xdg-go/scram"
 )
 
 // ErrServerClosed is returned by Serve once Shutdown has been called.
@@ -679,7 +681,7 @@ func (c *session) capa() {
 		lines = append(lines, "STLS")
 	}
 	if c.plaintextOK() {
-		lines = append(lines, "USER", "SASL PLAIN")
+		lines = append(lines, "USER", "SASL "+strings.Join(saslsrv.Mechanisms, " "))
 	}
 	for _, l := range append(lines, "IMPLEMENTATION Quill") {
 		c.writeLine(l)
@@ -767,17 +769,24 @@ func (c *session) cmdPass(args []string) {
 		c.fail("PASS: missing password")
 	case c.needTLS("PASS"):
 	default:
-		c.login("PASS", user, args[0])
+		c.login(saslsrv.Credentials{Mechanism: "PASS", User: user, Password: args[0]}, nil)
 	}
 }
 
-// cmdAuth runs AUTH (RFC 5034 §4) with the PLAIN mechanism (RFC 4616).
+// errAnswered ends a SASL exchange whose outcome login already sent.
+var errAnswered = errors.New("login answered")
+
+// cmdAuth runs AUTH (RFC 5034 §4) with any mechanism of saslsrv: the
+// exchange's challenges go out as "+ base64", the client's answers come
+// back one per line, and "*" cancels.
 func (c *session) cmdAuth(args []string) error {
 	if len(args) == 0 {
 		// Not in RFC 5034, but many clients probe mechanisms this way.
 		c.ok("SASL mechanisms follow")
 		if c.plaintextOK() {
-			c.writeLine("PLAIN")
+			for _, m := range saslsrv.Mechanisms {
+				c.writeLine(m)
+			}
 		}
 		c.writeLine(".")
 		return nil
@@ -785,71 +794,74 @@ func (c *session) cmdAuth(args []string) error {
 	if !c.nargs("AUTH", args, 1, 2) || c.needTLS("AUTH") {
 		return nil
 	}
-	if !strings.EqualFold(args[0], "PLAIN") {
-		c.fail("AUTH: unsupported SASL mechanism %s; only PLAIN is offered", short(args[0]))
+	mech := strings.ToUpper(args[0])
+	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
+		return c.srv.backend.SCRAMKeys(c.cmd, user)
+	}, func(creds saslsrv.Credentials, err error) error {
+		c.login(creds, err)
+		return errAnswered
+	})
+	if err != nil {
+		c.fail("AUTH: unsupported SASL mechanism %s; offered: %s", short(args[0]), strings.Join(saslsrv.Mechanisms, " "))
 		return nil
 	}
-	var resp string
+	var resp []byte // nil: no initial response
 	if len(args) == 2 {
-		resp = args[1]
-		if resp == "=" { // RFC 5034 §4: "=" is an empty initial response.
-			resp = ""
+		if resp, err = decodeSASL(args[1]); err != nil {
+			c.fail("AUTH %s: response is not valid base64", mech)
+			return nil
 		}
-	} else {
-		// No initial response: send the empty PLAIN challenge and read the
-		// client's answer; "*" cancels the exchange (RFC 5034 §4).
-		c.writeLine("+ ")
+	}
+	for {
+		challenge, done, err := srv.Next(resp)
+		switch {
+		case done || errors.Is(err, errAnswered):
+			return nil
+		case err != nil:
+			c.fail("AUTH %s: %v", mech, err)
+			return nil
+		}
+		c.writeLine("+ " + base64.StdEncoding.EncodeToString(challenge))
 		line, err := c.readLine()
 		if errors.Is(err, errLineTooLong) {
-			c.fail("AUTH PLAIN: response too long: limit is %d octets including CRLF", c.srv.cfg.MaxLineLength)
+			c.fail("AUTH %s: response too long: limit is %d octets including CRLF", mech, c.srv.cfg.MaxLineLength)
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		resp = string(bytes.Trim(line, " "))
-		if resp == "*" {
-			c.fail("AUTH PLAIN: cancelled by client")
+		text := string(bytes.Trim(line, " "))
+		if text == "*" {
+			c.fail("AUTH %s: cancelled by client", mech)
+			return nil
+		}
+		if resp, err = decodeSASL(text); err != nil {
+			c.fail("AUTH %s: response is not valid base64", mech)
 			return nil
 		}
 	}
-	raw, err := base64.StdEncoding.DecodeString(resp)
-	if err != nil {
-		c.fail("AUTH PLAIN: response is not valid base64")
-		return nil
-	}
-	authz, user, pass, err := parsePlain(raw)
-	if err != nil {
-		c.fail("AUTH PLAIN: %v", err)
-		return nil
-	}
-	if authz != "" && authz != user {
-		// Acting as another user is an admin feature Quill does not have.
-		c.log.Info("pop3: login refused: authorization identity differs", "user", user, "authz", authz)
-		c.authFailDelay(c.srv.cfg.AuthFailDelay)
-		c.fail("[AUTH] AUTH PLAIN: not authorized to act as %s", short(authz))
-		return nil
-	}
-	c.login("AUTH PLAIN", user, pass)
-	return nil
 }
 
-// parsePlain splits a PLAIN message (RFC 4616 §2):
-// [authzid] NUL authcid NUL passwd.
-func parsePlain(msg []byte) (authz, user, pass string, err error) {
-	parts := bytes.Split(msg, []byte{0})
-	if len(parts) != 3 {
-		return "", "", "", fmt.Errorf("malformed response: want 3 NUL-separated fields, got %d", len(parts))
+// decodeSASL decodes a client's SASL message; "=" is an empty initial
+// response (RFC 5034 §4), and an empty line an empty response.
+func decodeSASL(s string) ([]byte, error) {
+	if s == "=" {
+		return []byte{}, nil
 	}
-	if len(parts[1]) == 0 || len(parts[2]) == 0 {
-		return "", "", "", errors.New("malformed response: empty user name or password")
+	b, err := base64.StdEncoding.DecodeString(s)
+	if b == nil {
+		b = []byte{}
 	}
-	return string(parts[0]), string(parts[1]), string(parts[2]), nil
+	return b, err
 }
 
 // login authenticates and, on success, takes the snapshot that numbers the
 // messages for the rest of the session, entering the TRANSACTION state.
-func (c *session) login(mech, user, pass string) {
+func (c *session) login(creds saslsrv.Credentials, exErr error) {
+	user, mech := creds.User, creds.Mechanism
+	if mech != "PASS" {
+		mech = "AUTH " + mech
+	}
 	logins, remote := c.srv.cfg.Logins, c.conn.RemoteAddr()
 	if logins != nil {
 		if err := logins.LoginAllowed(remote); err != nil {
@@ -862,18 +874,29 @@ func (c *session) login(mech, user, pass string) {
 			return
 		}
 	}
-	md, err := c.srv.backend.Login(c.cmd, user, pass)
-	if errors.Is(err, ErrAuthFailed) {
+	var md Maildrop
+	err := exErr
+	switch {
+	case err != nil:
+	case creds.Proven:
+		md, err = c.srv.backend.Open(c.cmd, user)
+	default:
+		md, err = c.srv.backend.Login(c.cmd, user, creds.Password)
+	}
+	if errors.Is(err, ErrAuthFailed) || errors.Is(err, saslsrv.ErrAuthFailed) {
 		c.failed++
 		d := c.srv.cfg.AuthFailDelay
 		if logins != nil {
 			d = logins.LoginFailed(remote, user)
 		}
-		c.log.Info("pop3: login failed", "user", user, "mech", mech, "failures", c.failed, "delay", d)
+		c.log.Info("pop3: login failed", "user", user, "mech", mech, "failures", c.failed, "delay", d, "err", err)
 		c.authFailDelay(d)
 		// RFC 3206 §5: [AUTH] says the credentials were wrong, so the
 		// client need not retry blindly.
 		msg := "[AUTH] " + mech + ": authentication failed"
+		if errors.Is(err, saslsrv.ErrAuthFailed) {
+			msg = "[AUTH] " + mech + ": " + err.Error() // says why: an authorization identity refused
+		}
 		if c.failed >= c.srv.cfg.MaxFailedLogins {
 			c.closing = true
 			msg += "; too many failed logins, closing connection"

@@ -16,6 +16,10 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/quillmail/quill/internal/saslsrv"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/xdg-go/scram"
 )
 
 // fakeBackend is an in-memory Backend: users with passwords, one maildrop
@@ -38,6 +42,29 @@ type fakeBox struct {
 	panicOnList bool
 	deletes     [][]string // the uids of each Delete call
 	closes      int
+}
+
+// SCRAMKeys derives keys from the test password, as setting it would.
+func (b *fakeBackend) SCRAMKeys(_ context.Context, user string) (scram.StoredCredentials, error) {
+	p, ok := b.passwords[user]
+	if !ok {
+		return scram.StoredCredentials{}, saslsrv.NotFound
+	}
+	keys, err := userdb.DeriveSCRAM(p)
+	if err != nil {
+		return scram.StoredCredentials{}, err
+	}
+	return userdb.ParseSCRAM(keys)
+}
+
+func (b *fakeBackend) Open(_ context.Context, user string) (Maildrop, error) {
+	if b.loginErr != nil {
+		return nil, b.loginErr
+	}
+	if _, ok := b.passwords[user]; !ok {
+		return nil, fmt.Errorf("open %q: %w", user, ErrAuthFailed)
+	}
+	return fakeMaildrop{b.boxes[user]}, nil
 }
 
 func (b *fakeBackend) Login(_ context.Context, user, pass string) (Maildrop, error) {
@@ -258,6 +285,21 @@ func (c *client) expect(cmd, want string) string {
 	return got
 }
 
+// challenge reads a SASL challenge ("+ base64") and decodes it.
+func (c *client) challenge(t *testing.T) string {
+	t.Helper()
+	l := strings.TrimSuffix(c.line(), "\r\n")
+	text, ok := strings.CutPrefix(l, "+ ")
+	if !ok {
+		t.Fatalf("want a SASL challenge, got %q", l)
+	}
+	b, err := base64.StdEncoding.DecodeString(text)
+	if err != nil {
+		t.Fatalf("challenge %q: %v", l, err)
+	}
+	return string(b)
+}
+
 // multi reads the body of a multi-line reply raw (CRLFs kept), undoing
 // the dot-stuffing.
 func (c *client) multi() string {
@@ -297,7 +339,7 @@ func TestUserPassSession(t *testing.T) {
 	ts := startServer(t, b, Config{})
 	c := dial(t, ts.addr)
 	c.do("CAPA", "+OK")
-	if got, want := c.multi(), "TOP\r\nUIDL\r\nRESP-CODES\r\nAUTH-RESP-CODE\r\nPIPELINING\r\nUSER\r\nSASL PLAIN\r\nIMPLEMENTATION Quill\r\n"; got != want {
+	if got, want := c.multi(), "TOP\r\nUIDL\r\nRESP-CODES\r\nAUTH-RESP-CODE\r\nPIPELINING\r\nUSER\r\nSASL SCRAM-SHA-256 PLAIN LOGIN\r\nIMPLEMENTATION Quill\r\n"; got != want {
 		t.Errorf("CAPA = %q, want %q", got, want)
 	}
 	c.do("user alice", "+OK")
@@ -387,18 +429,75 @@ func TestAuthPlain(t *testing.T) {
 		c.expect("*", "-ERR AUTH PLAIN: cancelled")
 		c.do("STAT", "-ERR STAT not allowed before login")
 	})
+	t.Run("login", func(t *testing.T) {
+		c := dial(t, ts.addr)
+		c.send("AUTH LOGIN")
+		c.expect("AUTH LOGIN", "+ "+b64("Username:"))
+		c.send(b64("alice"))
+		c.expect("user name", "+ "+b64("Password:"))
+		c.send(b64("secret"))
+		c.expect("password", "+OK maildrop has 3 messages")
+	})
+	t.Run("login with initial response", func(t *testing.T) {
+		c := dial(t, ts.addr)
+		c.send("AUTH LOGIN " + b64("alice"))
+		c.expect("AUTH LOGIN", "+ "+b64("Password:"))
+		c.send(b64("wrong"))
+		c.expect("password", "-ERR [AUTH] AUTH LOGIN: authentication failed")
+		c.send("AUTH LOGIN")
+		c.expect("AUTH LOGIN", "+ "+b64("Username:"))
+		c.send("*")
+		c.expect("*", "-ERR AUTH LOGIN: cancelled")
+	})
+	for _, tc := range []struct{ name, user, pass, want string }{
+		{"scram", "alice", "secret", "+OK maildrop has 3 messages"},
+		{"scram wrong password", "alice", "wrong", "-ERR [AUTH] AUTH SCRAM-SHA-256: authentication failed"},
+		{"scram unknown user", "nobody", "secret", "-ERR [AUTH] AUTH SCRAM-SHA-256: authentication failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(t, ts.addr)
+			cl, err := scram.SHA256.NewClient(tc.user, tc.pass, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			conv := cl.NewConversation()
+			first, _ := conv.Step("")
+			c.send("AUTH SCRAM-SHA-256 " + b64(first))
+			serverFirst := c.challenge(t)
+			final, err := conv.Step(serverFirst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.send(b64(final))
+			if !strings.HasPrefix(tc.want, "+OK") {
+				c.expect("client-final", tc.want)
+				return
+			}
+			serverFinal := c.challenge(t)
+			if _, err := conv.Step(serverFinal); err != nil || !conv.Valid() {
+				t.Fatalf("server's final message %q does not prove it knows the keys: %v", serverFinal, err)
+			}
+			c.send("")
+			c.expect("empty response", tc.want)
+		})
+	}
+	t.Run("scram malformed", func(t *testing.T) {
+		c := dial(t, ts.addr)
+		c.do("AUTH SCRAM-SHA-256 "+b64("x,,n=alice,r=abc"), "-ERR AUTH SCRAM-SHA-256: malformed SASL message")
+		c.do("AUTH SCRAM-SHA-256 "+b64("n,a=bob,n=alice,r=abc"), `-ERR [AUTH] AUTH SCRAM-SHA-256: authentication failed: may not act as "bob"`)
+	})
 	t.Run("errors", func(t *testing.T) {
 		c := dial(t, ts.addr)
 		c.do("AUTH", "+OK")
-		if got := c.multi(); got != "PLAIN\r\n" {
+		if got := c.multi(); got != "SCRAM-SHA-256\r\nPLAIN\r\nLOGIN\r\n" {
 			t.Errorf("AUTH mechanism list %q", got)
 		}
 		c.do("AUTH CRAM-MD5", `-ERR AUTH: unsupported SASL mechanism "CRAM-MD5"`)
 		c.do("AUTH PLAIN !!!", "-ERR AUTH PLAIN: response is not valid base64")
-		c.do("AUTH PLAIN =", "-ERR AUTH PLAIN: malformed response")
-		c.do("AUTH PLAIN "+b64("alice\x00secret"), "-ERR AUTH PLAIN: malformed response")
+		c.do("AUTH PLAIN =", "-ERR AUTH PLAIN: malformed SASL message")
+		c.do("AUTH PLAIN "+b64("alice\x00secret"), "-ERR AUTH PLAIN: malformed SASL message")
 		c.do("AUTH PLAIN "+b64("\x00alice\x00wrong"), "-ERR [AUTH] AUTH PLAIN: authentication failed")
-		c.do("AUTH PLAIN "+b64("bob\x00alice\x00secret"), `-ERR [AUTH] AUTH PLAIN: not authorized to act as "bob"`)
+		c.do("AUTH PLAIN "+b64("bob\x00alice\x00secret"), `-ERR [AUTH] AUTH PLAIN: authentication failed: may not act as "bob"`)
 		c.do("AUTH PLAIN "+b64("\x00alice\x00secret"), "+OK")
 		c.do("AUTH PLAIN "+b64("\x00alice\x00secret"), "-ERR AUTH not allowed after login")
 	})

@@ -2,8 +2,11 @@ package pop3
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -55,7 +58,7 @@ func TestSTLSThenLogin(t *testing.T) {
 	c.conn, c.r = tc, bufio.NewReader(tc)
 	c.do("CAPA", "+OK")
 	caps = c.multi()
-	if strings.Contains(caps, "STLS") || !strings.Contains(caps, "USER\r\n") || !strings.Contains(caps, "SASL PLAIN") {
+	if strings.Contains(caps, "STLS") || !strings.Contains(caps, "USER\r\n") || !strings.Contains(caps, "SASL SCRAM-SHA-256 PLAIN LOGIN") {
 		t.Fatalf("CAPA under TLS = %q, want USER and SASL PLAIN and no STLS", caps)
 	}
 	c.do("STLS", "-ERR STLS: TLS is already on")
@@ -124,4 +127,77 @@ func TestFailedLoginsCloseTheConnection(t *testing.T) {
 	c.do("USER alice", "+OK")
 	c.do("PASS wrong", "-ERR [AUTH] PASS: authentication failed; too many failed logins, closing connection")
 	c.expectClosed()
+}
+
+// FuzzSTLS drives the STLS state change (RFC 2595 §4) with arbitrary
+// commands before it and arbitrary commands under TLS after it, over a
+// real connection: no input may panic the server or leave a session
+// behind, and a login before TLS is always refused (the server treats
+// every connection as coming over a network).
+func FuzzSTLS(f *testing.F) {
+	for _, s := range [][2]string{
+		{"CAPA\r\n", "USER alice\r\nPASS secret\r\nSTAT\r\n"},
+		{"USER alice\r\nPASS secret\r\n", "AUTH PLAIN " + b64("\x00alice\x00secret") + "\r\nLIST\r\n"},
+		{"STLS\r\nCAPA\r\n", "STLS\r\n"},
+		{"AUTH LOGIN\r\n", "AUTH LOGIN\r\n" + b64("alice") + "\r\n" + b64("secret") + "\r\nRETR 1\r\n"},
+		{"", "AUTH SCRAM-SHA-256 " + b64("n,,n=alice,r=abc") + "\r\n*\r\n"},
+	} {
+		f.Add([]byte(s[0]), []byte(s[1]))
+	}
+	certPEM, keyPEM, err := tlscert.SelfSigned("localhost", time.Now(), time.Hour)
+	if err != nil {
+		f.Fatal(err)
+	}
+	cert, _ := tls.X509KeyPair(certPEM, keyPEM)
+	logs := &logRecorder{}
+	b, _ := newFake()
+	srv := New(b, Config{Hostname: "fuzz", AuthFailDelay: -1, MaxBadCommands: 1 << 20, Logger: slog.New(logs),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, PlaintextAuth: neverPlaintext})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Shutdown(context.Background())
+
+	f.Fuzz(func(t *testing.T, before, after []byte) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write(before)
+		c.Write([]byte("\r\nSTLS\r\n"))
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil {
+				return // closed (pipelined data after an STLS in before) or timed out
+			}
+			if strings.HasPrefix(l, "+OK maildrop") {
+				t.Fatalf("login before TLS accepted: %q", before)
+			}
+			if strings.HasPrefix(l, "+OK begin TLS") {
+				break
+			}
+		}
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+		if err := tc.Handshake(); err != nil {
+			return // the STLS in before took the handshake's place
+		}
+		tc.Write(after)
+		tc.Write([]byte("\r\nQUIT\r\n"))
+		io.Copy(io.Discard, tc)
+		if logs.has("panic") {
+			t.Fatalf("session panicked on %q / %q", before, after)
+		}
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.ActiveSessions() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := srv.ActiveSessions(); n != 0 {
+		f.Fatalf("%d sessions still active", n)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/writer"
+	"github.com/xdg-go/scram"
 )
 
 // IMAPStore is the IMAP retrieval proxy's view of a user's mail across the
@@ -50,6 +51,21 @@ func (a IMAPAuth) Login(ctx context.Context, user, password string) (*userdb.Pro
 	p, err := a.P.Login(ctx, user, password)
 	if err != nil {
 		metrics.AuthFailures.WithLabelValues("imap").Inc()
+		return nil, err
+	}
+	metrics.Sessions.WithLabelValues("imap").Inc()
+	return p, nil
+}
+
+// SCRAMKeys implements imap.Authenticator.
+func (a IMAPAuth) SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error) {
+	return a.P.SCRAMKeys(ctx, user)
+}
+
+// Proven implements imap.Authenticator.
+func (a IMAPAuth) Proven(ctx context.Context, user string) (*userdb.Profile, error) {
+	p, err := a.P.Proven(ctx, user)
+	if err != nil {
 		return nil, err
 	}
 	metrics.Sessions.WithLabelValues("imap").Inc()

@@ -13,6 +13,7 @@ import (
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/writer"
+	"github.com/xdg-go/scram"
 )
 
 // POP3 adapts the proxy to the POP3 server's Backend: a maildrop is the
@@ -34,6 +35,25 @@ func (b POP3) Login(ctx context.Context, user, password string) (pop3.Maildrop, 
 	if err != nil {
 		// Not the client's fault (the user's manager unreachable, too
 		// many checks at once): a temporary failure, not a wrong password.
+		return nil, err
+	}
+	metrics.Sessions.WithLabelValues("pop3").Inc()
+	return &maildrop{p: b.P, log: b.Log, user: prof.Address}, nil
+}
+
+// SCRAMKeys implements pop3.Backend.
+func (b POP3) SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error) {
+	return b.P.SCRAMKeys(ctx, user)
+}
+
+// Open implements pop3.Backend: the maildrop of a user whose SCRAM proof
+// was checked.
+func (b POP3) Open(ctx context.Context, user string) (pop3.Maildrop, error) {
+	prof, err := b.P.Proven(ctx, user)
+	if errors.Is(err, userdb.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %v", pop3.ErrAuthFailed, err)
+	}
+	if err != nil {
 		return nil, err
 	}
 	metrics.Sessions.WithLabelValues("pop3").Inc()

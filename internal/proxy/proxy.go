@@ -19,9 +19,11 @@ import (
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/retry"
+	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 	"github.com/quillmail/quill/internal/writer"
+	"github.com/xdg-go/scram"
 )
 
 var (
@@ -284,4 +286,27 @@ func (p *Proxy) member(n cluster.NodeID) cluster.Member {
 // Login authenticates a user for a retrieval session.
 func (p *Proxy) Login(ctx context.Context, user, password string) (*userdb.Profile, error) {
 	return p.Users.Authenticate(ctx, user, password)
+}
+
+// SCRAMKeys returns the SCRAM-SHA-256 keys of a user, kept in the profile
+// since the password was last set; a user without them (unknown, deleted,
+// or not logged in by password since SCRAM came) gives saslsrv.NotFound.
+func (p *Proxy) SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error) {
+	prof, _, err := p.Users.Lookup(ctx, userdb.Normalize(user))
+	if errors.Is(err, userdb.ErrNotFound) || (err == nil && (prof.Deleted || prof.SCRAMSHA256 == "")) {
+		return scram.StoredCredentials{}, fmt.Errorf("user %s: %w", user, saslsrv.NotFound)
+	}
+	if err != nil {
+		return scram.StoredCredentials{}, err
+	}
+	return userdb.ParseSCRAM(prof.SCRAMSHA256)
+}
+
+// Proven returns the profile of a user who proved their password by SCRAM.
+func (p *Proxy) Proven(ctx context.Context, user string) (*userdb.Profile, error) {
+	prof, _, err := p.Users.Lookup(ctx, userdb.Normalize(user))
+	if err == nil && prof.Deleted {
+		err = fmt.Errorf("user %s: %w", user, userdb.ErrNotFound)
+	}
+	return prof, err
 }

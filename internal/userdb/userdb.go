@@ -29,10 +29,15 @@ var ErrExists = errors.New("user already exists")
 
 // Profile is one user's hard state in the profile database.
 type Profile struct {
-	Address      string    `json:"address"`
-	PasswordHash string    `json:"password_hash,omitempty"`
-	Created      time.Time `json:"created"`
-	Updated      time.Time `json:"updated"`
+	Address      string `json:"address"`
+	PasswordHash string `json:"password_hash,omitempty"`
+	// SCRAMSHA256 holds the SCRAM-SHA-256 keys derived from the password
+	// when it was set (RFC 5803 form, see DeriveSCRAM): what a SCRAM login
+	// needs, never the password itself. Empty for a user whose password
+	// was set before Quill had SCRAM, until their next password login.
+	SCRAMSHA256 string    `json:"scram_sha256,omitempty"`
+	Created     time.Time `json:"created"`
+	Updated     time.Time `json:"updated"`
 	// Version orders updates of the profile across nodes: a hybrid
 	// logical clock timestamp, so skewed wall clocks never let an older
 	// update win (BLUEPRINT invariant 6).

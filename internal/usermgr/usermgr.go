@@ -829,7 +829,7 @@ func (m *Manager) list(ctx context.Context) (*ListReply, error) {
 		for _, p := range bk.profiles {
 			if !p.Deleted {
 				cp := *p
-				cp.PasswordHash = ""
+				cp.PasswordHash, cp.SCRAMSHA256 = "", ""
 				out.Profiles = append(out.Profiles, cp)
 			}
 		}
@@ -914,7 +914,31 @@ func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*use
 	m.authMu.Lock()
 	m.verified[addr] = verifiedPW{hash: p.PasswordHash, mac: mac}
 	m.authMu.Unlock()
+	if p.SCRAMSHA256 == "" {
+		m.addSCRAMKeys(ctx, p, password)
+	}
 	return p, nil
+}
+
+// scramUpgradeTimeout bounds the profile write that adds SCRAM keys during
+// a login: the login does not wait longer for what is only a convenience.
+const scramUpgradeTimeout = 2 * time.Second
+
+// addSCRAMKeys gives a user whose password was set before Quill derived
+// SCRAM keys those keys, now that a login has shown the password, so their
+// next login may use SCRAM-SHA-256. Best effort: a failure only leaves the
+// user without SCRAM until the next password login.
+func (m *Manager) addSCRAMKeys(ctx context.Context, p *userdb.Profile, password string) {
+	keys, err := userdb.DeriveSCRAM(password)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, scramUpgradeTimeout)
+	defer cancel()
+	_, err = m.writers.For(p.Address).Apply(ctx, &writer.ApplyRequest{Op: "scram", Address: p.Address, Hash: p.PasswordHash, SCRAM: keys})
+	if err != nil {
+		m.log.Info("user: could not add SCRAM keys at login", "user", p.Address, "err", err)
+	}
 }
 
 func (m *Manager) mac(user, password string) [32]byte {
@@ -1006,22 +1030,34 @@ func (m *Manager) AddUser(ctx context.Context, addr, password string) (*userdb.P
 	if err := userdb.ValidateAddress(addr); err != nil {
 		return nil, err
 	}
-	hash, err := userdb.HashPassword(password)
+	hash, keys, err := hashAndKeys(password)
 	if err != nil {
 		return nil, fmt.Errorf("user %s: %w", addr, err)
 	}
-	return m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "add", Address: addr, Hash: hash})
+	return m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "add", Address: addr, Hash: hash, SCRAM: keys})
 }
 
 // SetPassword changes a user's password. The hash is computed here, on the
 // node that took the request; the manager only stores it.
 func (m *Manager) SetPassword(ctx context.Context, addr, password string) error {
-	hash, err := userdb.HashPassword(password)
+	hash, keys, err := hashAndKeys(password)
 	if err != nil {
 		return fmt.Errorf("user %s: %w", userdb.Normalize(addr), err)
 	}
-	_, err = m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "passwd", Address: addr, Hash: hash})
+	_, err = m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "passwd", Address: addr, Hash: hash, SCRAM: keys})
 	return err
+}
+
+// hashAndKeys derives what a profile keeps of a password: its argon2id
+// hash and its SCRAM-SHA-256 keys.
+func hashAndKeys(password string) (hash, keys string, err error) {
+	if hash, err = userdb.HashPassword(password); err != nil {
+		return "", "", err
+	}
+	if keys, err = userdb.DeriveSCRAM(password); err != nil {
+		return "", "", err
+	}
+	return hash, keys, nil
 }
 
 // maxReplicas bounds a user's replica count: more copies than this cost

@@ -1,6 +1,7 @@
 package usermgr
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/writer"
+	"github.com/xdg-go/scram"
 	"google.golang.org/grpc"
 )
 
@@ -415,5 +418,70 @@ func TestLookupWaitingForADroppedBucketReturns(t *testing.T) {
 		}
 	case <-time.After(4 * time.Second):
 		t.Fatal("lookup still waiting on a bucket this node dropped")
+	}
+}
+
+// scramMatches says whether a profile's SCRAM keys are those of pw.
+func scramMatches(t *testing.T, p *userdb.Profile, pw string) bool {
+	t.Helper()
+	sc, err := userdb.ParseSCRAM(p.SCRAMSHA256)
+	if err != nil {
+		t.Fatalf("user %s: SCRAM keys %q: %v", p.Address, p.SCRAMSHA256, err)
+	}
+	cl, _ := scram.SHA256.NewClient("", pw, "")
+	want, _ := cl.GetStoredCredentialsWithError(sc.KeyFactors)
+	return bytes.Equal(want.StoredKey, sc.StoredKey) && bytes.Equal(want.ServerKey, sc.ServerKey)
+}
+
+// TestSCRAMKeysFollowThePassword: the SCRAM keys are derived when a user
+// is added and when the password changes, and a user who has none (their
+// password was set before Quill had SCRAM) gets them at the next password
+// login, unless the password changed meanwhile.
+func TestSCRAMKeysFollowThePassword(t *testing.T) {
+	c := newTestCluster(t)
+	n := c.start("n1", "", 1)
+	c.setAlive("n1")
+	const u = "carol@example.org"
+	p, err := n.mgr.AddUser(ctx(t), u, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !scramMatches(t, p, "first") {
+		t.Fatal("keys at add are not the password's")
+	}
+	if err := n.mgr.SetPassword(ctx(t), u, "second"); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, _ = n.mgr.Lookup(ctx(t), u); !scramMatches(t, p, "second") {
+		t.Fatal("keys not replaced by a password change")
+	}
+
+	// A password set without keys, as by a Quill before SCRAM.
+	hash, _ := userdb.HashPassword("third")
+	if _, err := n.mgr.writers.For(u).Apply(ctx(t), &writer.ApplyRequest{Op: "passwd", Address: u, Hash: hash}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, _ = n.mgr.Lookup(ctx(t), u); p.SCRAMSHA256 != "" {
+		t.Fatal("setup: keys still there")
+	}
+	// Keys offered for an older hash are not stored.
+	stale, _ := userdb.DeriveSCRAM("second")
+	if _, err := n.mgr.writers.For(u).Apply(ctx(t), &writer.ApplyRequest{Op: "scram", Address: u, Hash: "old", SCRAM: stale}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, _ = n.mgr.Lookup(ctx(t), u); p.SCRAMSHA256 != "" {
+		t.Fatal("keys of an older password were stored")
+	}
+	if _, err := n.mgr.Authenticate(ctx(t), u, "third"); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, _ = n.mgr.Lookup(ctx(t), u); !scramMatches(t, p, "third") {
+		t.Fatal("no keys after a password login")
+	}
+	users, _ := n.mgr.Users(ctx(t))
+	for _, p := range users {
+		if p.SCRAMSHA256 != "" || p.PasswordHash != "" {
+			t.Errorf("user list shows secrets of %s", p.Address)
+		}
 	}
 }

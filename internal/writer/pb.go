@@ -266,7 +266,7 @@ func (s server) Confirm(ctx context.Context, p *nodepb.ConfirmRequest) (*nodepb.
 		Message: mailbox.MessageFromPB(p.Message), Nodes: cluster.IDsFromPB(p.Nodes), Cancel: p.Cancel})
 }
 func (s server) Apply(ctx context.Context, p *nodepb.ApplyRequest) (*nodepb.Profile, error) {
-	prof, err := s.l.Apply(ctx, &ApplyRequest{Op: p.Op, Address: p.Address, Hash: p.Hash, Replicas: int(p.Replicas), Policy: p.Policy})
+	prof, err := s.l.Apply(ctx, &ApplyRequest{Op: p.Op, Address: p.Address, Hash: p.Hash, SCRAM: p.ScramSha256, Replicas: int(p.Replicas), Policy: p.Policy})
 	if err != nil {
 		return nil, err
 	}
@@ -370,7 +370,7 @@ func (r *ConfirmRequest) toPB() *nodepb.ConfirmRequest {
 }
 
 func (r *ApplyRequest) toPB() *nodepb.ApplyRequest {
-	return &nodepb.ApplyRequest{Op: r.Op, Address: r.Address, Hash: r.Hash, Replicas: int32(r.Replicas), Policy: r.Policy}
+	return &nodepb.ApplyRequest{Op: r.Op, Address: r.Address, Hash: r.Hash, ScramSha256: r.SCRAM, Replicas: int32(r.Replicas), Policy: r.Policy}
 }
 
 func (r *MailboxRequest) toPB() *nodepb.MailboxRequest {

@@ -550,9 +550,14 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 
 // ApplyRequest changes a user's profile.
 type ApplyRequest struct {
-	Op      string `json:"op"` // add, passwd, replication, delete
+	Op      string `json:"op"` // add, passwd, scram, replication, delete
 	Address string `json:"address"`
-	Hash    string `json:"hash,omitempty"`
+	// Hash is the new password's argon2id hash (add, passwd), or for op
+	// scram the hash the SCRAM keys were derived beside: they are stored
+	// only if the password has not changed since.
+	Hash string `json:"hash,omitempty"`
+	// SCRAM is the password's SCRAM-SHA-256 keys (userdb.DeriveSCRAM).
+	SCRAM string `json:"scram,omitempty"`
 	// Replicas and Policy are the user's replication settings (op
 	// replication; 0 and "" restore the cluster defaults).
 	Replicas int    `json:"replicas,omitempty"`
@@ -577,7 +582,7 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 			return nil, fmt.Errorf("user %s: %w", user, userdb.ErrExists)
 		}
 		now := time.Now().UTC()
-		np := &userdb.Profile{Address: user, PasswordHash: req.Hash, Created: now}
+		np := &userdb.Profile{Address: user, PasswordHash: req.Hash, SCRAMSHA256: req.SCRAM, Created: now}
 		if old, _ := m.users.Profile(user); old != nil {
 			np.LastUIDValidity = old.LastUIDValidity // a deleted user's: never repeat
 		}
@@ -591,7 +596,16 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 		if err != nil {
 			return nil, err
 		}
-		p.PasswordHash = req.Hash
+		p.PasswordHash, p.SCRAMSHA256 = req.Hash, req.SCRAM
+		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
+	case "scram":
+		if err != nil {
+			return nil, err
+		}
+		if p.PasswordHash != req.Hash || p.SCRAMSHA256 != "" {
+			return p, nil // the password changed meanwhile, or keys came first
+		}
+		p.SCRAMSHA256 = req.SCRAM
 		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
 	case "replication":
 		if err != nil {

@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/emersion/go-sasl"
-
 	"github.com/emersion/go-imap/v2"
+	"github.com/emersion/go-sasl"
 	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 	"github.com/quillmail/quill/third_party/imapserver/internal/wire"
 )
@@ -84,8 +83,11 @@ func (c *Conn) handleAuthenticate(tag string, dec *imapwire.Decoder) error {
 			break
 		}
 
+		// quill: an empty challenge is "+ " with nothing after it (RFC
+		// 9051 §6.2.2: base64 of nothing); "=" is only SASL-IR's empty
+		// initial response, and clients would decode it as garbage.
 		var challengeStr string
-		if challenge != nil {
+		if len(challenge) > 0 {
 			challengeStr = wire.EncodeSASL(challenge)
 		}
 		if err := writeContReq(enc.Encoder, challengeStr); err != nil {
@@ -96,7 +98,18 @@ func (c *Conn) handleAuthenticate(tag string, dec *imapwire.Decoder) error {
 		if err != nil {
 			return err
 		} else if isPrefix {
-			return fmt.Errorf("SASL response too long")
+			// quill: a client error, not a server bug; the rest of
+			// the line is skipped (read, not kept).
+			for isPrefix && err == nil {
+				_, isPrefix, err = c.br.ReadLine()
+			}
+			if err != nil {
+				return err
+			}
+			return &imap.Error{
+				Type: imap.StatusResponseTypeBad,
+				Text: "SASL response too long",
+			}
 		} else if string(encodedResp) == "*" {
 			return &imap.Error{
 				Type: imap.StatusResponseTypeBad,
