@@ -759,3 +759,18 @@ func TestClientErrorsInArgumentsAreBAD(t *testing.T) {
 	c.expectCmd("d", `LIST "" "&'"`, "d NO [CANNOT] LIST is not supported by the test session")
 	c.expectCmd("e", "NOOP", "e OK NOOP completed")
 }
+
+// QUILL.md row 18: an empty SASL challenge goes out as "+ " (was "+ ="),
+// and a SASL response longer than the read buffer is answered BAD, its
+// rest skipped, with the session going on.
+func TestSASLEmptyChallengeAndOverlongResponse(t *testing.T) {
+	ts := newTestServer(t, nil)
+	c, _ := ts.dial()
+	c.send("a AUTHENTICATE PLAIN")
+	if l := c.readLine(); l != "+ " {
+		t.Fatalf("empty challenge sent as %q, want \"+ \"", l)
+	}
+	c.send(strings.Repeat("QUFB", 5000))
+	c.expect("a BAD SASL response too long")
+	c.expectCmd("b", "NOOP", "b OK NOOP completed")
+}
