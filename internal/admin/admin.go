@@ -84,7 +84,9 @@ type ReplicationStatus struct {
 // Server is the admin HTTP handler.
 type Server struct {
 	Users *usermgr.Manager
-	Node  NodeInfo
+	// TLS manages the cluster's certificates (/api/tls).
+	TLS  TLS
+	Node NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz, on loopback too (any local account could otherwise read
 	// and change every user): "Authorization: Bearer TOKEN", or the
@@ -105,6 +107,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("PUT /api/users/{address}/password", s.setPassword)
 	mux.HandleFunc("PUT /api/users/{address}/replication", s.setReplication)
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
+	mux.HandleFunc("GET /api/tls", s.listCerts)
+	mux.HandleFunc("PUT /api/tls", s.setCert)
+	mux.HandleFunc("DELETE /api/tls/{name...}", s.deleteCert)
 	mux.HandleFunc("GET /cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/replication", s.replication)

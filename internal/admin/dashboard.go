@@ -37,9 +37,10 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #d
 holds {{.Objects}} message(s){{if .UnderReplicated}}, <b>{{.UnderReplicated}} with fewer live copies than wanted</b>{{else}}, all with their copies{{end}} ·
 update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done}} done and retiring</p>{{end}}
 {{if .TLS}}<h2>TLS on this node</h2>
-<table><tr><th>certificate for</th><th>valid until</th><th>file</th></tr>
-{{range .TLS}}<tr><td>{{range .Names}}{{.}} {{end}}{{if .SelfSigned}}<b>(self-signed: clients will not trust it; give --tls-cert/--tls-key)</b>{{end}}</td>
-<td>{{.NotAfter.Format "2006-01-02"}}</td><td>{{.CertFile}}</td></tr>{{end}}
+<p>in the order a handshake tries them; the first is served to clients that ask for no name this node covers</p>
+<table><tr><th>certificate for</th><th>valid until</th><th>from</th></tr>
+{{range .TLS}}<tr><td>{{range .Names}}{{.}} {{end}}{{if .SelfSigned}}<b>(self-signed: clients will not trust it; give --tls-cert/--tls-key or quill tls set)</b>{{end}}</td>
+<td>{{.NotAfter.Format "2006-01-02"}}</td><td>{{if .Cluster}}cluster state {{.Cluster}} ({{.Source}}), served by every node{{else}}{{.CertFile}}{{end}}</td></tr>{{end}}
 </table>{{end}}
 <h2>User map (256 buckets)</h2>
 <div class="grid">{{range .Buckets}}<div class="b" title="bucket {{.Bucket}}: {{.Node}} (epoch {{.Epoch}})" style="background:{{color .Node}}">{{.Bucket}}</div>{{end}}</div>

@@ -49,6 +49,9 @@ type NodeMeta struct {
 	RPC      string `json:"r"`           // node-to-node RPC address
 	Load     int    `json:"l"`           // pending disk operations (Porcupine §5)
 	DiskFull bool   `json:"f,omitempty"` // no room for new mail
+	// Wide is the digest of the clusterwide objects the node holds
+	// (clusterwide.Store.Digest): a peer with another digest is caught up.
+	Wide uint64 `json:"w,omitempty"`
 }
 
 // MemberInfo is one member as seen by this node.
@@ -81,7 +84,10 @@ type MembershipConfig struct {
 	// Domains returns the mail domains this node holds user profiles
 	// for; the union over live nodes is what the cluster accepts mail for.
 	Domains func() []string
-	Logger  *slog.Logger
+	// Wide returns the digest of the node's clusterwide objects, for
+	// gossip.
+	Wide   func() uint64
+	Logger *slog.Logger
 	// OnChange is called, from one goroutine, whenever the user map or
 	// the set of live (node, boot) pairs changed.
 	OnChange func(old, new *UserMap)
@@ -428,9 +434,13 @@ func (m *Membership) refreshMeta() {
 		return
 	}
 	load, full := m.cfg.Load()
+	var state uint64
+	if m.cfg.Wide != nil {
+		state = m.cfg.Wide()
+	}
 	m.mu.Lock()
-	changed := load != m.meta.Load || full != m.meta.DiskFull
-	m.meta.Load, m.meta.DiskFull = load, full
+	changed := load != m.meta.Load || full != m.meta.DiskFull || state != m.meta.Wide
+	m.meta.Load, m.meta.DiskFull, m.meta.Wide = load, full, state
 	self := m.members[m.cfg.Self]
 	self.NodeMeta = m.meta
 	m.members[m.cfg.Self] = self

@@ -16,10 +16,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/quillmail/quill/internal/clusterwide"
 
 	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cluster"
@@ -119,10 +122,13 @@ type Core struct {
 	RPC     *rpc.Server
 	Loads   *balance.Tracker
 	Repl    *replica.Manager
-	log     *slog.Logger
-	rpcLn   net.Listener
-	stop    chan struct{}
-	full    atomic.Bool
+	// Wide holds the objects every node keeps (the cluster's TLS
+	// certificates).
+	Wide  *clusterwide.Store
+	log   *slog.Logger
+	rpcLn net.Listener
+	stop  chan struct{}
+	full  atomic.Bool
 	// critical: under half of MinFree is free; the node then refuses new
 	// message content even as a replica (replica.Manager.SetRoom).
 	critical atomic.Bool
@@ -235,6 +241,11 @@ func New(o Options) (*Core, error) {
 	c.Repl.Handle(mailbox.ObjectKind, c.Boxes)
 	profiles := userdb.New(db)
 	c.Repl.Handle(userdb.ProfileKind, profiles)
+	if c.Wide, err = clusterwide.Open(db, log); err != nil {
+		db.Close()
+		return nil, err
+	}
+	c.Repl.Handle(clusterwide.Kind, c.Wide)
 	c.Users = usermgr.New(usermgr.Config{Self: id, Users: profiles, Boxes: c.Boxes, Clock: clock, Log: log,
 		Repl: c.Repl, Peers: c.Peers})
 	c.Writers = c.Users.Writers()
@@ -279,6 +290,7 @@ func New(o Options) (*Core, error) {
 		KnownFile: filepath.Join(dataDir, knownFile),
 		Load:      func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
 		Domains:   c.Users.LocalDomains,
+		Wide:      c.Wide.Digest,
 		Logger:    log,
 		OnChange: func(old, new *cluster.UserMap) {
 			c.Peers.SetMembership(c.Members)
@@ -322,12 +334,53 @@ func New(o Options) (*Core, error) {
 		}
 	}()
 	go c.watchStalls()
+	go c.syncWide()
 	if o.AuditInterval == 0 {
 		o.AuditInterval = writer.DefaultAuditInterval
 	}
 	c.Writers.StartAudit(o.AuditInterval)
 	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
 	return c, nil
+}
+
+// wideSyncInterval is how often the node compares its clusterwide objects
+// with the digests its peers gossip, and catches up those that differ.
+const wideSyncInterval = 3 * time.Second
+
+// syncWide runs the clusterwide objects' anti-entropy until the node stops.
+func (c *Core) syncWide() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.stop
+		cancel()
+	}()
+	t := time.NewTicker(wideSyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var peers []clusterwide.Peer
+		for _, mi := range c.Members.Alive() {
+			peers = append(peers, clusterwide.Peer{ID: mi.ID, Digest: mi.Wide})
+		}
+		c.Wide.Sync(ctx, c.Repl, c.ID, peers)
+	}
+}
+
+// AliveIDs returns the nodes alive now, this one included.
+func (c *Core) AliveIDs() []cluster.NodeID {
+	var out []cluster.NodeID
+	for _, mi := range c.Members.Alive() {
+		out = append(out, mi.ID)
+	}
+	if !slices.Contains(out, c.ID) {
+		out = append(out, c.ID)
+	}
+	return out
 }
 
 // watchStalls rebuilds the soft state after the process stood still.

@@ -177,6 +177,7 @@ func Start(cfg Config) (*Node, error) {
 	n.Guard = guard.New(guard.Limits{MaxConns: maxConns(cfg.MaxConns, cfg.Logger), MaxConnsPerIP: cfg.MaxConnsPerIP,
 		RatePerIP: cfg.ConnRatePerIP, AuthFailDelay: cfg.AuthFailDelay, AuthMaxDelay: cfg.AuthMaxDelay, LockoutAfter: cfg.AuthLockoutAfter,
 		LockoutFor: cfg.AuthLockoutFor}, cfg.Logger)
+	n.serveClusterCerts()
 	var watch context.Context
 	watch, n.stop = context.WithCancel(context.Background())
 	go n.Certs.Watch(watch, tlscert.DefaultPollInterval)
@@ -333,7 +334,7 @@ func (n *Node) startListeners() error {
 	if err != nil {
 		return err
 	}
-	as := &admin.Server{Users: n.Users, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, TLS: n, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {

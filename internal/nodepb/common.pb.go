@@ -829,6 +829,146 @@ func (x *MessageObject) GetBodyFrom() string {
 	return ""
 }
 
+// WideObject is an object every node keeps a replica of (internal/
+// clusterwide): the content of an Update of kind "w", and its record.
+type WideObject struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"` // HLC timestamp of the change
+	Origin        string                 `protobuf:"bytes,3,opt,name=origin,proto3" json:"origin,omitempty"`    // node that made the change (breaks version ties)
+	Deleted       bool                   `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"` // a tombstone: the object was removed
+	Data          []byte                 `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`        // the kind's content (e.g. a Certificate)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WideObject) Reset() {
+	*x = WideObject{}
+	mi := &file_quill_v1_common_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WideObject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WideObject) ProtoMessage() {}
+
+func (x *WideObject) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_common_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WideObject.ProtoReflect.Descriptor instead.
+func (*WideObject) Descriptor() ([]byte, []int) {
+	return file_quill_v1_common_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WideObject) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WideObject) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *WideObject) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *WideObject) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *WideObject) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// Certificate is a TLS certificate chain and its key, served by every
+// node (the clusterwide object "tls/<name>").
+type Certificate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ChainPem      []byte                 `protobuf:"bytes,1,opt,name=chain_pem,json=chainPem,proto3" json:"chain_pem,omitempty"`
+	KeyPem        []byte                 `protobuf:"bytes,2,opt,name=key_pem,json=keyPem,proto3" json:"key_pem,omitempty"`
+	Source        string                 `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"` // "operator" or "acme"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Certificate) Reset() {
+	*x = Certificate{}
+	mi := &file_quill_v1_common_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Certificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Certificate) ProtoMessage() {}
+
+func (x *Certificate) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_common_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Certificate.ProtoReflect.Descriptor instead.
+func (*Certificate) Descriptor() ([]byte, []int) {
+	return file_quill_v1_common_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Certificate) GetChainPem() []byte {
+	if x != nil {
+		return x.ChainPem
+	}
+	return nil
+}
+
+func (x *Certificate) GetKeyPem() []byte {
+	if x != nil {
+		return x.KeyPem
+	}
+	return nil
+}
+
+func (x *Certificate) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 var File_quill_v1_common_proto protoreflect.FileDescriptor
 
 const file_quill_v1_common_proto_rawDesc = "" +
@@ -909,7 +1049,18 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	" \x03(\tR\breplicas\x12\x12\n" +
 	"\x04want\x18\v \x01(\x05R\x04want\x12\x18\n" +
 	"\adeleted\x18\f \x01(\bR\adeleted\x12\x1b\n" +
-	"\tbody_from\x18\r \x01(\tR\bbodyFromB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
+	"\tbody_from\x18\r \x01(\tR\bbodyFrom\"\x80\x01\n" +
+	"\n" +
+	"WideObject\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06origin\x18\x03 \x01(\tR\x06origin\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\"[\n" +
+	"\vCertificate\x12\x1b\n" +
+	"\tchain_pem\x18\x01 \x01(\fR\bchainPem\x12\x17\n" +
+	"\akey_pem\x18\x02 \x01(\fR\x06keyPem\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06sourceB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
 
 var (
 	file_quill_v1_common_proto_rawDescOnce sync.Once
@@ -923,7 +1074,7 @@ func file_quill_v1_common_proto_rawDescGZIP() []byte {
 	return file_quill_v1_common_proto_rawDescData
 }
 
-var file_quill_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_quill_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_quill_v1_common_proto_goTypes = []any{
 	(*Empty)(nil),         // 0: quill.v1.Empty
 	(*Stamp)(nil),         // 1: quill.v1.Stamp
@@ -934,6 +1085,8 @@ var file_quill_v1_common_proto_goTypes = []any{
 	(*MailboxDef)(nil),    // 6: quill.v1.MailboxDef
 	(*Profile)(nil),       // 7: quill.v1.Profile
 	(*MessageObject)(nil), // 8: quill.v1.MessageObject
+	(*WideObject)(nil),    // 9: quill.v1.WideObject
+	(*Certificate)(nil),   // 10: quill.v1.Certificate
 }
 var file_quill_v1_common_proto_depIdxs = []int32{
 	1, // 0: quill.v1.Message.version:type_name -> quill.v1.Stamp
@@ -956,7 +1109,7 @@ func file_quill_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quill_v1_common_proto_rawDesc), len(file_quill_v1_common_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -38,6 +38,7 @@ const (
 	KindNode     byte = 'N' // node: N name -> node-wide values
 	KindObject   byte = 'O' // mailbox: O bucket user 0 msgid -> where the message object is, its stamp, or its tombstone
 	KindLog      byte = 'L' // replica: L object 0 stamp -> update log entry
+	KindWide     byte = 'W' // clusterwide: W kind/name -> object every node keeps (certificates)
 )
 
 // Sync is the write option for every commit that acknowledges something to a

@@ -65,7 +65,11 @@ type Info struct {
 	Names      []string  `json:"names"`
 	NotAfter   time.Time `json:"not_after"`
 	SelfSigned bool      `json:"self_signed"`
-	CertFile   string    `json:"cert_file"`
+	CertFile   string    `json:"cert_file,omitempty"`
+	// Cluster names the clusterwide object the certificate came from
+	// (quill tls set, ACME), served by every node; empty for files.
+	Cluster string `json:"cluster,omitempty"`
+	Source  string `json:"source,omitempty"`
 }
 
 // Store is the set of certificates in service. It is safe for concurrent
@@ -77,9 +81,75 @@ type Store struct {
 	pairs []Pair
 
 	mu     sync.RWMutex
-	certs  []*tls.Certificate
+	certs  []*tls.Certificate // from files: the operator's, or the self-signed one
 	stamps []stamp
 	info   []Info
+	// cluster are the certificates every node serves (SetCluster).
+	cluster     []*tls.Certificate
+	clusterInfo []Info
+}
+
+// serving returns the certificates in the order a handshake tries them:
+// the operator's files (a node's own configuration wins), then the
+// cluster's, then the self-signed one, the last resort.
+func (s *Store) serving() ([]*tls.Certificate, []Info) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if len(s.opts.Pairs) > 0 {
+		return slices.Concat(s.certs, s.cluster), slices.Concat(s.info, s.clusterInfo)
+	}
+	return slices.Concat(s.cluster, s.certs), slices.Concat(s.clusterInfo, s.info)
+}
+
+// ClusterPEM is a certificate of the cluster's replicated state.
+type ClusterPEM struct {
+	Name       string // the clusterwide object's name
+	Chain, Key []byte // PEM
+	Source     string // "operator" (quill tls set) or "acme"
+}
+
+// ErrBadCertificate wraps the reason a certificate cannot be served.
+var ErrBadCertificate = errors.New("certificate refused")
+
+// Parse checks a certificate chain and key as a client would need them:
+// they must match, and the leaf must be valid now.
+func Parse(chain, key []byte, now time.Time) (*tls.Certificate, Info, error) {
+	c, err := tls.X509KeyPair(chain, key)
+	if err != nil {
+		return nil, Info{}, fmt.Errorf("%w: certificate and key: %v", ErrBadCertificate, err)
+	}
+	leaf := c.Leaf
+	if leaf == nil {
+		return nil, Info{}, fmt.Errorf("%w: no leaf certificate", ErrBadCertificate)
+	}
+	if now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+		return nil, Info{}, fmt.Errorf("%w: certificate for %v: not valid now (valid %s to %s)", ErrBadCertificate, leafNames(leaf),
+			leaf.NotBefore.Format(time.DateOnly), leaf.NotAfter.Format(time.DateOnly))
+	}
+	return &c, Info{Names: leafNames(leaf), NotAfter: leaf.NotAfter}, nil
+}
+
+// SetCluster puts the cluster's certificates in service (replacing the
+// previous set). One that does not parse is left out and logged: a
+// broken object from a peer must not take the others down.
+func (s *Store) SetCluster(pems []ClusterPEM) {
+	var certs []*tls.Certificate
+	var info []Info
+	for _, p := range pems {
+		c, in, err := Parse(p.Chain, p.Key, time.Now())
+		if err != nil {
+			s.log.Error("tls: cluster certificate not served", "name", p.Name, "err", err)
+			continue
+		}
+		in.Cluster, in.Source = p.Name, p.Source
+		certs, info = append(certs, c), append(info, in)
+	}
+	s.mu.Lock()
+	s.cluster, s.clusterInfo = certs, info
+	s.mu.Unlock()
+	for _, in := range info {
+		s.log.Info("tls: cluster certificate in service", "names", in.Names, "not_after", in.NotAfter.Format(time.DateOnly), "object", in.Cluster)
+	}
 }
 
 // stamp is what a reload compares to see whether a file changed.
@@ -144,9 +214,7 @@ func (s *Store) Config() *tls.Config {
 }
 
 func (s *Store) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	s.mu.RLock()
-	certs := s.certs
-	s.mu.RUnlock()
+	certs, _ := s.serving()
 	if c := Choose(certs, hello); c != nil {
 		return c, nil
 	}
@@ -172,9 +240,8 @@ func Choose(certs []*tls.Certificate, hello *tls.ClientHelloInfo) *tls.Certifica
 
 // Info lists the certificates in service.
 func (s *Store) Info() []Info {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return slices.Clone(s.info)
+	_, info := s.serving()
+	return info
 }
 
 // Reload re-reads every pair whose files changed (or all, if force). A
@@ -261,18 +328,24 @@ func loadAll(pairs []Pair, selfSigned bool) ([]*tls.Certificate, []stamp, []Info
 		if leaf == nil {
 			return nil, nil, nil, fmt.Errorf("tls certificate %s: no leaf certificate", p.Cert)
 		}
-		names := slices.Clone(leaf.DNSNames)
-		for _, ip := range leaf.IPAddresses {
-			names = append(names, ip.String())
-		}
-		if len(names) == 0 && leaf.Subject.CommonName != "" {
-			names = []string{leaf.Subject.CommonName}
-		}
 		certs = append(certs, &c)
 		stamps = append(stamps, st)
-		info = append(info, Info{Names: names, NotAfter: leaf.NotAfter, SelfSigned: selfSigned, CertFile: p.Cert})
+		info = append(info, Info{Names: leafNames(leaf), NotAfter: leaf.NotAfter, SelfSigned: selfSigned, CertFile: p.Cert})
 	}
 	return certs, stamps, info, nil
+}
+
+// leafNames lists the names a certificate covers: its DNS names and IP
+// addresses, or its common name when it has neither.
+func leafNames(leaf *x509.Certificate) []string {
+	names := slices.Clone(leaf.DNSNames)
+	for _, ip := range leaf.IPAddresses {
+		names = append(names, ip.String())
+	}
+	if len(names) == 0 && leaf.Subject.CommonName != "" {
+		names = []string{leaf.Subject.CommonName}
+	}
+	return names
 }
 
 // ensureSelfSigned returns the self-signed pair of a data directory,

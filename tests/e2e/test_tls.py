@@ -221,6 +221,28 @@ def test_self_signed_certificate_out_of_the_box(quill_factory):
     assert [c["self_signed"] for c in json.loads(body)["tls"]] == [True], body[:300]
 
 
+def test_quill_tls_set_serves_the_certificate(quill_factory, pki):
+    """`quill tls set` puts a certificate in service without a restart (as
+    cluster state; tests/cluster checks that every node serves it), `quill
+    tls list` shows it first, and `quill tls del` goes back to the
+    self-signed one."""
+    ca, cert, key, _ = pki
+    n = quill_factory()
+    host, port = n.addrs["imaps"]
+    with pytest.raises(ssl.SSLCertVerificationError):
+        imaplib.IMAP4_SSL(host, port, ssl_context=ctx(ca), timeout=TIMEOUT)
+    out = n.cli("tls", "set", "--cert", str(cert), "--key", str(key)).stdout
+    assert "mail.quill.test" in out and "tls/mail.quill.test" in out, out
+    imaplib.IMAP4_SSL(host, port, ssl_context=ctx(ca), timeout=TIMEOUT).logout()
+    listing = n.cli("tls", "list").stdout.splitlines()
+    assert "cluster tls/mail.quill.test (operator)" in listing[1] and "self-signed" in listing[2], listing
+    bad = n.cli("tls", "set", "--cert", str(key), "--key", str(key), check=False)
+    assert bad.returncode != 0 and "certificate refused" in bad.stderr, bad.stderr
+    n.cli("tls", "del", "mail.quill.test")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        imaplib.IMAP4_SSL(host, port, ssl_context=ctx(ca), timeout=TIMEOUT)
+
+
 def test_openssl_s_client_starttls_verifies(tnode):
     for proto, key in (("smtp", "smtp"), ("imap", "imap"), ("pop3", "pop3")):
         host, port = tnode.addrs[key]

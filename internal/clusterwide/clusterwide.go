@@ -1,0 +1,336 @@
+// Package clusterwide keeps the objects every node holds a replica of: the
+// cluster's TLS certificates now (issue 11), domains and their settings
+// later. They are hard state in Porcupine's sense (§2.2: lost only with
+// every replica) but, unlike a user's profile, each node needs them to
+// serve any session, so every node keeps one.
+//
+// Changes travel as updates of the replication manager (§4.2–4.4), kind
+// "w", ordered by their HLC stamp: a change is logged and applied here and
+// pushed to every live node, and the update log carries it to the nodes
+// that were away. A node the change never named (one that joined later, or
+// was replaced) is caught up by anti-entropy: each node gossips a digest of
+// what it holds (cluster.NodeMeta.State), and a node that sees a peer with
+// another digest pushes it everything it holds; applying is idempotent and
+// the newer stamp wins, so two nodes that each changed something converge
+// on the union. Nothing here is written by hand that a library does: the
+// transport, log and gossip are Quill's own managers.
+package clusterwide
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/nodepb"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/store"
+	"google.golang.org/protobuf/proto"
+)
+
+// Kind is the replication manager's name for clusterwide objects.
+const Kind = "w"
+
+// maxObjectBytes bounds one object: a certificate chain and key are a few
+// KB; anything far larger from the network is refused.
+const maxObjectBytes = 1 << 20
+
+// syncTimeout bounds one anti-entropy push to one peer.
+const syncTimeout = 10 * time.Second
+
+// Object is one clusterwide object.
+type Object struct {
+	Name    string
+	Stamp   replica.Stamp
+	Deleted bool
+	Data    []byte
+}
+
+// Writer is what the store needs of the replication manager.
+type Writer interface {
+	Write(ctx context.Context, req *replica.WriteRequest) (*replica.WriteReply, error)
+	Now() replica.Stamp
+}
+
+// Store is this node's replica of the clusterwide objects. It implements
+// replica.Handler for Kind.
+type Store struct {
+	db  *store.DB
+	log *slog.Logger
+	// OnChange, if set, hears of every object applied here (from this
+	// node or a peer), outside the store's lock.
+	OnChange func(Object)
+
+	mu      sync.Mutex
+	objects map[string]Object
+	// pushed remembers, per peer, the digests (ours, theirs) of the last
+	// anti-entropy push, so a difference is pushed once, not every round.
+	pushed map[cluster.NodeID][2]uint64
+}
+
+// Open loads the objects this node holds.
+func Open(db *store.DB, log *slog.Logger) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{db: db, log: log, objects: map[string]Object{}, pushed: map[cluster.NodeID][2]uint64{}}
+	it, err := db.PrefixIter(nil, store.KindPrefix(store.KindWide))
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		o, err := decode(it.Value())
+		if err != nil {
+			return nil, fmt.Errorf("clusterwide object %q: corrupt: %w", it.Key()[1:], err)
+		}
+		s.objects[o.Name] = o
+	}
+	return s, nil
+}
+
+func key(name string) []byte { return append(store.KindPrefix(store.KindWide), name...) }
+
+func objectName(name string) string { return Kind + "/" + name }
+
+func encode(o Object) ([]byte, error) {
+	return proto.Marshal(&nodepb.WideObject{Name: o.Name, Version: uint64(o.Stamp.Clock), Origin: string(o.Stamp.Node),
+		Deleted: o.Deleted, Data: o.Data})
+}
+
+func decode(b []byte) (Object, error) {
+	var w nodepb.WideObject
+	if err := proto.Unmarshal(b, &w); err != nil {
+		return Object{}, err
+	}
+	return Object{Name: w.Name, Stamp: replica.Stamp{Clock: hlc.Timestamp(w.Version), Node: cluster.NodeID(w.Origin)},
+		Deleted: w.Deleted, Data: w.Data}, nil
+}
+
+// ValidName checks an object's name: a kind prefix and a name, printable,
+// without spaces.
+func ValidName(name string) error {
+	kind, rest, ok := strings.Cut(name, "/")
+	if !ok || kind == "" || rest == "" || len(name) > 255 {
+		return fmt.Errorf("clusterwide object name %q: want kind/name, at most 255 bytes", name)
+	}
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f {
+			return fmt.Errorf("clusterwide object name %q: control character or space", name)
+		}
+	}
+	return nil
+}
+
+// Get returns an object that is not deleted.
+func (s *Store) Get(name string) (Object, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.objects[name]
+	return o, ok && !o.Deleted
+}
+
+// List returns the objects whose names start with prefix, deleted ones
+// left out, sorted by name.
+func (s *Store) List(prefix string) []Object {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Object
+	for _, o := range s.objects {
+		if !o.Deleted && strings.HasPrefix(o.Name, prefix) {
+			out = append(out, o)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Digest sums up what this node holds (names and stamps, tombstones
+// included) for gossip: equal digests mean nothing to push.
+func (s *Store) Digest() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.digestLocked()
+}
+
+func (s *Store) digestLocked() uint64 {
+	if len(s.objects) == 0 {
+		return 0
+	}
+	names := make([]string, 0, len(s.objects))
+	for n := range s.objects {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	h := fnv.New64a()
+	for _, n := range names {
+		o := s.objects[n]
+		fmt.Fprintf(h, "%s\x00%d\x00%s\x00", n, o.Stamp.Clock, o.Stamp.Node)
+	}
+	return h.Sum64() | 1 // never 0, which means "holds nothing"
+}
+
+// Put makes a new version of an object (or, with deleted, its tombstone)
+// and writes it to every live node. It returns once this node holds it
+// durably; the nodes that did not acknowledge in time get it from the
+// update log or, if they were not named, from anti-entropy.
+func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name string, data []byte, deleted bool) (acked []cluster.NodeID, err error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	if len(data) > maxObjectBytes {
+		return nil, fmt.Errorf("clusterwide object %s: %d bytes, over the %d-byte limit", name, len(data), maxObjectBytes)
+	}
+	if deleted {
+		if _, ok := s.Get(name); !ok {
+			return nil, fmt.Errorf("clusterwide object %s: %w", name, ErrNotFound)
+		}
+		data = nil
+	}
+	o := Object{Name: name, Stamp: w.Now(), Deleted: deleted, Data: data}
+	b, err := encode(o)
+	if err != nil {
+		return nil, err
+	}
+	u := &replica.Update{Object: objectName(name), Stamp: o.Stamp, Targets: alive, Data: b}
+	rep, err := w.Write(ctx, &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: replica.One})
+	if rep != nil {
+		acked = rep.Acked
+	}
+	if err != nil {
+		return acked, fmt.Errorf("clusterwide object %s: %w", name, err)
+	}
+	return acked, nil
+}
+
+// ErrNotFound is returned for an object this node does not hold.
+var ErrNotFound = errors.New("no such object")
+
+// Apply implements replica.Handler: each update is a whole object, kept
+// when its stamp is newer than the one here.
+func (s *Store) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []replica.Outcome) error) ([]replica.Outcome, error) {
+	s.mu.Lock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	outs := make([]replica.Outcome, len(ups))
+	var applied []Object
+	next := map[string]Object{}
+	for i, u := range ups {
+		o, err := decode(u.Data)
+		if err != nil || len(u.Data) > maxObjectBytes+1024 || ValidName(o.Name) != nil || u.Object != objectName(o.Name) || o.Stamp.IsZero() {
+			outs[i] = replica.Failed // bad input from the network: refused
+			continue
+		}
+		cur, ok := next[o.Name]
+		if !ok {
+			cur, ok = s.objects[o.Name]
+		}
+		if ok && !cur.Stamp.Less(o.Stamp) {
+			outs[i] = replica.Stale
+			continue
+		}
+		if err := b.Set(key(o.Name), u.Data); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		next[o.Name] = o
+		applied = append(applied, o)
+		outs[i] = replica.Applied
+	}
+	if logw != nil {
+		if err := logw(b, outs); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+	}
+	if err := b.Commit(store.Sync); err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("write %d clusterwide objects: %w", len(ups), err)
+	}
+	for n, o := range next {
+		s.objects[n] = o
+	}
+	s.mu.Unlock()
+	for _, o := range applied {
+		s.log.Info("clusterwide object applied", "name", o.Name, "deleted", o.Deleted, "origin", o.Stamp.Node)
+		if s.OnChange != nil {
+			s.OnChange(o)
+		}
+	}
+	return outs, nil
+}
+
+// Fill implements replica.Handler: an update carries the whole object.
+func (s *Store) Fill(u *replica.Update) error { return nil }
+
+// Peer is what anti-entropy needs to know of a live peer.
+type Peer struct {
+	ID     cluster.NodeID
+	Digest uint64
+}
+
+// NeedPush decides, without I/O, which peers to push everything to: those
+// whose digest differs from ours and differed differently at the last push.
+func NeedPush(self cluster.NodeID, mine uint64, peers []Peer, pushed map[cluster.NodeID][2]uint64) []cluster.NodeID {
+	var out []cluster.NodeID
+	for _, p := range peers {
+		if p.ID == self || mine == 0 || p.Digest == mine || pushed[p.ID] == [2]uint64{mine, p.Digest} {
+			continue
+		}
+		out = append(out, p.ID)
+	}
+	return out
+}
+
+// Sync pushes everything this node holds to each live peer whose digest
+// differs (anti-entropy). Called every gossip round; each push is bounded
+// by syncTimeout, and a failed one is tried again the next round.
+func (s *Store) Sync(ctx context.Context, w Writer, self cluster.NodeID, peers []Peer) {
+	s.mu.Lock()
+	mine := s.digestLocked()
+	targets := NeedPush(self, mine, peers, s.pushed)
+	var ups []*replica.Update
+	if len(targets) > 0 {
+		for _, o := range s.objects {
+			b, err := encode(o)
+			if err != nil {
+				continue
+			}
+			ups = append(ups, &replica.Update{Object: objectName(o.Name), Stamp: o.Stamp, Data: b})
+		}
+	}
+	s.mu.Unlock()
+	for _, t := range targets {
+		batch := make([]*replica.Update, len(ups))
+		for i, u := range ups {
+			c := *u
+			c.Targets = []cluster.NodeID{t}
+			batch[i] = &c
+		}
+		cctx, cancel := context.WithTimeout(ctx, syncTimeout)
+		_, err := w.Write(cctx, &replica.WriteRequest{Updates: batch, Policy: replica.All})
+		cancel()
+		if err != nil {
+			s.log.Info("clusterwide: catching up a peer failed; next round tries again", "peer", t, "err", err)
+			continue
+		}
+		theirs := uint64(0)
+		for _, p := range peers {
+			if p.ID == t {
+				theirs = p.Digest
+			}
+		}
+		s.mu.Lock()
+		s.pushed[t] = [2]uint64{mine, theirs}
+		s.mu.Unlock()
+		s.log.Info("clusterwide: caught a peer up", "peer", t, "objects", len(batch))
+	}
+}

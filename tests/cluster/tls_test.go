@@ -1,0 +1,103 @@
+package cluster_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quillmail/quill/internal/tlscert"
+)
+
+// servedCert returns the leaf certificate a node presents over IMAP
+// STARTTLS to a client asking for name.
+func servedCert(addr, name string) ([]byte, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c, "a STARTTLS\r\n")
+	l, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(l, "a OK") {
+		return nil, fmt.Errorf("STARTTLS: %q %v", l, err)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: name, InsecureSkipVerify: true})
+	if err := tc.Handshake(); err != nil {
+		return nil, err
+	}
+	return tc.ConnectionState().PeerCertificates[0].Raw, nil
+}
+
+// TestCertificateServedByEveryNode: a certificate given to one node (PUT
+// /api/tls, what `quill tls set` calls) is served by every node, by one
+// that was stopped at the time once it is back, and by one that joins
+// later; deleting it through another node stops every node serving it
+// (issue 11, item 2).
+func TestCertificateServedByEveryNode(t *testing.T) {
+	nodes := startCluster(t, 3)
+	away := nodes[2]
+	away.Stop()
+	live := nodes[:2]
+	waitFor(t, "two nodes to see each other alone", 30*time.Second, func() bool { return agree(live, live) })
+
+	const name = "mail.cluster.test"
+	chain, key, err := tlscert.SelfSigned(name, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _, _ := tlscert.Parse(chain, key, time.Now())
+	want := leaf.Leaf.Raw
+	serves := func(n *Node) bool {
+		got, err := servedCert(n.Addrs["imap"], name)
+		return err == nil && bytes.Equal(got, want)
+	}
+
+	if err := live[0].api("PUT", "/api/tls", map[string]string{"cert": "not a certificate", "key": string(key)}, nil); err == nil || !strings.Contains(err.Error(), "400") {
+		fatalf(t, "a broken certificate was not refused with 400: %v", err)
+	}
+	var set struct {
+		Cluster string   `json:"cluster"`
+		AckedBy []string `json:"acked_by"`
+	}
+	if err := live[0].api("PUT", "/api/tls", map[string]string{"cert": string(chain), "key": string(key)}, &set); err != nil {
+		fatalf(t, "set certificate: %v", err)
+	}
+	if set.Cluster != "tls/"+name {
+		fatalf(t, "certificate stored as %q", set.Cluster)
+	}
+	for _, n := range live {
+		waitFor(t, "node "+n.ID+" to serve the certificate", 15*time.Second, func() bool { return serves(n) })
+	}
+
+	away.Restart()
+	waitFor(t, "the node that was stopped to serve the certificate", 60*time.Second, func() bool { return serves(away) })
+	late := StartNode(t, nodes[0].Gossip)
+	waitFor(t, "a node that joined later to serve the certificate", 60*time.Second, func() bool { return serves(late) })
+
+	all := append(nodes, late)
+	if err := nodes[1].api("DELETE", "/api/tls/"+set.Cluster, nil, nil); err != nil {
+		fatalf(t, "delete certificate: %v", err)
+	}
+	for _, n := range all {
+		waitFor(t, "node "+n.ID+" to stop serving the deleted certificate", 30*time.Second, func() bool {
+			got, err := servedCert(n.Addrs["imap"], name)
+			return err == nil && !bytes.Equal(got, want)
+		})
+	}
+	// A restart keeps the deletion (the tombstone is hard state too).
+	late.Stop()
+	late.Restart()
+	if serves(late) {
+		fatalf(t, "the deleted certificate came back after a restart")
+	}
+}
