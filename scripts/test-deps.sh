@@ -2,7 +2,8 @@
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks, openssl,
 # fetchmail from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
-# internal/nodepb is what proto/ generates (scripts/proto.sh).
+# internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
+# ACME test CA.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
@@ -21,3 +22,5 @@ go mod download
 (cd third_party/imapserver && go mod download)
 go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+# Let's Encrypt's test CA, for the ACME test (tests/cluster/acme_test.go).
+command -v pebble >/dev/null 2>&1 || [ -x "$(go env GOPATH)/bin/pebble" ] || go install github.com/letsencrypt/pebble/v2/cmd/pebble@v2.10.1

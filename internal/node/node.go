@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quillmail/quill/internal/acmecert"
+
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/core"
@@ -50,6 +52,13 @@ type Config struct {
 	// serves a self-signed certificate it keeps in DATA/tls.
 	TLSCert []string `flag:"tls-cert" help:"certificate chain PEM file (several, comma-separated, for several domains: chosen by SNI); re-read when it changes or on SIGHUP" doc:"none: a self-signed certificate made in DATA/tls"`
 	TLSKey  []string `flag:"tls-key" help:"private key PEM file of each --tls-cert, in the same order"`
+	// ACME (internal/acmecert): with an e-mail address, the cluster gets
+	// and renews a certificate for ACMEDomains from ACMEDirectory.
+	ACMEEmail     string   `flag:"acme-email" help:"get the cluster's certificate from an ACME CA (Let's Encrypt by default) with this contact address; empty: no ACME"`
+	ACMEDirectory string   `flag:"acme-directory" help:"directory URL of the ACME CA"`
+	ACMEDomains   []string `flag:"acme-domains" help:"host names the ACME certificate covers (comma-separated)" doc:"--hostname"`
+	ACMEHTTP      string   `flag:"acme-http" help:"listen address answering the CA's HTTP-01 challenges (port 80 as the CA sees it), with --acme-email"`
+	ACMECA        string   `flag:"acme-ca" help:"PEM file of the root certificates to trust for the ACME CA's HTTPS (a test CA); empty: the system's"`
 	// Limits of the guard (internal/guard): connections in all and per
 	// client address, new connections per address, failed logins.
 	MaxConns         int           `flag:"max-conns" help:"client connections of all listeners together; 0: 10,000, or fewer to stay below the open-file limit" doc:"0"`
@@ -123,6 +132,8 @@ func DefaultConfig() Config {
 		ReplaceAfter:     replica.DefaultReplaceAfter,
 		LogMaxAge:        replica.DefaultMaxAge,
 		AuditInterval:    writer.DefaultAuditInterval,
+		ACMEDirectory:    acmecert.LetsEncrypt,
+		ACMEHTTP:         ":80",
 		Logger:           slog.Default(),
 	}
 }
@@ -139,12 +150,14 @@ type Node struct {
 	Guard *guard.Guard
 	stop  context.CancelFunc // ends the certificate watcher
 
-	smtp  *gosmtp.Server
-	pop3  *pop3.Server
-	imap  *imap.Server
-	http  *http.Server
-	addrs map[string]string
-	wg    sync.WaitGroup
+	smtp *gosmtp.Server
+	pop3 *pop3.Server
+	imap *imap.Server
+	http *http.Server
+	// acmeHTTP answers HTTP-01 challenges (--acme-email).
+	acmeHTTP *http.Server
+	addrs    map[string]string
+	wg       sync.WaitGroup
 }
 
 // Start opens the node's storage, starts the managers and the listeners.
@@ -186,6 +199,10 @@ func Start(cfg Config) (*Node, error) {
 		n.addrs["rpc"] = c.RPCAddr()
 	}
 	if err := n.startListeners(); err != nil {
+		n.Shutdown(context.Background())
+		return nil, err
+	}
+	if err := n.startACME(watch); err != nil {
 		n.Shutdown(context.Background())
 		return nil, err
 	}
@@ -372,6 +389,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	}
 	if n.imap != nil {
 		stop(n.imap.Shutdown)
+	}
+	if n.acmeHTTP != nil {
+		stop(n.acmeHTTP.Shutdown)
 	}
 	if n.http != nil {
 		stop(n.http.Shutdown)

@@ -2,10 +2,15 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/quillmail/quill/internal/acmecert"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
 	"github.com/quillmail/quill/internal/nodepb"
@@ -80,4 +85,98 @@ func (n *Node) DeleteCertificate(ctx context.Context, name string) error {
 		n.cfg.Logger.Info("tls: cluster certificate deleted", "object", name)
 	}
 	return err
+}
+
+// startACME starts getting the cluster's certificate from the ACME CA, if
+// --acme-email is set: the HTTP-01 listener on every node, and the
+// manager, which orders only on the node responsible for the names.
+func (n *Node) startACME(ctx context.Context) error {
+	cfg := n.cfg
+	if cfg.ACMEEmail == "" {
+		return nil
+	}
+	names := cfg.ACMEDomains
+	if len(names) == 0 {
+		names = []string{cfg.Hostname}
+	}
+	client := &http.Client{Timeout: time.Minute}
+	if cfg.ACMECA != "" {
+		pem, err := os.ReadFile(cfg.ACMECA)
+		if err != nil {
+			return fmt.Errorf("acme: --acme-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("acme: --acme-ca %s: no PEM certificate in it", cfg.ACMECA)
+		}
+		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	}
+	m, err := acmecert.New(acmecert.Config{Email: cfg.ACMEEmail, Directory: cfg.ACMEDirectory, Names: names,
+		HTTPClient: client, Log: cfg.Logger}, acmeCluster{n})
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: acmecert.ChallengeHandler(acmeCluster{n}.Get), ReadHeaderTimeout: 10 * time.Second}
+	if err := n.listen("acme-http", cfg.ACMEHTTP, srv.Serve); err != nil {
+		return fmt.Errorf("acme: %w (the CA asks port 80 for HTTP-01 answers: run with the right to bind it, or forward it)", err)
+	}
+	n.acmeHTTP = srv
+	go m.Run(ctx)
+	return nil
+}
+
+// acmeCluster is the node as the ACME manager sees it.
+type acmeCluster struct{ n *Node }
+
+// acmeSettle is how long membership must stay unchanged before a node
+// decides it is the one to order: a node that has just started, alone
+// for a moment before its peers' gossip reaches it, must not order a
+// certificate that the node really ranked first orders too.
+const acmeSettle = 10 * time.Second
+
+// Responsible: the live node ranked highest for the name's bucket orders,
+// once every member it knows of is back and membership has settled.
+func (a acmeCluster) Responsible(name string) bool {
+	m := a.n.Members
+	if time.Since(m.ChangedAt()) < acmeSettle || len(m.Alive()) < m.Expected() {
+		return false
+	}
+	var members []cluster.Member
+	for _, mi := range a.n.Members.Alive() {
+		members = append(members, mi.Member)
+	}
+	ranked := cluster.Ranked(cluster.Bucket("acme:"+strings.ToLower(name)), members)
+	return len(ranked) == 0 || ranked[0].ID == a.n.ID
+}
+
+func (a acmeCluster) Certificates() []acmecert.Cert {
+	var out []acmecert.Cert
+	for _, o := range a.n.Wide.List(tlsPrefix) {
+		var c nodepb.Certificate
+		if proto.Unmarshal(o.Data, &c) != nil {
+			continue
+		}
+		cert, _, err := tlscert.Parse(c.ChainPem, c.KeyPem, time.Now())
+		if err != nil {
+			continue
+		}
+		out = append(out, acmecert.Cert{Names: cert.Leaf.DNSNames, NotBefore: cert.Leaf.NotBefore, NotAfter: cert.Leaf.NotAfter,
+			FromACME: c.Source == "acme"})
+	}
+	return out
+}
+
+func (a acmeCluster) Install(ctx context.Context, chain, key []byte) error {
+	_, _, err := a.n.SetCertificate(ctx, chain, key, "acme")
+	return err
+}
+
+func (a acmeCluster) Put(ctx context.Context, name string, data []byte) error {
+	_, err := a.n.Wide.Put(ctx, a.n.Repl, a.n.AliveIDs(), name, data, data == nil)
+	return err
+}
+
+func (a acmeCluster) Get(name string) ([]byte, bool) {
+	o, ok := a.n.Wide.Get(name)
+	return o.Data, ok
 }

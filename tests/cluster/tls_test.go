@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"strings"
@@ -100,4 +101,15 @@ func TestCertificateServedByEveryNode(t *testing.T) {
 	if serves(late) {
 		fatalf(t, "the deleted certificate came back after a restart")
 	}
+}
+
+// servedCertTLS returns the leaf certificate an HTTPS (implicit TLS)
+// listener presents.
+func servedCertTLS(addr string) (*x509.Certificate, error) {
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0], nil
 }
