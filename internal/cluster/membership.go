@@ -84,6 +84,9 @@ type MembershipConfig struct {
 	// Domains returns the mail domains this node holds user profiles
 	// for; the union over live nodes is what the cluster accepts mail for.
 	Domains func() []string
+	// OnNotice hears of the messages other nodes Broadcast. It runs on
+	// memberlist's goroutine: it must not block.
+	OnNotice func(msg []byte)
 	// Wide returns the digest of the node's clusterwide objects, for
 	// gossip.
 	Wide   func() uint64
@@ -122,6 +125,9 @@ type Membership struct {
 	joining atomic.Bool
 	// leaveOnce makes Leave (and the Leave in Shutdown) happen once.
 	leaveOnce sync.Once
+	// notices are messages for every node (Broadcast), piggybacked on
+	// gossip by memberlist.
+	notices *memberlist.TransmitLimitedQueue
 }
 
 // StartMembership starts gossip (when cfg.Bind is set) and computes the
@@ -162,6 +168,7 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 			return nil, fmt.Errorf("gossip on %s: %w", cfg.Bind, err)
 		}
 		m.ml = ml
+		m.notices = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
 	}
 	if !cfg.Deferred {
 		m.Start()
@@ -539,8 +546,44 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	}
 	return b
 }
-func (d *delegate) NotifyMsg([]byte)                           {}
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+
+// NotifyMsg hands a notice from another node to OnNotice.
+func (d *delegate) NotifyMsg(b []byte) {
+	if d.cfg.OnNotice != nil && len(b) > 0 {
+		d.cfg.OnNotice(slices.Clone(b)) // memberlist reuses b
+	}
+}
+
+// GetBroadcasts gives memberlist the notices to piggyback.
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if d.notices == nil {
+		return nil
+	}
+	return d.notices.GetBroadcasts(overhead, limit)
+}
+
+// maxNotice bounds one notice: it must fit in a gossip packet.
+const maxNotice = 512
+
+// Broadcast sends a short message to every node, by gossip (best effort:
+// a node that is away misses it). A cluster of one sends nothing.
+func (m *Membership) Broadcast(msg []byte) error {
+	if m.notices == nil {
+		return nil
+	}
+	if len(msg) > maxNotice {
+		return fmt.Errorf("cluster notice of %d bytes: limit is %d", len(msg), maxNotice)
+	}
+	m.notices.QueueBroadcast(notice(slices.Clone(msg)))
+	return nil
+}
+
+// notice is a memberlist.Broadcast of one message.
+type notice []byte
+
+func (n notice) Invalidates(memberlist.Broadcast) bool { return false }
+func (n notice) Message() []byte                       { return n }
+func (n notice) Finished()                             {}
 
 // sharedState is what push/pull exchanges between two nodes.
 type sharedState struct {

@@ -122,6 +122,9 @@ type Core struct {
 	RPC     *rpc.Server
 	Loads   *balance.Tracker
 	Repl    *replica.Manager
+	// notice handles the short messages other nodes broadcast
+	// (SetNoticeHandler).
+	notice atomic.Pointer[func([]byte)]
 	// Wide holds the objects every node keeps (the cluster's TLS
 	// certificates).
 	Wide  *clusterwide.Store
@@ -291,7 +294,12 @@ func New(o Options) (*Core, error) {
 		Load:      func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
 		Domains:   c.Users.LocalDomains,
 		Wide:      c.Wide.Digest,
-		Logger:    log,
+		OnNotice: func(b []byte) {
+			if h := c.notice.Load(); h != nil {
+				(*h)(b)
+			}
+		},
+		Logger: log,
 		OnChange: func(old, new *cluster.UserMap) {
 			c.Peers.SetMembership(c.Members)
 			for _, mi := range c.Members.Alive() {
@@ -370,6 +378,10 @@ func (c *Core) syncWide() {
 		c.Wide.Sync(ctx, c.Repl, c.ID, peers)
 	}
 }
+
+// SetNoticeHandler sets what hears the messages other nodes broadcast
+// (cluster.Membership.Broadcast). It must not block.
+func (c *Core) SetNoticeHandler(h func([]byte)) { c.notice.Store(&h) }
 
 // AliveIDs returns the nodes alive now, this one included.
 func (c *Core) AliveIDs() []cluster.NodeID {

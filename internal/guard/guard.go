@@ -95,6 +95,11 @@ type Guard struct {
 	log *slog.Logger
 	now func() time.Time
 
+	// OnLockout, if set, hears of every lockout this node decides, to
+	// tell the other nodes (LockOut applies theirs here). Called with the
+	// guard's lock held: it must not block.
+	OnLockout func(ip netip.Addr, until time.Time)
+
 	mu       sync.Mutex
 	total    int
 	ips      map[netip.Addr]*ipState
@@ -329,6 +334,9 @@ func (g *Guard) LoginFailed(remote net.Addr, account string) time.Duration {
 	if nIP >= g.lim.LockoutAfter && now.After(st.locked) {
 		st.locked = now.Add(g.lim.LockoutFor)
 		g.log.Warn("address locked out of logging in", "remote", ip.String(), "failures", nIP, "for", g.lim.LockoutFor)
+		if g.OnLockout != nil {
+			g.OnLockout(ip, st.locked)
+		}
 	}
 	if len(g.ips) > maxAccounts {
 		for a, ast := range g.ips {
@@ -351,6 +359,30 @@ func (g *Guard) LoginFailed(remote net.Addr, account string) time.Duration {
 		}
 	}
 	return failDelay(max(nIP, nAcct), g.lim.AuthFailDelay, g.lim.AuthMaxDelay)
+}
+
+// maxLockout bounds a lockout another node asks for: a peer's clock or a
+// corrupt message must not lock an address out for good.
+const maxLockout = 24 * time.Hour
+
+// LockOut applies a lockout another node decided: the address may not log
+// in here either until then (a lockout shared across the cluster, so an
+// attacker cannot spread guesses over the nodes). It never shortens one.
+func (g *Guard) LockOut(ip netip.Addr, until time.Time) {
+	now := g.now()
+	if !ip.IsValid() || !until.After(now) {
+		return
+	}
+	if limit := now.Add(maxLockout); until.After(limit) {
+		until = limit
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.stateLocked(ip.Unmap())
+	if until.After(st.locked) {
+		st.locked = until
+		g.log.Warn("address locked out of logging in, as another node decided", "remote", ip.String(), "until", until.Format(time.RFC3339))
+	}
 }
 
 // maxAccounts is the number of accounts (and of addresses) with failures

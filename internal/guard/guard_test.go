@@ -3,6 +3,7 @@ package guard
 import (
 	"bufio"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -128,4 +129,37 @@ func TestListenerRefusesOverTheCapWithTheProtocolsLine(t *testing.T) {
 		t.Fatal("a connection under the cap again was not accepted")
 	}
 	s2.Close()
+}
+
+// TestLockoutSharedWithPeers: a lockout decided here is told (OnLockout),
+// and one a peer decided is applied here, never shortened, at most a day.
+func TestLockoutSharedWithPeers(t *testing.T) {
+	a := New(Limits{LockoutAfter: 2, LockoutFor: time.Minute, AuthFailDelay: time.Millisecond}, nil)
+	b := New(Limits{LockoutAfter: 2, LockoutFor: time.Minute, AuthFailDelay: time.Millisecond}, nil)
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	b.now = a.now
+	a.OnLockout = b.LockOut // the cluster's gossip, without the network
+	bad := addr("[::ffff:192.0.2.1]:1000")
+	a.LoginFailed(bad, "x@example.org")
+	a.LoginFailed(bad, "x@example.org")
+	if err := b.LoginAllowed(addr("192.0.2.1:2000")); err != ErrLockedOut {
+		t.Fatalf("peer after the lockout: %v, want ErrLockedOut", err)
+	}
+	ip := netip.MustParseAddr("192.0.2.1")
+	b.LockOut(ip, now.Add(time.Second)) // shorter: ignored
+	now = now.Add(30 * time.Second)
+	if b.LoginAllowed(bad) != ErrLockedOut {
+		t.Error("a shorter lockout from a peer shortened the one in force")
+	}
+	now = now.Add(time.Minute)
+	if b.LoginAllowed(bad) != nil {
+		t.Error("the shared lockout did not end")
+	}
+	b.LockOut(ip, now.Add(1000*time.Hour))
+	now = now.Add(25 * time.Hour)
+	if b.LoginAllowed(bad) != nil {
+		t.Error("a peer's lockout lasted more than a day")
+	}
+	b.LockOut(netip.Addr{}, now.Add(time.Hour)) // garbage: ignored
 }

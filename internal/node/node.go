@@ -190,6 +190,7 @@ func Start(cfg Config) (*Node, error) {
 	n.Guard = guard.New(guard.Limits{MaxConns: maxConns(cfg.MaxConns, cfg.Logger), MaxConnsPerIP: cfg.MaxConnsPerIP,
 		RatePerIP: cfg.ConnRatePerIP, AuthFailDelay: cfg.AuthFailDelay, AuthMaxDelay: cfg.AuthMaxDelay, LockoutAfter: cfg.AuthLockoutAfter,
 		LockoutFor: cfg.AuthLockoutFor}, cfg.Logger)
+	n.shareLockouts()
 	n.serveClusterCerts()
 	var watch context.Context
 	watch, n.stop = context.WithCancel(context.Background())

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -179,4 +181,36 @@ func (a acmeCluster) Put(ctx context.Context, name string, data []byte) error {
 func (a acmeCluster) Get(name string) ([]byte, bool) {
 	o, ok := a.n.Wide.Get(name)
 	return o.Data, ok
+}
+
+// notice is a message a node broadcasts to the others.
+type notice struct {
+	// Lockout shares a lockout of an address (internal/guard) with the
+	// cluster, so guesses spread over the nodes are counted as one.
+	Lockout *lockoutNotice `json:"lockout,omitempty"`
+}
+
+type lockoutNotice struct {
+	IP    string `json:"ip"`
+	Until int64  `json:"until"` // Unix milliseconds
+}
+
+// shareLockouts makes the guard's lockouts cluster-wide: each one decided
+// here is broadcast, and each one heard is applied here.
+func (n *Node) shareLockouts() {
+	n.Guard.OnLockout = func(ip netip.Addr, until time.Time) {
+		b, _ := json.Marshal(notice{Lockout: &lockoutNotice{IP: ip.String(), Until: until.UnixMilli()}})
+		if err := n.Members.Broadcast(b); err != nil {
+			n.cfg.Logger.Warn("lockout not shared with the cluster", "remote", ip.String(), "err", err)
+		}
+	}
+	n.SetNoticeHandler(func(b []byte) {
+		var msg notice
+		if json.Unmarshal(b, &msg) != nil || msg.Lockout == nil {
+			return
+		}
+		if ip, err := netip.ParseAddr(msg.Lockout.IP); err == nil {
+			n.Guard.LockOut(ip, time.UnixMilli(msg.Lockout.Until))
+		}
+	})
 }

@@ -113,3 +113,34 @@ func servedCertTLS(addr string) (*x509.Certificate, error) {
 	defer c.Close()
 	return c.ConnectionState().PeerCertificates[0], nil
 }
+
+// TestLockoutSharedAcrossTheCluster: an address locked out of logging in
+// on one node for repeated failures is locked out on every node (issue 11,
+// item 5), so guesses spread over the nodes count as one stream.
+func TestLockoutSharedAcrossTheCluster(t *testing.T) {
+	nodes := startClusterWith(t, 3, "--auth-lockout-after", "3", "--auth-lockout-for", "1m")
+	const user, pw = "locked@cluster.example", "right password"
+	nodes[0].addUser(t, user, pw)
+	login := func(n *Node, pw string) error {
+		c, err := n.pop3Login(user, pw, 10*time.Second)
+		if err == nil {
+			c.quit()
+		}
+		return err
+	}
+	waitFor(t, "the user to log in through the last node", 15*time.Second, func() bool { return login(nodes[2], pw) == nil })
+	for i := 0; i < 3; i++ {
+		if err := login(nodes[0], "wrong"); err == nil || !strings.Contains(err.Error(), "[AUTH]") {
+			fatalf(t, "wrong password %d: %v", i, err)
+		}
+	}
+	if err := login(nodes[0], pw); err == nil || !strings.Contains(err.Error(), "too many failed logins") {
+		fatalf(t, "the node that saw the failures lets the address in: %v", err)
+	}
+	for _, n := range nodes[1:] {
+		waitFor(t, "node "+n.ID+" to lock the address out too", 10*time.Second, func() bool {
+			err := login(n, pw)
+			return err != nil && strings.Contains(err.Error(), "too many failed logins")
+		})
+	}
+}
