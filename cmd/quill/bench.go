@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"os"
 	"os/signal"
@@ -29,6 +30,7 @@ func newBenchCmd() *cobra.Command {
 		mix, imapMix                              float64
 		seed                                      uint64
 		probe, noCreate, jsonOut, quiet           bool
+		useTLS, tlsResume                         bool
 		serverPIDs                                []int
 	)
 	cmd := &cobra.Command{
@@ -122,6 +124,14 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				Step:        step,
 				ServerPIDs:  serverPIDs,
 			}
+			if useTLS {
+				// A bench measures the cost of TLS, not trust in the
+				// server's certificate (often self-signed on a test rig).
+				cfg.TLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+				if tlsResume {
+					cfg.TLS.ClientSessionCache = tls.NewLRUClientSessionCache(4 * len(users))
+				}
+			}
 			if probe {
 				p := bench.NewProbe()
 				p.Start, p.Max = probeStart, probeMax
@@ -195,5 +205,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 		"process ids of the server (their process trees' CPU use goes in the report)")
 	f.StringVar(&jsonFile, "json-file", "", "also write the JSON report to FILE")
 	f.BoolVar(&quiet, "quiet", false, "no progress output")
+	f.BoolVar(&useTLS, "tls", false, "speak implicit TLS on every session (give the SMTPS, POP3S and IMAPS ports as --smtp, --pop3, --imap); the server's certificate is not checked")
+	f.BoolVar(&tlsResume, "tls-resume", true, "with --tls, let returning clients resume their TLS session (session tickets), as real clients do")
 	return cmd
 }

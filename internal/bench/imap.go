@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -81,6 +82,7 @@ var imapHeaderFields = []string{"FROM", "SUBJECT", "DATE"}
 // imapTarget is what one IMAP session needs.
 type imapTarget struct {
 	addr       string
+	tls        *tls.Config // implicit TLS (IMAPS) when set
 	user, pass string
 	// pick returns a random index in [0, n), n > 0: the message to read.
 	pick func(n int) int
@@ -143,7 +145,7 @@ func imapSession(abort context.Context, t imapTarget) (res Result, err error) {
 			}
 		}
 	}()
-	conn, closeConn, err := dialSession(abort, t.addr, start)
+	conn, closeConn, err := dialSession(abort, t.addr, t.tls, start, &res)
 	if err != nil {
 		return dialFailed(abort, res, err), nil
 	}

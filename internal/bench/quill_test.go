@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
 	"os"
 	"os/exec"
@@ -16,7 +17,7 @@ import (
 
 // quillListenRE matches the lines `quill serve` prints on stdout once a
 // listener accepts connections.
-var quillListenRE = regexp.MustCompile(`^quill: (SMTP|POP3|IMAP|HTTP) listening on (\S+)\s*$`)
+var quillListenRE = regexp.MustCompile(`^quill: (SMTPS?|POP3S?|IMAPS?|HTTP) listening on (\S+)\s*$`)
 
 // parseListenLine returns the protocol and address of a "listening on"
 // line.
@@ -59,7 +60,8 @@ func TestRunAgainstQuill(t *testing.T) {
 	}
 
 	data := filepath.Join(dir, "data")
-	srv := exec.Command(bin, "serve", "--data", data, "--smtps=", "--imaps=", "--pop3s=", "--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
+	srv := exec.Command(bin, "serve", "--data", data, "--smtps", "127.0.0.1:0", "--imaps", "127.0.0.1:0", "--pop3s", "127.0.0.1:0",
+		"--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
 		"--imap", "127.0.0.1:0", "--http", "127.0.0.1:0", "--hostname", "bench-test.localdomain")
 	stdout, err := srv.StdoutPipe()
 	if err != nil {
@@ -124,7 +126,7 @@ wait:
 		for range lines {
 		}
 	}()
-	for _, p := range []string{"SMTP", "POP3", "IMAP", "HTTP"} {
+	for _, p := range []string{"SMTP", "POP3", "IMAP", "HTTP", "SMTPS", "POP3S", "IMAPS"} {
 		if addrs[p] == "" {
 			t.Fatalf("no %s listener among %v", p, addrs)
 		}
@@ -169,6 +171,29 @@ wait:
 	}
 	if tot.IMAPBodies == 0 || tot.IMAPListed == 0 {
 		t.Errorf("IMAP sessions read %d bodies, listed %.1f messages each", tot.IMAPBodies, tot.IMAPListed)
+	}
+	if tot.TLS != nil {
+		t.Errorf("a run without --tls reports TLS handshakes: %+v", tot.TLS)
+	}
+
+	// The same over implicit TLS, returning clients resuming (--tls).
+	rep, err = Run(ctx, Config{
+		SMTPAddr: addrs["SMTPS"], POP3Addr: addrs["POP3S"], IMAPAddr: addrs["IMAPS"], Users: users,
+		Duration: 2 * time.Second, Deadline: DefaultDeadline, Concurrency: 4, Mix: SMTPShare, IMAPMix: 0.3, Seed: 2,
+		TLS: &tls.Config{InsecureSkipVerify: true, ClientSessionCache: tls.NewLRUClientSessionCache(64)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text.Reset()
+	rep.WriteText(&text)
+	t.Logf("report over TLS:\n%s", text.String())
+	tot = rep.Total
+	if tot.ErrorCount != 0 || tot.Delivered == 0 || tot.IMAPSessions == 0 || tot.POPSessions == 0 {
+		t.Errorf("over TLS: delivered %d, POP %d, IMAP %d, errors %v %v", tot.Delivered, tot.POPSessions, tot.IMAPSessions, tot.Errors, tot.ErrorSamples)
+	}
+	if tot.TLS == nil || tot.TLS.Full == 0 || tot.TLS.Resumed == 0 || !strings.Contains(text.String(), "TLS handshake") {
+		t.Errorf("TLS handshakes %+v: want full ones and resumed ones, in the report", tot.TLS)
 	}
 }
 

@@ -48,6 +48,13 @@ type Report struct {
 	CPU *CPUReport `json:"cpu,omitempty"`
 }
 
+// TLSTotals are the handshakes of a run over TLS.
+type TLSTotals struct {
+	Full      int64          `json:"full_handshakes"`
+	Resumed   int64          `json:"resumed_handshakes"`
+	Handshake LatencySummary `json:"handshake_latency"`
+}
+
 // Totals are the counts of the whole run.
 type Totals struct {
 	Delivered    int64          `json:"delivered"`
@@ -67,6 +74,9 @@ type Totals struct {
 	// IMAPListed is the mean number of messages the header FETCH of a
 	// successful IMAP session listed; IMAPEmpty counts the sessions that
 	// found an empty INBOX; IMAPBodies the full messages read.
+	// TLS counts the handshakes of a --tls run: full ones, resumed ones
+	// (a returning client with a session ticket), and their times.
+	TLS          *TLSTotals       `json:"tls,omitempty"`
 	IMAPListed   float64          `json:"imap_mean_messages_listed"`
 	IMAPEmpty    int64            `json:"imap_empty_inbox"`
 	IMAPBodies   int64            `json:"imap_bodies_fetched"`
@@ -216,6 +226,9 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 		MeanMessageSize:  math.Round(st.MeanSize()),
 		BytesSent:        st.BytesSent,
 	}
+	if st.TLSFull+st.TLSResumed > 0 {
+		t.TLS = &TLSTotals{Full: st.TLSFull, Resumed: st.TLSResumed, Handshake: st.HandshakeLatency()}
+	}
 	if st.IMAP > 0 {
 		t.IMAPListed = math.Round(float64(st.IMAPListed)/float64(st.IMAP)*10) / 10
 		t.IMAPSteps = make(map[string]LatencySummary)
@@ -330,6 +343,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "  IMAP sessions        %d (%.1f/s), %.1f messages listed per session, %d messages read, %d empty INBOXes\n",
 			t.IMAPSessions, t.IMAPPerSec, t.IMAPListed, t.IMAPBodies, t.IMAPEmpty)
 	}
+	if t.TLS != nil {
+		fmt.Fprintf(&b, "  TLS handshakes       %d full, %d resumed\n", t.TLS.Full, t.TLS.Resumed)
+	}
 	fmt.Fprintf(&b, "  mean message size    %.0f B (model mean %.0f B, median %d B, clip [%d, %d])\n",
 		t.MeanMessageSize, r.SizeModel.Mean, r.SizeModel.Median, r.SizeModel.Min, r.SizeModel.Max)
 	fmt.Fprintf(&b, "\n  %-16s %7s %9s %9s %9s %9s %9s\n", "latency (ms)", "count", "mean", "p50", "p90", "p99", "max")
@@ -346,6 +362,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		for _, s := range IMAPSteps {
 			rows = append(rows, row{"  " + s.String(), t.IMAPSteps[s.String()]})
 		}
+	}
+	if t.TLS != nil {
+		rows = append(rows, row{"TLS handshake", t.TLS.Handshake})
 	}
 	for _, l := range rows {
 		fmt.Fprintf(&b, "  %-16s %7d %9.1f %9.1f %9.1f %9.1f %9.1f\n",

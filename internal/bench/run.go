@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +61,10 @@ type Config struct {
 	// ServerPIDs, if set, are the server's processes: the report then
 	// gives the CPU time of their process trees (Linux /proc).
 	ServerPIDs []int
+	// TLS, if set, makes every session speak implicit TLS (the addresses
+	// are then SMTPS, POP3S and IMAPS ports). Its ClientSessionCache, if
+	// set, lets a returning client resume its session.
+	TLS *tls.Config
 }
 
 func (cfg *Config) check() error {
@@ -208,17 +213,17 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 				Date:      time.Now(),
 				Size:      rn.cfg.Sizes.Sample(rng),
 			})
-			res, err = deliver(rn.abort, smtpTarget{addr: rn.cfg.SMTPAddr, helo: "bench-client." + rn.cfg.Domain,
+			res, err = deliver(rn.abort, smtpTarget{addr: rn.cfg.SMTPAddr, tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain,
 				from: from, to: u.Address, msg: buf})
 		case OpPOP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
-			res, err = retrieveAll(rn.abort, popTarget{addr: rn.cfg.POP3Addr, user: u.Address, pass: u.Password})
+			res, err = retrieveAll(rn.abort, popTarget{addr: rn.cfg.POP3Addr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password})
 			rn.readerBusy[k].Store(false)
 		case OpIMAP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
-			res, err = imapSession(rn.abort, imapTarget{addr: rn.cfg.IMAPAddr, user: u.Address, pass: u.Password,
+			res, err = imapSession(rn.abort, imapTarget{addr: rn.cfg.IMAPAddr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password,
 				pick: rng.IntN})
 			rn.readerBusy[k].Store(false)
 		}

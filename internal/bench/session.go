@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -99,16 +101,33 @@ func (c *boundedConn) abort() {
 
 // dialSession opens a connection for one session that starts at start. The
 // connection is cut off when abort is done.
-func dialSession(abort context.Context, addr string, start time.Time) (*boundedConn, func(), error) {
+//
+// With tlsCfg, the session speaks implicit TLS (RFC 8314): the handshake
+// is part of the session's time, and res learns whether it resumed an
+// earlier session (tlsCfg's ClientSessionCache) or made a full one.
+func dialSession(abort context.Context, addr string, tlsCfg *tls.Config, start time.Time, res *Result) (*boundedConn, func(), error) {
 	d := net.Dialer{Timeout: DialTimeout}
 	raw, err := d.DialContext(abort, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}
-	c := &boundedConn{Conn: raw, limit: start.Add(SessionTimeout)}
+	var conn net.Conn = raw
+	if tlsCfg != nil {
+		conn = tls.Client(raw, tlsCfg)
+	}
+	c := &boundedConn{Conn: conn, limit: start.Add(SessionTimeout)}
 	c.SetDeadline(time.Time{})
 	stop := context.AfterFunc(abort, c.abort)
-	return c, func() { stop(); raw.Close() }, nil
+	closeConn := func() { stop(); raw.Close() }
+	if tc, ok := conn.(*tls.Conn); ok {
+		hsStart := time.Now()
+		if err := tc.HandshakeContext(abort); err != nil {
+			closeConn()
+			return nil, nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		res.TLS, res.TLSResumed, res.Handshake = true, tc.ConnectionState().DidResume, time.Since(hsStart)
+	}
+	return c, closeConn, nil
 }
 
 // classify maps a session error to its kind.
@@ -145,6 +164,7 @@ func dialFailed(abort context.Context, res Result, err error) Result {
 // smtpTarget is what one SMTP session needs.
 type smtpTarget struct {
 	addr     string
+	tls      *tls.Config // implicit TLS (submissions port) when set
 	helo     string
 	from, to string
 	msg      []byte
@@ -164,7 +184,7 @@ func deliver(abort context.Context, t smtpTarget) (res Result, err error) {
 			}
 		}
 	}()
-	conn, closeConn, err := dialSession(abort, t.addr, start)
+	conn, closeConn, err := dialSession(abort, t.addr, t.tls, start, &res)
 	if err != nil {
 		return dialFailed(abort, res, err), nil // classified here, not by the deferred code
 	}
@@ -197,6 +217,7 @@ func deliver(abort context.Context, t smtpTarget) (res Result, err error) {
 // popTarget is what one POP3 session needs.
 type popTarget struct {
 	addr       string
+	tls        *tls.Config // implicit TLS (POP3S) when set
 	user, pass string
 }
 
@@ -214,7 +235,7 @@ func retrieveAll(abort context.Context, t popTarget) (res Result, err error) {
 			}
 		}
 	}()
-	conn, closeConn, err := dialSession(abort, t.addr, start)
+	conn, closeConn, err := dialSession(abort, t.addr, t.tls, start, &res)
 	if err != nil {
 		return dialFailed(abort, res, err), nil
 	}

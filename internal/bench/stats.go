@@ -60,6 +60,11 @@ type Result struct {
 	// Retrieved and BytesRetrieved count the messages fully read by RETR.
 	Retrieved      int
 	BytesRetrieved int64
+	// TLS is set when the session ran over TLS; TLSResumed when its
+	// handshake resumed an earlier session; Handshake is how long the
+	// handshake took.
+	TLS, TLSResumed bool
+	Handshake       time.Duration
 	// IMAP holds what an IMAP session did; zero for other operations.
 	IMAP IMAPResult
 }
@@ -98,6 +103,10 @@ type Stats struct {
 	IMAPEmpty     int64
 	IMAPBodies    int64
 	IMAPBodyBytes int64
+	// TLSFull and TLSResumed count the full and the resumed handshakes;
+	// handshakes holds their times.
+	TLSFull, TLSResumed int64
+	handshakes          []time.Duration
 	// Over counts successful requests slower than the deadline, by Op.
 	Over   [numOps]int64
 	Errors map[ErrKind]int64
@@ -120,6 +129,14 @@ func (s *Stats) Add(r Result, deadline time.Duration) {
 	}
 	s.Retrieved += int64(r.Retrieved)
 	s.BytesRead += r.BytesRetrieved
+	if r.TLS {
+		if r.TLSResumed {
+			s.TLSResumed++
+		} else {
+			s.TLSFull++
+		}
+		s.handshakes = append(s.handshakes, r.Handshake)
+	}
 	if r.Aborted {
 		s.Aborted++
 		return
@@ -181,6 +198,9 @@ func (s *Stats) Merge(o *Stats) {
 	s.IMAPEmpty += o.IMAPEmpty
 	s.IMAPBodies += o.IMAPBodies
 	s.IMAPBodyBytes += o.IMAPBodyBytes
+	s.TLSFull += o.TLSFull
+	s.TLSResumed += o.TLSResumed
+	s.handshakes = append(s.handshakes, o.handshakes...)
 	for i := range s.imapSteps {
 		s.imapSteps[i] = append(s.imapSteps[i], o.imapSteps[i]...)
 	}
@@ -250,6 +270,9 @@ func (s *Stats) MeanSize() float64 {
 
 // Latency summarises the latencies of the successful requests of op.
 func (s *Stats) Latency(op Op) LatencySummary { return Summarize(s.lat[op]) }
+
+// HandshakeLatency summarises the TLS handshakes, full and resumed.
+func (s *Stats) HandshakeLatency() LatencySummary { return Summarize(s.handshakes) }
 
 // IMAPStepLatency summarises the time the successful IMAP sessions spent
 // in one step.
