@@ -150,10 +150,11 @@ type Node struct {
 	Guard *guard.Guard
 	stop  context.CancelFunc // ends the certificate watcher
 
-	smtp *gosmtp.Server
-	pop3 *pop3.Server
-	imap *imap.Server
-	http *http.Server
+	smtp  *gosmtp.Server
+	smtps *gosmtp.Server // implicit TLS (submissions), with AUTH
+	pop3  *pop3.Server
+	imap  *imap.Server
+	http  *http.Server
 	// acmeHTTP answers HTTP-01 challenges (--acme-email).
 	acmeHTTP *http.Server
 	addrs    map[string]string
@@ -316,7 +317,12 @@ func (n *Node) startListeners() error {
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
 		return err
 	}
-	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtp.Serve); err != nil {
+	// The implicit-TLS port is submissions (RFC 8314): it offers AUTH;
+	// the port for other servers' mail does not (as Postfix by default).
+	ssc := sc
+	ssc.AuthConfig = smtp.AuthConfig{Auth: n.Proxy, Logins: n.Guard, PlaintextAuth: n.plaintextAuth}
+	n.smtps = smtp.New(n.Proxy, ssc)
+	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtps.Serve); err != nil {
 		return err
 	}
 
@@ -376,14 +382,16 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(ctx) }()
 	}
-	if n.smtp != nil {
-		stop(func(ctx context.Context) error {
-			err := n.smtp.Shutdown(ctx)
-			if err != nil {
-				n.smtp.Close()
-			}
-			return err
-		})
+	for _, srv := range []*gosmtp.Server{n.smtp, n.smtps} {
+		if srv != nil {
+			stop(func(ctx context.Context) error {
+				err := srv.Shutdown(ctx)
+				if err != nil {
+					srv.Close()
+				}
+				return err
+			})
+		}
 	}
 	if n.pop3 != nil {
 		stop(n.pop3.Shutdown)

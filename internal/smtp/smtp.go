@@ -43,6 +43,11 @@ type Config struct {
 	Logger      *slog.Logger
 	// TLSConfig, if set, offers STARTTLS (RFC 3207).
 	TLSConfig *tls.Config
+	// AuthConfig, with Auth set, offers SMTP AUTH (auth.go).
+	AuthConfig AuthConfig
+	// AuthFailDelay is the delay after a failed AUTH when AuthConfig has
+	// no Logins.
+	AuthFailDelay time.Duration
 }
 
 // DefaultConfig returns the defaults an operator would expect.
@@ -88,6 +93,9 @@ func New(p Deliverer, cfg Config) *gosmtp.Server {
 	// go-smtp's default is 2000, which we keep to be lenient with senders.
 	s.ErrorLog = slogLogger{cfg.Logger}
 	s.TLSConfig = cfg.TLSConfig
+	// AUTH is refused per connection before TLS (authSession.Auth), where
+	// go-smtp's switch is for the whole server.
+	s.AllowInsecureAuth = cfg.AuthConfig.Auth != nil
 	return s
 }
 
@@ -98,6 +106,9 @@ type backend struct {
 
 func (b *backend) NewSession(c *gosmtp.Conn) (gosmtp.Session, error) {
 	metrics.Sessions.WithLabelValues("smtp").Inc()
+	if b.cfg.AuthConfig.Auth != nil {
+		return &authSession{session: &session{b: b, conn: c}}, nil
+	}
 	return &session{b: b, conn: c}, nil
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import imaplib
 import poplib
+import smtplib
 import ssl
 import subprocess
 
@@ -137,3 +138,63 @@ def test_curl_auth_mechanisms(node, curl, proto, mech):
     r = subprocess.run([curl, "-sS", "-k", "--max-time", "30", "--login-options", f"AUTH={mech}",
                         "-u", f"{ALICE}:wrong", url], capture_output=True, text=True, timeout=60)
     assert r.returncode == 67, (r.returncode, r.stderr)  # CURLE_LOGIN_DENIED
+
+
+def smtps(node) -> smtplib.SMTP_SSL:
+    host, port = node.addrs["smtps"]
+    s = smtplib.SMTP_SSL(host, port, timeout=TIMEOUT, context=tls_ctx())
+    s.ehlo("client.test")
+    return s
+
+
+def test_smtp_auth_on_submissions(node):
+    s = smtps(node)
+    assert s.has_extn("auth"), s.esmtp_features
+    assert s.esmtp_features["auth"].split() == ["SCRAM-SHA-256", "PLAIN", "LOGIN"]
+    code, _ = s.login(ALICE, PW)  # smtplib picks PLAIN
+    assert code == 235
+    s.quit()
+    s = smtps(node)
+    s.user, s.password = ALICE, PW  # what smtplib's LOGIN authobject reads
+    code, _ = s.auth("LOGIN", s.auth_login, initial_response_ok=False)
+    assert code == 235
+    s.quit()
+    s = smtps(node)
+    with pytest.raises(smtplib.SMTPAuthenticationError) as e:
+        s.login(ALICE, "wrong")
+    assert e.value.smtp_code == 535
+    s.quit()
+
+
+def test_smtp_auth_scram(node):
+    for pw, ok in ((PW, True), ("wrong", False)):
+        s = smtps(node)
+        ex = ScramExchange(ALICE, pw)
+
+        def step(challenge=None):
+            return ex(challenge or b"").decode()
+
+        if ok:
+            code, _ = s.auth("SCRAM-SHA-256", step)
+            assert code == 235 and ex.server_verified
+        else:
+            with pytest.raises(smtplib.SMTPAuthenticationError):
+                s.auth("SCRAM-SHA-256", step)
+        s.quit()
+
+
+def test_smtp_port_for_other_servers_offers_no_auth(node):
+    host, port = node.addrs["smtp"]
+    with smtplib.SMTP(host, port, timeout=TIMEOUT) as s:
+        s.ehlo("client.test")
+        s.starttls(context=tls_ctx())
+        s.ehlo("client.test")
+        assert not s.has_extn("auth"), s.esmtp_features
+
+
+def test_swaks_auth_login(node):
+    host, port = node.addrs["smtps"]
+    r = subprocess.run(["swaks", "--server", f"{host}:{port}", "--tls-on-connect", "--auth", "LOGIN",
+                        "--auth-user", ALICE, "--auth-password", PW, "--from", ALICE, "--to", ALICE,
+                        "--quit-after", "AUTH"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "235 " in r.stdout, r.stdout[-2000:] + r.stderr[-500:]

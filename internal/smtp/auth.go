@@ -1,0 +1,167 @@
+package smtp
+
+// SMTP AUTH (RFC 4954) with the mechanisms of internal/saslsrv. It is
+// offered where Config.Auth is set: on the implicit-TLS listener
+// (submissions, RFC 8314) today; the submission service of issue 12 builds
+// on it. An authenticated session is logged under its user; what it may
+// send beyond local delivery comes with submission.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	"github.com/emersion/go-sasl"
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/guard"
+	"github.com/quillmail/quill/internal/retry"
+	"github.com/quillmail/quill/internal/saslsrv"
+	"github.com/quillmail/quill/internal/userdb"
+	"github.com/xdg-go/scram"
+)
+
+// Authenticator checks credentials: proxy.Proxy is the one in use.
+type Authenticator interface {
+	Login(ctx context.Context, user, password string) (*userdb.Profile, error)
+	SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error)
+	Proven(ctx context.Context, user string) (*userdb.Profile, error)
+}
+
+// AuthConfig turns SMTP AUTH on.
+type AuthConfig struct {
+	Auth Authenticator
+	// Logins applies failure delays and lockouts (internal/guard).
+	Logins guard.Logins
+	// PlaintextAuth says whether a connection not under TLS may
+	// authenticate (loopback, test rigs); nil: never.
+	PlaintextAuth func(net.Conn) bool
+}
+
+// authTimeout bounds the credential check of one AUTH.
+const authTimeout = 30 * time.Second
+
+// maxFailedAuth is how many failed AUTH a session may make before it is
+// closed (as IMAP and POP3 do).
+const maxFailedAuth = 5
+
+// closeAfterRefusal is how long after its 421 a session that failed AUTH
+// too often is closed: time for the reply to be written.
+const closeAfterRefusal = time.Second
+
+// authSession is a session that offers AUTH.
+type authSession struct {
+	*session
+	user     string
+	failures int
+}
+
+func (s *authSession) tlsOn() bool {
+	_, ok := s.conn.TLSConnectionState()
+	return ok
+}
+
+// mayAuth says whether this connection may carry credentials.
+func (s *authSession) mayAuth() bool {
+	f := s.b.cfg.AuthConfig.PlaintextAuth
+	return s.tlsOn() || (f != nil && f(s.conn.Conn()))
+}
+
+// AuthMechanisms implements gosmtp.AuthSession: none before TLS, so EHLO
+// does not offer AUTH where a password would cross in clear.
+func (s *authSession) AuthMechanisms() []string {
+	if !s.mayAuth() {
+		return nil
+	}
+	return saslsrv.Mechanisms
+}
+
+// Auth implements gosmtp.AuthSession.
+func (s *authSession) Auth(mech string) (sasl.Server, error) {
+	switch {
+	case s.failures >= maxFailedAuth:
+		// go-smtp cannot answer and hang up in one step: the 421 goes out
+		// now, the connection is closed just after.
+		time.AfterFunc(closeAfterRefusal, func() { s.conn.Close() })
+		return nil, &gosmtp.SMTPError{Code: 421, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0}, Message: "too many failed AUTH attempts; closing connection"}
+	case s.user != "":
+		// RFC 4954 §4: AUTH is not permitted once authenticated.
+		return nil, &gosmtp.SMTPError{Code: 503, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "already authenticated"}
+	case !s.mayAuth():
+		return nil, &gosmtp.SMTPError{Code: 538, EnhancedCode: gosmtp.EnhancedCode{5, 7, 11}, Message: "encryption required: use STARTTLS first"}
+	}
+	ac := s.b.cfg.AuthConfig
+	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
+		ctx, done := s.command(authTimeout)
+		defer done()
+		return ac.Auth.SCRAMKeys(ctx, user)
+	}, s.finish)
+	if errors.Is(err, saslsrv.ErrUnsupported) {
+		return nil, &gosmtp.SMTPError{Code: 504, EnhancedCode: gosmtp.EnhancedCode{5, 5, 4}, Message: "mechanism not supported; offered: SCRAM-SHA-256 PLAIN LOGIN"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return smtpSASL{srv}, nil
+}
+
+// smtpSASL answers a malformed SASL message with 501 (RFC 4954 §4).
+type smtpSASL struct{ sasl.Server }
+
+func (e smtpSASL) Next(resp []byte) ([]byte, bool, error) {
+	ch, done, err := e.Server.Next(resp)
+	if errors.Is(err, saslsrv.ErrMalformed) {
+		return nil, false, &gosmtp.SMTPError{Code: 501, EnhancedCode: gosmtp.EnhancedCode{5, 5, 2}, Message: err.Error()}
+	}
+	return ch, done, err
+}
+
+// finish checks the credentials an exchange ended in, with the same
+// lockout and growing delay as IMAP and POP3.
+func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
+	ac, log := s.b.cfg.AuthConfig, s.b.cfg.Logger
+	remote := s.conn.Conn().RemoteAddr()
+	if ac.Logins != nil {
+		if err := ac.Logins.LoginAllowed(remote); err != nil {
+			s.failures++
+			log.Warn("smtp: AUTH refused: address locked out", "user", creds.User, "remote", remote.String())
+			return &gosmtp.SMTPError{Code: 454, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0}, Message: "too many failed logins from your address; try again later"}
+		}
+	}
+	ctx, done := s.command(authTimeout)
+	defer done()
+	var prof *userdb.Profile
+	err := exErr
+	switch {
+	case err != nil:
+	case creds.Proven:
+		prof, err = ac.Auth.Proven(ctx, creds.User)
+	default:
+		prof, err = ac.Auth.Login(ctx, creds.User, creds.Password)
+	}
+	wrong := errors.Is(err, userdb.ErrNotFound) || errors.Is(err, userdb.ErrPasswordMismatch) || errors.Is(err, saslsrv.ErrAuthFailed)
+	if err != nil && !wrong {
+		ref := reference()
+		log.Warn("smtp: AUTH unavailable", "user", creds.User, "mech", creds.Mechanism, "err", err, "ref", ref)
+		return &gosmtp.SMTPError{Code: 454, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0},
+			Message: "temporary authentication failure, try again later (reference " + ref + ")"}
+	}
+	if err != nil {
+		s.failures++
+		d := s.b.cfg.AuthFailDelay
+		if ac.Logins != nil {
+			d = ac.Logins.LoginFailed(remote, creds.User)
+		}
+		log.Info("smtp: AUTH failed", "user", creds.User, "mech", creds.Mechanism, "remote", remote.String(), "err", err, "delay", d)
+		if d > 0 {
+			retry.Sleep(ctx, d)
+		}
+		return &gosmtp.SMTPError{Code: 535, EnhancedCode: gosmtp.EnhancedCode{5, 7, 8}, Message: "authentication credentials invalid"}
+	}
+	if ac.Logins != nil {
+		ac.Logins.LoginSucceeded(remote)
+	}
+	s.user = prof.Address
+	log.Info("smtp: AUTH succeeded", "user", s.user, "mech", creds.Mechanism, "remote", remote.String())
+	return nil
+}
