@@ -30,6 +30,13 @@ PASSWORD=${PASSWORD:-benchpass}
 # per core serving many connections) instead of the default one process
 # per connection.
 DOVECOT_PERFORMANCE=${DOVECOT_PERFORMANCE:-0}
+# BENCH_TLS=1 adds implicit-TLS listeners with a self-signed certificate:
+# Postfix SMTPS on $SMTPS_PORT, Dovecot POP3S on $POP3S_PORT and IMAPS on
+# $IMAPS_PORT (for `quill bench --tls`); the plain ones stay.
+BENCH_TLS=${BENCH_TLS:-0}
+SMTPS_PORT=${SMTPS_PORT:-2466}
+POP3S_PORT=${POP3S_PORT:-1996}
+IMAPS_PORT=${IMAPS_PORT:-1994}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 install_packages() {
@@ -77,6 +84,33 @@ start() {
 		EOT
 	fi
 
+	if [ "$BENCH_TLS" = 1 ]; then
+		mkdir -p "$BENCH_DIR/tls"
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+			-keyout "$BENCH_DIR/tls/key.pem" -out "$BENCH_DIR/tls/cert.pem" \
+			-subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 2>/dev/null
+		chmod 0644 "$BENCH_DIR/tls/key.pem" # read by Postfix's smtpd as well as Dovecot
+		sed -i -e "s|^ssl = no$|ssl = yes\nssl_cert = <$BENCH_DIR/tls/cert.pem\nssl_key = <$BENCH_DIR/tls/key.pem|" \
+			-e "s|^    port = 0$|    address = 127.0.0.1\n    port = $IMAPS_PORT\n    ssl = yes|" "$BENCH_DIR/dovecot.conf"
+		cat >>"$BENCH_DIR/dovecot.conf" <<-EOT
+			service pop3-login {
+			  inet_listener pop3s {
+			    address = 127.0.0.1
+			    port = $POP3S_PORT
+			    ssl = yes
+			  }
+			}
+		EOT
+		cat >>"$BENCH_DIR/postfix/main.cf" <<-EOT
+			smtpd_tls_cert_file = $BENCH_DIR/tls/cert.pem
+			smtpd_tls_key_file = $BENCH_DIR/tls/key.pem
+			smtpd_tls_security_level = may
+		EOT
+		# smtpd's TLS needs the tlsmgr service (its entropy and session cache).
+		echo "127.0.0.1:$SMTPS_PORT inet n - n - - smtpd -o smtpd_tls_wrappermode=yes" >>"$BENCH_DIR/postfix/master.cf"
+		echo "tlsmgr unix - - n 1000? 1 tlsmgr" >>"$BENCH_DIR/postfix/master.cf"
+	fi
+
 	# Users: the Postfix virtual mailbox map and the bench's users file.
 	: >"$BENCH_DIR/postfix/vmailbox"
 	: >"$BENCH_DIR/users.txt"
@@ -106,6 +140,9 @@ start() {
 	done
 	echo "Postfix master pid $(tr -d ' ' <"$BENCH_DIR/postfix-spool/pid/master.pid"): SMTP 127.0.0.1:$SMTP_PORT"
 	echo "Dovecot master pid $(cat "$BENCH_DIR/dovecot-run/master.pid"): POP3 127.0.0.1:$POP3_PORT, IMAP 127.0.0.1:$IMAP_PORT"
+	if [ "$BENCH_TLS" = 1 ]; then
+		echo "TLS: SMTPS 127.0.0.1:$SMTPS_PORT, POP3S 127.0.0.1:$POP3S_PORT, IMAPS 127.0.0.1:$IMAPS_PORT"
+	fi
 	echo "users file: $BENCH_DIR/users.txt ($USERS users)"
 }
 
