@@ -42,6 +42,8 @@ const (
 	// try, so a CA that refuses is not hammered (Let's Encrypt limits
 	// failed validations per hour).
 	retryAfterFailure = 10 * time.Minute
+	// cleanupTimeout bounds the removal of an order's challenge answers.
+	cleanupTimeout = 10 * time.Second
 )
 
 // LetsEncrypt is Let's Encrypt's production directory.
@@ -54,20 +56,21 @@ const ChallengePrefix = "acme-http/"
 // shared so that whichever node orders uses the same account.
 const accountObject = "acme/account"
 
-// Cert describes a certificate in service, as NeedsOrder weighs it.
+// Cert describes a cluster certificate, as NeedsOrder weighs it.
 type Cert struct {
 	Names               []string
 	NotBefore, NotAfter time.Time
-	FromACME            bool
 }
 
 // NeedsOrder decides, without I/O, whether names need a new certificate
-// now: none from ACME covers them all, or the one that does has less than
-// a third of its lifetime left (Let's Encrypt's advice: renew 30 days
-// before the end of a 90-day certificate).
+// now: no cluster certificate covers them all, or the ones that do have
+// less than a third of their lifetime left (Let's Encrypt's advice: renew
+// 30 days before the end of a 90-day certificate). An operator's
+// certificate (quill tls set) counts: ACME does not replace it while it
+// has life left, and takes over when it nears its end.
 func NeedsOrder(names []string, certs []Cert, now time.Time) bool {
 	for _, c := range certs {
-		if !c.FromACME || !covers(c.Names, names) {
+		if !covers(c.Names, names) {
 			continue
 		}
 		life := c.NotAfter.Sub(c.NotBefore)
@@ -216,8 +219,12 @@ func (m *Manager) order(ctx context.Context) error {
 	}
 	var answered []string
 	defer func() {
-		for _, tok := range answered { // the answers are needed only during the order
-			m.cl.Put(context.WithoutCancel(ctx), ChallengePrefix+tok, nil)
+		// The answers are needed only during the order; their removal
+		// gets its own time, as ctx may be what ended the order.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		for _, tok := range answered {
+			m.cl.Put(cctx, ChallengePrefix+tok, nil)
 		}
 	}()
 	for _, zurl := range o.AuthzURLs {

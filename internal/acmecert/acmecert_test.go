@@ -11,7 +11,7 @@ func TestNeedsOrder(t *testing.T) {
 	now := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
 	day := 24 * time.Hour
 	acmeCert := func(names []string, start time.Time, life time.Duration) Cert {
-		return Cert{Names: names, NotBefore: start, NotAfter: start.Add(life), FromACME: true}
+		return Cert{Names: names, NotBefore: start, NotAfter: start.Add(life)}
 	}
 	names := []string{"mail.example.org", "imap.example.org"}
 	for _, tc := range []struct {
@@ -25,7 +25,8 @@ func TestNeedsOrder(t *testing.T) {
 		{"expired", []Cert{acmeCert(names, now.Add(-100*day), 90*day)}, true},
 		{"covers one name only", []Cert{acmeCert(names[:1], now, 90*day)}, true},
 		{"case of names", []Cert{acmeCert([]string{"MAIL.example.org", "imap.EXAMPLE.org"}, now, 90*day)}, false},
-		{"operator's, not ACME's", []Cert{{Names: names, NotBefore: now, NotAfter: now.Add(90 * day)}}, true},
+		{"operator's, with life left", []Cert{{Names: names, NotBefore: now, NotAfter: now.Add(90 * day)}}, false},
+		{"operator's, near its end", []Cert{{Names: names, NotBefore: now.Add(-85 * day), NotAfter: now.Add(5 * day)}}, true},
 		{"an old one and a renewed one", []Cert{acmeCert(names, now.Add(-89*day), 90*day), acmeCert(names, now.Add(-day), 90*day)}, false},
 	} {
 		if got := NeedsOrder(names, tc.certs, now); got != tc.want {

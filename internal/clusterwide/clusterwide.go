@@ -26,6 +26,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
@@ -65,9 +66,9 @@ type Writer interface {
 type Store struct {
 	db  *store.DB
 	log *slog.Logger
-	// OnChange, if set, hears of every object applied here (from this
-	// node or a peer), outside the store's lock.
-	OnChange func(Object)
+	// onChange hears of every object applied here (from this node or a
+	// peer), outside the store's lock (SetOnChange).
+	onChange atomic.Pointer[func(Object)]
 
 	mu      sync.Mutex
 	objects map[string]Object
@@ -130,6 +131,10 @@ func ValidName(name string) error {
 	return nil
 }
 
+// SetOnChange sets what hears of every object applied here. It may be
+// set while peers already push: applying reads it atomically.
+func (s *Store) SetOnChange(f func(Object)) { s.onChange.Store(&f) }
+
 // Get returns an object that is not deleted.
 func (s *Store) Get(name string) (Object, bool) {
 	s.mu.Lock()
@@ -179,10 +184,11 @@ func (s *Store) digestLocked() uint64 {
 }
 
 // Put makes a new version of an object (or, with deleted, its tombstone)
-// and writes it to every live node. It returns once this node holds it
-// durably; the nodes that did not acknowledge in time get it from the
-// update log or, if they were not named, from anti-entropy.
-func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name string, data []byte, deleted bool) (acked []cluster.NodeID, err error) {
+// and writes it to every live node. It returns once policy's share of
+// them hold it durably (replica.One: this node); the nodes that did not
+// acknowledge in time get it from the update log or, if they were not
+// named, from anti-entropy.
+func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name string, data []byte, deleted bool, policy replica.Policy) (acked []cluster.NodeID, err error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
@@ -201,7 +207,7 @@ func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name 
 		return nil, err
 	}
 	u := &replica.Update{Object: objectName(name), Stamp: o.Stamp, Targets: alive, Data: b}
-	rep, err := w.Write(ctx, &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: replica.One})
+	rep, err := w.Write(ctx, &replica.WriteRequest{Updates: []*replica.Update{u}, Policy: policy})
 	if rep != nil {
 		acked = rep.Acked
 	}
@@ -209,6 +215,38 @@ func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name 
 		return acked, fmt.Errorf("clusterwide object %s: %w", name, err)
 	}
 	return acked, nil
+}
+
+// Sweep forgets the tombstones older than before (the update log's
+// maximum age: a node away longer rejoins as a new one, so no node can
+// still hold the deleted object). Each node sweeps its own; digests agree
+// again once every node has swept the same ones.
+func (s *Store) Sweep(before time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var gone []string
+	for n, o := range s.objects {
+		if o.Deleted && o.Stamp.Clock.Wall().Before(before) {
+			gone = append(gone, n)
+		}
+	}
+	if len(gone) == 0 {
+		return 0, nil
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, n := range gone {
+		if err := b.Delete(key(n)); err != nil {
+			return 0, err
+		}
+	}
+	if err := b.Commit(store.NoSync); err != nil { // lost in a crash: swept again
+		return 0, err
+	}
+	for _, n := range gone {
+		delete(s.objects, n)
+	}
+	return len(gone), nil
 }
 
 // ErrNotFound is returned for an object this node does not hold.
@@ -259,10 +297,11 @@ func (s *Store) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []re
 		s.objects[n] = o
 	}
 	s.mu.Unlock()
+	on := s.onChange.Load()
 	for _, o := range applied {
 		s.log.Info("clusterwide object applied", "name", o.Name, "deleted", o.Deleted, "origin", o.Stamp.Node)
-		if s.OnChange != nil {
-			s.OnChange(o)
+		if on != nil {
+			(*on)(o)
 		}
 	}
 	return outs, nil

@@ -3,6 +3,7 @@ package clusterwide
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
@@ -40,7 +41,7 @@ func TestApplyNewestWins(t *testing.T) {
 	dir := t.TempDir()
 	s, db := open(t, dir)
 	var heard []string
-	s.OnChange = func(o Object) { heard = append(heard, string(o.Data)) }
+	s.SetOnChange(func(o Object) { heard = append(heard, string(o.Data)) })
 	outs, err := s.Apply([]*replica.Update{
 		update(t, "tls/a", 10, "n1", false, "v10"),
 		update(t, "tls/a", 5, "n2", false, "v5"), // older, same batch
@@ -117,3 +118,33 @@ func TestValidName(t *testing.T) {
 }
 
 func hlcTS(c uint64) hlc.Timestamp { return hlc.Timestamp(c) }
+
+// TestSweepForgetsOldTombstones: tombstones older than the cutoff go,
+// newer ones and live objects stay, and the sweep survives a reopen.
+func TestSweepForgetsOldTombstones(t *testing.T) {
+	dir := t.TempDir()
+	s, db := open(t, dir)
+	at := func(d time.Duration) uint64 { return uint64(time.Now().Add(d).UnixMilli()) << 16 }
+	s.Apply([]*replica.Update{
+		update(t, "acme-http/old", at(-10*24*time.Hour), "n1", true, ""),
+		update(t, "acme-http/new", at(-time.Hour), "n1", true, ""),
+		update(t, "tls/live", at(-10*24*time.Hour), "n1", false, "cert"),
+	}, nil)
+	n, err := s.Sweep(time.Now().Add(-7 * 24 * time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("Sweep = %d, %v; want 1", n, err)
+	}
+	db.Close()
+	s, db = open(t, dir)
+	defer db.Close()
+	s.mu.Lock()
+	_, old := s.objects["acme-http/old"]
+	_, recent := s.objects["acme-http/new"]
+	s.mu.Unlock()
+	if old || !recent {
+		t.Errorf("after reopen: old tombstone kept %v, recent one kept %v", old, recent)
+	}
+	if _, ok := s.Get("tls/live"); !ok {
+		t.Error("a live object was swept")
+	}
+}

@@ -371,6 +371,11 @@ func (c *Core) syncWide() {
 			return
 		case <-t.C:
 		}
+		if n, err := c.Wide.Sweep(time.Now().Add(-c.Opts.LogMaxAge)); err != nil {
+			c.log.Warn("clusterwide: sweeping old tombstones failed", "err", err)
+		} else if n > 0 {
+			c.log.Info("clusterwide: old tombstones swept", "count", n)
+		}
 		var peers []clusterwide.Peer
 		for _, mi := range c.Members.Alive() {
 			peers = append(peers, clusterwide.Peer{ID: mi.ID, Digest: mi.Wide})

@@ -366,8 +366,10 @@ func (g *Guard) LoginFailed(remote net.Addr, account string) time.Duration {
 const maxLockout = 24 * time.Hour
 
 // LockOut applies a lockout another node decided: the address may not log
-// in here either until then (a lockout shared across the cluster, so an
-// attacker cannot spread guesses over the nodes). It never shortens one.
+// in here either until then, so once one node locks an address out, no
+// node lets it guess. (The failure counts stay per node: before the first
+// lockout, N nodes take up to N times LockoutAfter failures.) It never
+// shortens a lockout. Peers are trusted as the whole gossip is.
 func (g *Guard) LockOut(ip netip.Addr, until time.Time) {
 	now := g.now()
 	if !ip.IsValid() || !until.After(now) {
@@ -378,6 +380,9 @@ func (g *Guard) LockOut(ip netip.Addr, until time.Time) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.ips[ip.Unmap()] == nil && len(g.ips) >= maxAccounts {
+		return // a flood of peers' lockouts must not grow the table without bound
+	}
 	st := g.stateLocked(ip.Unmap())
 	if until.After(st.locked) {
 		st.locked = until

@@ -61,6 +61,8 @@ type env struct {
 	store *proxy.IMAPStore
 	srv   *Server
 	addr  string
+	// configure, if set, changes the server's Config before it starts.
+	configure func(*Config)
 }
 
 // openCore opens a one-node core (the production store: the user's
@@ -97,7 +99,11 @@ func (e *env) open() {
 	t := e.t
 	e.core = openCore(t, e.dir)
 	e.store = &proxy.IMAPStore{P: e.core.Proxy}
-	e.srv = New(e.store, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: 10 * time.Millisecond, IdlePoll: time.Minute})
+	cfg := Config{AuthFailDelay: 10 * time.Millisecond, IdlePoll: time.Minute}
+	if e.configure != nil {
+		e.configure(&cfg)
+	}
+	e.srv = New(e.store, proxy.IMAPAuth{P: e.core.Proxy}, cfg)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

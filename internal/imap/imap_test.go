@@ -12,6 +12,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-imap/v2/imapclient"
+	"github.com/quillmail/quill/internal/guard"
 	"github.com/xdg-go/scram"
 )
 
@@ -897,4 +898,25 @@ func TestAuthenticateMechanisms(t *testing.T) {
 		}
 		r.ok("LOGIN " + testUser + " " + testPass) // the connection still serves
 	})
+}
+
+// TestSCRAMFromALockedOutAddress: an address locked out gets no SCRAM
+// exchange at all, so it cannot learn from the server's answer to a proof
+// whether a guess was right.
+func TestSCRAMFromALockedOutAddress(t *testing.T) {
+	e := &env{t: t, dir: t.TempDir(), configure: func(c *Config) {
+		c.Logins = guard.New(guard.Limits{LockoutAfter: 1, LockoutFor: time.Minute, AuthFailDelay: time.Millisecond,
+			AuthMaxDelay: time.Millisecond}, nil)
+	}}
+	e.open()
+	r := e.raw(false)
+	if _, st := r.cmd("LOGIN " + testUser + " wrong"); !strings.HasPrefix(st, "NO [AUTHENTICATIONFAILED]") {
+		t.Fatalf("wrong password: %s", st)
+	}
+	cl, _ := scram.SHA256.NewClient(testUser, testPass, "")
+	first, _ := cl.NewConversation().Step("")
+	_, st := r.cmd("AUTHENTICATE SCRAM-SHA-256 " + base64.StdEncoding.EncodeToString([]byte(first)))
+	if !strings.HasPrefix(st, "NO [UNAVAILABLE]") {
+		t.Fatalf("SCRAM from a locked-out address: %s (want NO [UNAVAILABLE] before any challenge)", st)
+	}
 }

@@ -107,6 +107,9 @@ func (s *session) AuthenticateMechanisms() []string { return saslsrv.Mechanisms 
 // finishLogin like LOGIN, so every mechanism has the same checks, delays
 // and lockouts.
 func (s *session) Authenticate(mech string) (sasl.Server, error) {
+	if err := s.loginRefused("", mech); err != nil {
+		return nil, err
+	}
 	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
 		return s.srv.auth.SCRAMKeys(s.ctx(), user)
 	}, s.finishLogin)
@@ -117,6 +120,27 @@ func (s *session) Authenticate(mech string) (sasl.Server, error) {
 		return nil, err
 	}
 	return saslErrors{srv}, nil
+}
+
+// loginRefused refuses a login before any credential is looked at: after
+// too many failures on this connection, or from an address locked out.
+// AUTHENTICATE asks it before the exchange starts, so a SCRAM exchange
+// from a locked-out address never reaches the proof (which would tell a
+// right guess from a wrong one).
+func (s *session) loginRefused(user, mech string) error {
+	if s.failures >= maxFailedLogins {
+		s.conn.Bye("Too many failed logins")
+		return imapserver.ErrAuthFailed
+	}
+	if logins := s.srv.cfg.Logins; logins != nil {
+		remote := s.conn.NetConn().RemoteAddr()
+		if err := logins.LoginAllowed(remote); err != nil {
+			s.failures++
+			s.srv.cfg.Logger.Warn("login refused: address locked out", "user", user, "mech", mech, "remote", remote.String())
+			return no(imap.ResponseCodeUnavailable, "too many failed logins from your address; try again later")
+		}
+	}
+	return nil
 }
 
 // saslErrors answers a malformed SASL message with BAD, naming what was
@@ -137,19 +161,11 @@ func (e saslErrors) Next(resp []byte) ([]byte, bool, error) {
 // session's view of the user's mail.
 func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
 	username := creds.User
-	if s.failures >= maxFailedLogins {
-		s.conn.Bye("Too many failed logins")
-		return imapserver.ErrAuthFailed
+	if err := s.loginRefused(username, creds.Mechanism); err != nil {
+		return err
 	}
 	remote := s.conn.NetConn().RemoteAddr()
 	logins := s.srv.cfg.Logins
-	if logins != nil {
-		if err := logins.LoginAllowed(remote); err != nil {
-			s.failures++
-			s.srv.cfg.Logger.Warn("login refused: address locked out", "user", username, "mech", creds.Mechanism, "remote", remote.String())
-			return no(imap.ResponseCodeUnavailable, "too many failed logins from your address; try again later")
-		}
-	}
 	var prof *userdb.Profile
 	err := exErr
 	switch {

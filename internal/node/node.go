@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/acmecert"
+	"github.com/quillmail/quill/internal/saslsrv"
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/admin"
@@ -155,6 +156,10 @@ type Node struct {
 	pop3  *pop3.Server
 	imap  *imap.Server
 	http  *http.Server
+	// saltOnce makes the cluster's fake-salt key once (fakeSaltKey).
+	saltOnce sync.Once
+	// certsMu serialises loadClusterCerts.
+	certsMu sync.Mutex
 	// acmeHTTP answers HTTP-01 challenges (--acme-email).
 	acmeHTTP *http.Server
 	addrs    map[string]string
@@ -192,10 +197,36 @@ func Start(cfg Config) (*Node, error) {
 		RatePerIP: cfg.ConnRatePerIP, AuthFailDelay: cfg.AuthFailDelay, AuthMaxDelay: cfg.AuthMaxDelay, LockoutAfter: cfg.AuthLockoutAfter,
 		LockoutFor: cfg.AuthLockoutFor}, cfg.Logger)
 	n.shareLockouts()
+	saslsrv.SetFakeKey(n.fakeSaltKey)
 	n.serveClusterCerts()
 	var watch context.Context
 	watch, n.stop = context.WithCancel(context.Background())
 	go n.Certs.Watch(watch, tlscert.DefaultPollInterval)
+	n.wg.Add(1)
+	go func() {
+		// The cluster's fake-salt key is made once membership has
+		// settled (a node just started may not see its peers' yet).
+		defer n.wg.Done()
+		select {
+		case <-watch.Done():
+		case <-time.After(saltKeyAfter):
+			n.fakeSaltKey(nil)
+		}
+	}()
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		t := time.NewTicker(tlscert.DefaultPollInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-watch.Done():
+				return
+			case <-t.C:
+				n.loadClusterCerts()
+			}
+		}
+	}()
 	if cfg.ClusterAddr != "" {
 		n.addrs["cluster"] = cfg.ClusterAddr
 		n.addrs["rpc"] = c.RPCAddr()
@@ -406,9 +437,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		stop(n.http.Shutdown)
 	}
 	wg.Wait()
-	n.wg.Wait()
 	if n.stop != nil {
-		n.stop()
+		n.stop() // the certificate watchers and ACME end with it
 	}
+	n.wg.Wait()
 	return n.Core.Close()
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
 	"github.com/quillmail/quill/internal/nodepb"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/tlscert"
 	"google.golang.org/protobuf/proto"
 )
@@ -28,15 +30,21 @@ const tlsPrefix = "tls/"
 // serveClusterCerts follows the clusterwide certificates: those there at
 // start and every change after.
 func (n *Node) serveClusterCerts() {
-	n.Wide.OnChange = func(o clusterwide.Object) {
+	n.Wide.SetOnChange(func(o clusterwide.Object) {
 		if strings.HasPrefix(o.Name, tlsPrefix) {
 			n.loadClusterCerts()
 		}
-	}
+	})
 	n.loadClusterCerts()
 }
 
+// loadClusterCerts puts the cluster's certificates in service. Calls are
+// serialised so that the last to run, which read the newest set, wins; it
+// also runs on the certificate watcher's timer, so a certificate that
+// ends (or one not yet valid here at first) is looked at again.
 func (n *Node) loadClusterCerts() {
+	n.certsMu.Lock()
+	defer n.certsMu.Unlock()
 	var pems []tlscert.ClusterPEM
 	for _, o := range n.Wide.List(tlsPrefix) {
 		var c nodepb.Certificate
@@ -67,7 +75,7 @@ func (n *Node) SetCertificate(ctx context.Context, chain, key []byte, source str
 	if err != nil {
 		return tlscert.Info{}, nil, err
 	}
-	acked, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), info.Cluster, data, false)
+	acked, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), info.Cluster, data, false, replica.One)
 	if err != nil {
 		return tlscert.Info{}, acked, err
 	}
@@ -82,7 +90,7 @@ func (n *Node) DeleteCertificate(ctx context.Context, name string) error {
 	if !strings.HasPrefix(name, tlsPrefix) {
 		name = tlsPrefix + strings.ToLower(name)
 	}
-	_, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), name, nil, true)
+	_, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), name, nil, true, replica.One)
 	if err == nil {
 		n.cfg.Logger.Info("tls: cluster certificate deleted", "object", name)
 	}
@@ -123,7 +131,11 @@ func (n *Node) startACME(ctx context.Context) error {
 		return fmt.Errorf("acme: %w (the CA asks port 80 for HTTP-01 answers: run with the right to bind it, or forward it)", err)
 	}
 	n.acmeHTTP = srv
-	go m.Run(ctx)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		m.Run(ctx)
+	}()
 	return nil
 }
 
@@ -137,10 +149,12 @@ type acmeCluster struct{ n *Node }
 const acmeSettle = 10 * time.Second
 
 // Responsible: the live node ranked highest for the name's bucket orders,
-// once every member it knows of is back and membership has settled.
+// once membership has settled. (Not waiting for members that are away: a
+// dead node must not stop renewals. Two sides of a partition may both
+// order; the newer certificate wins everywhere once it heals.)
 func (a acmeCluster) Responsible(name string) bool {
 	m := a.n.Members
-	if time.Since(m.ChangedAt()) < acmeSettle || len(m.Alive()) < m.Expected() {
+	if time.Since(m.ChangedAt()) < acmeSettle {
 		return false
 	}
 	var members []cluster.Member
@@ -162,8 +176,7 @@ func (a acmeCluster) Certificates() []acmecert.Cert {
 		if err != nil {
 			continue
 		}
-		out = append(out, acmecert.Cert{Names: cert.Leaf.DNSNames, NotBefore: cert.Leaf.NotBefore, NotAfter: cert.Leaf.NotAfter,
-			FromACME: c.Source == "acme"})
+		out = append(out, acmecert.Cert{Names: cert.Leaf.DNSNames, NotBefore: cert.Leaf.NotBefore, NotAfter: cert.Leaf.NotAfter})
 	}
 	return out
 }
@@ -174,7 +187,13 @@ func (a acmeCluster) Install(ctx context.Context, chain, key []byte) error {
 }
 
 func (a acmeCluster) Put(ctx context.Context, name string, data []byte) error {
-	_, err := a.n.Wide.Put(ctx, a.n.Repl, a.n.AliveIDs(), name, data, data == nil)
+	// An HTTP-01 answer must be on every live node before the CA is told
+	// to look (it may ask any of them): written with policy all.
+	policy := replica.One
+	if strings.HasPrefix(name, acmecert.ChallengePrefix) && data != nil {
+		policy = replica.All
+	}
+	_, err := a.n.Wide.Put(ctx, a.n.Repl, a.n.AliveIDs(), name, data, data == nil, policy)
 	return err
 }
 
@@ -213,4 +232,37 @@ func (n *Node) shareLockouts() {
 			n.Guard.LockOut(ip, time.UnixMilli(msg.Lockout.Until))
 		}
 	})
+}
+
+// saltKeyObject is the clusterwide object keyed to make the SCRAM salts of
+// users that do not exist: the same on every node, so comparing nodes
+// does not tell which users exist.
+const saltKeyObject = "sasl/fake-salt-key"
+
+// saltKeyAfter is how long after start a node makes the cluster's
+// fake-salt key if no peer has: past failure detection and a gossip
+// round, so a node that just joined sees the key its peers already hold.
+const saltKeyAfter = 15 * time.Second
+
+// fakeSaltKey returns the cluster's key for fake SCRAM salts, making it
+// the first time it is asked for (until it has spread, the node's own key
+// serves).
+func (n *Node) fakeSaltKey(local []byte) []byte {
+	if o, ok := n.Wide.Get(saltKeyObject); ok && len(o.Data) >= 16 {
+		return o.Data
+	}
+	n.saltOnce.Do(func() {
+		key := make([]byte, 32)
+		rand.Read(key)
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), saltKeyObject, key, false, replica.One); err != nil {
+				n.cfg.Logger.Warn("sasl: storing the cluster's fake-salt key failed; each node uses its own", "err", err)
+			}
+		}()
+	})
+	return local
 }

@@ -795,6 +795,9 @@ func (c *session) cmdAuth(args []string) error {
 		return nil
 	}
 	mech := strings.ToUpper(args[0])
+	if c.lockedOut("AUTH "+mech, "") {
+		return nil
+	}
 	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
 		return c.srv.backend.SCRAMKeys(c.cmd, user)
 	}, func(creds saslsrv.Credentials, err error) error {
@@ -842,6 +845,23 @@ func (c *session) cmdAuth(args []string) error {
 	}
 }
 
+// lockedOut refuses a login from an address locked out, before any
+// credential is looked at. AUTH asks it before the exchange starts, so a
+// SCRAM exchange from a locked-out address never reaches the proof.
+func (c *session) lockedOut(mech, user string) bool {
+	logins := c.srv.cfg.Logins
+	if logins == nil || logins.LoginAllowed(c.conn.RemoteAddr()) == nil {
+		return false
+	}
+	c.failed++
+	c.log.Warn("pop3: login refused: address locked out", "user", user)
+	c.writeLine("-ERR [SYS/TEMP] " + mech + ": too many failed logins from your address; try again later")
+	if c.failed >= c.srv.cfg.MaxFailedLogins {
+		c.closing = true
+	}
+	return true
+}
+
 // decodeSASL decodes a client's SASL message; "=" is an empty initial
 // response (RFC 5034 §4), and an empty line an empty response.
 func decodeSASL(s string) ([]byte, error) {
@@ -863,16 +883,8 @@ func (c *session) login(creds saslsrv.Credentials, exErr error) {
 		mech = "AUTH " + mech
 	}
 	logins, remote := c.srv.cfg.Logins, c.conn.RemoteAddr()
-	if logins != nil {
-		if err := logins.LoginAllowed(remote); err != nil {
-			c.failed++
-			c.log.Warn("pop3: login refused: address locked out", "user", user)
-			c.writeLine("-ERR [SYS/TEMP] " + mech + ": too many failed logins from your address; try again later")
-			if c.failed >= c.srv.cfg.MaxFailedLogins {
-				c.closing = true
-			}
-			return
-		}
+	if c.lockedOut(mech, user) {
+		return
 	}
 	var md Maildrop
 	err := exErr

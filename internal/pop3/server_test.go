@@ -17,6 +17,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/xdg-go/scram"
@@ -986,4 +987,20 @@ func FuzzSession(f *testing.F) {
 			t.Fatalf("%d sessions still active", n)
 		}
 	})
+}
+
+// TestSCRAMFromALockedOutAddress: an address locked out gets no SCRAM
+// exchange at all, so it cannot learn from the server's answer to a proof
+// whether a guess was right.
+func TestSCRAMFromALockedOutAddress(t *testing.T) {
+	b, _ := newFake()
+	g := guard.New(guard.Limits{LockoutAfter: 1, LockoutFor: time.Minute, AuthFailDelay: time.Millisecond, AuthMaxDelay: time.Millisecond}, nil)
+	ts := startServer(t, b, Config{Logins: g})
+	c := dial(t, ts.addr)
+	c.do("USER alice", "+OK")
+	c.do("PASS wrong", "-ERR [AUTH]")
+	cl, _ := scram.SHA256.NewClient("alice", "secret", "")
+	first, _ := cl.NewConversation().Step("")
+	c.do("AUTH SCRAM-SHA-256 "+b64(first), "-ERR [SYS/TEMP] AUTH SCRAM-SHA-256: too many failed logins")
+	c.do("AUTH PLAIN "+b64("\x00alice\x00secret"), "-ERR [SYS/TEMP]")
 }

@@ -20,6 +20,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
+
+	"github.com/quillmail/quill/internal/userdb"
 
 	"github.com/emersion/go-sasl"
 	"github.com/xdg-go/scram"
@@ -160,24 +163,37 @@ func (s *loginServer) Next(resp []byte) ([]byte, bool, error) {
 	return nil, false, fmt.Errorf("%w: response after the end", ErrMalformed)
 }
 
-// fakeKey makes the SCRAM salt of a user that does not exist: the same for
-// the same name within a process, so asking twice does not tell (a salt
-// that changed between asks would).
-var fakeKey = func() []byte {
+// localKey makes the SCRAM salt of a user that does not exist when no
+// cluster key is set: the same for the same name within a process, so
+// asking twice does not tell (a salt that changed between asks would).
+var localKey = func() []byte {
 	k := make([]byte, 32)
 	rand.Read(k)
 	return k
 }()
 
+// fakeKey returns the key of fake salts (SetFakeKey).
+var fakeKey atomic.Pointer[func(local []byte) []byte]
+
+// SetFakeKey sets where the key of fake salts comes from: the node gives
+// one shared by the cluster, so that the salts of unknown users are the
+// same on every node (as a real user's are). f gets the process's own key
+// to return until the cluster's exists.
+func SetFakeKey(f func(local []byte) []byte) { fakeKey.Store(&f) }
+
 // fakeCredentials are keys no password matches, with a salt that looks
 // like a real user's, so SCRAM does not tell which users exist.
 func fakeCredentials(user string) scram.StoredCredentials {
-	h := hmac.New(sha256.New, fakeKey)
+	key := localKey
+	if f := fakeKey.Load(); f != nil {
+		key = (*f)(localKey)
+	}
+	h := hmac.New(sha256.New, key)
 	h.Write([]byte(user))
 	sum := h.Sum(nil)
 	junk := make([]byte, 32)
 	rand.Read(junk)
-	return scram.StoredCredentials{KeyFactors: scram.KeyFactors{Salt: string(sum[:16]), Iters: 8192},
+	return scram.StoredCredentials{KeyFactors: scram.KeyFactors{Salt: string(sum[:16]), Iters: userdb.SCRAMIterations},
 		StoredKey: junk, ServerKey: junk}
 }
 

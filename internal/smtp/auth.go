@@ -45,6 +45,10 @@ const authTimeout = 30 * time.Second
 // closed (as IMAP and POP3 do).
 const maxFailedAuth = 5
 
+// errLockedOut answers AUTH from an address locked out (internal/guard).
+var errLockedOut = &gosmtp.SMTPError{Code: 454, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0},
+	Message: "too many failed logins from your address; try again later"}
+
 // closeAfterRefusal is how long after its 421 a session that failed AUTH
 // too often is closed: time for the reply to be written.
 const closeAfterRefusal = time.Second
@@ -91,6 +95,13 @@ func (s *authSession) Auth(mech string) (sasl.Server, error) {
 		return nil, &gosmtp.SMTPError{Code: 538, EnhancedCode: gosmtp.EnhancedCode{5, 7, 11}, Message: "encryption required: use STARTTLS first"}
 	}
 	ac := s.b.cfg.AuthConfig
+	// A locked-out address is refused before the exchange starts, so a
+	// SCRAM exchange never reaches the proof (which would tell a right
+	// guess from a wrong one).
+	if ac.Logins != nil && ac.Logins.LoginAllowed(s.conn.Conn().RemoteAddr()) != nil {
+		s.failures++
+		return nil, errLockedOut
+	}
 	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
 		ctx, done := s.command(authTimeout)
 		defer done()
@@ -125,7 +136,7 @@ func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
 		if err := ac.Logins.LoginAllowed(remote); err != nil {
 			s.failures++
 			log.Warn("smtp: AUTH refused: address locked out", "user", creds.User, "remote", remote.String())
-			return &gosmtp.SMTPError{Code: 454, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0}, Message: "too many failed logins from your address; try again later"}
+			return errLockedOut
 		}
 	}
 	ctx, done := s.command(authTimeout)

@@ -17,13 +17,13 @@ import (
 // keeps StoredKey and ServerKey, which prove a client's knowledge of the
 // password without revealing it.
 //
-// scramIterations is the PBKDF2 count: RFC 7677 §4 asks for at least 4096,
+// SCRAMIterations is the PBKDF2 count: RFC 7677 §4 asks for at least 4096,
 // which is what Dovecot and most clients use; twice that costs a client a
 // few milliseconds per login and an offline attacker who stole the keys
 // twice as much. Clients refuse counts far above the RFC's minimum, so it
 // is not raised further (argon2id remains the password's main protection).
 const (
-	scramIterations = 8192
+	SCRAMIterations = 8192
 	scramSaltLen    = 16
 )
 
@@ -55,12 +55,12 @@ func DeriveSCRAM(pw string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sc, err := cl.GetStoredCredentialsWithError(scram.KeyFactors{Salt: string(salt), Iters: scramIterations})
+	sc, err := cl.GetStoredCredentialsWithError(scram.KeyFactors{Salt: string(salt), Iters: SCRAMIterations})
 	if err != nil {
 		return "", err
 	}
 	std := base64.StdEncoding
-	return fmt.Sprintf("%s$%d:%s$%s:%s", scramScheme, scramIterations, std.EncodeToString(salt),
+	return fmt.Sprintf("%s$%d:%s$%s:%s", scramScheme, SCRAMIterations, std.EncodeToString(salt),
 		std.EncodeToString(sc.StoredKey), std.EncodeToString(sc.ServerKey)), nil
 }
 

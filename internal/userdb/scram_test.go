@@ -18,7 +18,7 @@ func TestDeriveSCRAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc.Iters != scramIterations || len(sc.Salt) != scramSaltLen {
+	if sc.Iters != SCRAMIterations || len(sc.Salt) != scramSaltLen {
 		t.Errorf("factors %d, salt of %d bytes", sc.Iters, len(sc.Salt))
 	}
 	cl, _ := scram.SHA256.NewClient("", "IX", "")

@@ -906,6 +906,9 @@ func (m *Manager) Authenticate(ctx context.Context, addr, password string) (*use
 	v, hit := m.verified[addr]
 	m.authMu.Unlock()
 	if hit && v.hash == p.PasswordHash && hmac.Equal(v.mac[:], mac[:]) {
+		if p.SCRAMSHA256 == "" { // an earlier attempt to add them failed
+			m.addSCRAMKeys(ctx, p, password)
+		}
 		return p, nil
 	}
 	if err := userdb.CheckPassword(ctx, p.PasswordHash, password); err != nil {

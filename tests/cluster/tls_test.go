@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"strings"
@@ -143,4 +144,55 @@ func TestLockoutSharedAcrossTheCluster(t *testing.T) {
 			return err != nil && strings.Contains(err.Error(), "too many failed logins")
 		})
 	}
+}
+
+// scramSalt returns the salt a node's POP3 AUTH SCRAM-SHA-256 offers a
+// user in its first challenge.
+func scramSalt(n *Node, user string) (string, error) {
+	c, err := net.DialTimeout("tcp", n.Addrs["pop3"], 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	r.ReadString('\n')
+	first := base64.StdEncoding.EncodeToString([]byte("n,,n=" + user + ",r=abcdefgh"))
+	fmt.Fprintf(c, "AUTH SCRAM-SHA-256 %s\r\n", first)
+	l, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(l, "+ ") {
+		return "", fmt.Errorf("AUTH: %q %v", l, err)
+	}
+	b, _ := base64.StdEncoding.DecodeString(strings.TrimSpace(l[2:]))
+	for _, f := range strings.Split(string(b), ",") {
+		if strings.HasPrefix(f, "s=") {
+			return f, nil
+		}
+	}
+	return "", fmt.Errorf("no salt in %q", b)
+}
+
+// TestSCRAMSaltOfUnknownUsersSameOnEveryNode: the salt SCRAM offers for a
+// user that does not exist is the same on every node, as a real user's
+// is, so comparing nodes does not tell which users exist.
+func TestSCRAMSaltOfUnknownUsersSameOnEveryNode(t *testing.T) {
+	nodes := startCluster(t, 3)
+	const user, pw = "real@cluster.example", "pw"
+	nodes[0].addUser(t, user, pw)
+	waitFor(t, "a real user's salt on every node", 15*time.Second, func() bool {
+		a, err1 := scramSalt(nodes[0], user)
+		b, err2 := scramSalt(nodes[2], user)
+		return err1 == nil && err2 == nil && a == b
+	})
+	waitFor(t, "an unknown user's salt to be the same on every node", 60*time.Second, func() bool {
+		var salts []string
+		for _, n := range nodes {
+			s, err := scramSalt(n, "nobody@cluster.example")
+			if err != nil {
+				return false
+			}
+			salts = append(salts, s)
+		}
+		return salts[0] == salts[1] && salts[1] == salts[2]
+	})
 }
