@@ -22,10 +22,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/quillmail/quill/internal/clusterwide"
-
 	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/clusterwide"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"

@@ -16,10 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/quillmail/quill/internal/acmecert"
-	"github.com/quillmail/quill/internal/saslsrv"
-
 	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/acmecert"
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/guard"
@@ -28,6 +26,7 @@ import (
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/smtp"
 	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/writer"

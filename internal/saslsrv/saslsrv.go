@@ -22,9 +22,8 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/quillmail/quill/internal/userdb"
-
 	"github.com/emersion/go-sasl"
+	"github.com/quillmail/quill/internal/userdb"
 	"github.com/xdg-go/scram"
 )
 
