@@ -53,10 +53,10 @@ rpcbytes() {
 run() { # name replicas policy [bench flags]
 	name=$1; r=$2; pol=$3; shift 3
 	a=$(mktemp -d); b=$(mktemp -d)
-	"$Q" serve --data "$a" --smtps= --imaps= --pop3s= --smtp 127.0.0.1:2525 --pop3 127.0.0.1:1110 --imap 127.0.0.1:1143 --http 127.0.0.1:8025 \
+	"$Q" serve --data "$a" --smtps= --imaps= --pop3s= --submission= --smtp 127.0.0.1:2525 --pop3 127.0.0.1:1110 --imap 127.0.0.1:1143 --http 127.0.0.1:8025 \
 		--cluster 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-a.log" 2>&1 & pa=$!
 	sleep 1
-	"$Q" serve --data "$b" --smtps= --imaps= --pop3s= --smtp 127.0.0.1:2535 --pop3 127.0.0.1:1120 --imap 127.0.0.1:1153 --http 127.0.0.1:8035 \
+	"$Q" serve --data "$b" --smtps= --imaps= --pop3s= --submission= --smtp 127.0.0.1:2535 --pop3 127.0.0.1:1120 --imap 127.0.0.1:1153 --http 127.0.0.1:8035 \
 		--cluster 127.0.0.1:7956 --join 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-b.log" 2>&1 & pb=$!
 	sleep 3
 	# The admin API asks for the token on every call; quill bench creates

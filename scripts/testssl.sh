@@ -21,7 +21,7 @@ cd - >/dev/null
 
 "$Q" serve --data "$OUT/data" --tls-cert "$OUT/pki/chain.pem" --tls-key "$OUT/pki/server.key" \
 	--smtp 127.0.0.1:0 --pop3 127.0.0.1:0 --imap 127.0.0.1:0 --http 127.0.0.1:0 \
-	--smtps 127.0.0.1:0 --pop3s 127.0.0.1:0 --imaps 127.0.0.1:0 >"$OUT/serve.out" 2>"$OUT/serve.log" &
+	--smtps 127.0.0.1:0 --pop3s 127.0.0.1:0 --imaps 127.0.0.1:0 --submission= >"$OUT/serve.out" 2>"$OUT/serve.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q 'ready' "$OUT/serve.out" && break; sleep 0.1; done

@@ -96,7 +96,7 @@ func serve(cfg node.Config, configNote string) error {
 	}
 	// One line per listener, on stdout, once all accept connections: tests
 	// and scripts wait for these.
-	for _, p := range []string{"smtp", "smtps", "pop3", "pop3s", "imap", "imaps", "http", "cluster", "rpc"} {
+	for _, p := range []string{"smtp", "smtps", "submission", "pop3", "pop3s", "imap", "imaps", "http", "cluster", "rpc"} {
 		if a := n.Addr(p); a != "" {
 			fmt.Printf("quill: %s listening on %s\n", strings.ToUpper(p), a)
 		}

@@ -60,7 +60,7 @@ func TestRunAgainstQuill(t *testing.T) {
 	}
 
 	data := filepath.Join(dir, "data")
-	srv := exec.Command(bin, "serve", "--data", data, "--smtps", "127.0.0.1:0", "--imaps", "127.0.0.1:0", "--pop3s", "127.0.0.1:0",
+	srv := exec.Command(bin, "serve", "--data", data, "--smtps", "127.0.0.1:0", "--imaps", "127.0.0.1:0", "--pop3s", "127.0.0.1:0", "--submission=",
 		"--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
 		"--imap", "127.0.0.1:0", "--http", "127.0.0.1:0", "--hostname", "bench-test.localdomain")
 	stdout, err := srv.StdoutPipe()

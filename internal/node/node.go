@@ -46,8 +46,11 @@ type Config struct {
 	Pprof bool `flag:"pprof" help:"serve Go's profiler under /debug/pprof/ on the admin listener (behind the token)"`
 	// Implicit TLS listeners (RFC 8314 §3.3); empty turns one off.
 	SMTPSAddr string `flag:"smtps" help:"SMTP with implicit TLS (RFC 8314, submissions) listen address; empty: none"`
-	IMAPSAddr string `flag:"imaps" help:"IMAP with implicit TLS (IMAPS) listen address; empty: none"`
-	POP3SAddr string `flag:"pop3s" help:"POP3 with implicit TLS (POP3S) listen address; empty: none"`
+	// SubmissionAddr is message submission (RFC 6409): STARTTLS, AUTH
+	// required, the sender must be the user's own.
+	SubmissionAddr string `flag:"submission" help:"message submission (RFC 6409, port 587) listen address: STARTTLS, AUTH required; empty: none"`
+	IMAPSAddr      string `flag:"imaps" help:"IMAP with implicit TLS (IMAPS) listen address; empty: none"`
+	POP3SAddr      string `flag:"pop3s" help:"POP3 with implicit TLS (POP3S) listen address; empty: none"`
 	// TLSCert and TLSKey are PEM files, in pairs; without them the node
 	// serves a self-signed certificate it keeps in DATA/tls.
 	TLSCert []string `flag:"tls-cert" help:"certificate chain PEM file (several, comma-separated, for several domains: chosen by SNI); re-read when it changes or on SIGHUP" doc:"none: a self-signed certificate made in DATA/tls"`
@@ -117,6 +120,7 @@ func DefaultConfig() Config {
 		IMAPAddr:         "127.0.0.1:1143",
 		HTTPAddr:         "127.0.0.1:8025",
 		SMTPSAddr:        "127.0.0.1:1465",
+		SubmissionAddr:   "127.0.0.1:1587",
 		IMAPSAddr:        "127.0.0.1:1993",
 		POP3SAddr:        "127.0.0.1:1995",
 		Hostname:         host,
@@ -152,9 +156,11 @@ type Node struct {
 
 	smtp  *gosmtp.Server
 	smtps *gosmtp.Server // implicit TLS (submissions), with AUTH
-	pop3  *pop3.Server
-	imap  *imap.Server
-	http  *http.Server
+	// submission is the message submission agent (RFC 6409).
+	submission *gosmtp.Server
+	pop3       *pop3.Server
+	imap       *imap.Server
+	http       *http.Server
 	// saltOnce makes the cluster's fake-salt key once (fakeSaltKey).
 	saltOnce sync.Once
 	// certsMu serialises loadClusterCerts.
@@ -355,6 +361,15 @@ func (n *Node) startListeners() error {
 	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtps.Serve); err != nil {
 		return err
 	}
+	// Submission (RFC 6409): STARTTLS, then AUTH before any MAIL.
+	msa := ssc
+	msa.Submission = true
+	n.submission = smtp.New(n.Proxy, msa)
+	if cfg.SubmissionAddr != "" {
+		if err := n.listenClients("submission", cfg.SubmissionAddr, refuseSMTP(cfg.Hostname), n.submission.Serve); err != nil {
+			return err
+		}
+	}
 
 	pc := pop3.Config{}
 	pc.Hostname = cfg.Hostname
@@ -412,7 +427,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(ctx) }()
 	}
-	for _, srv := range []*gosmtp.Server{n.smtp, n.smtps} {
+	for _, srv := range []*gosmtp.Server{n.smtp, n.smtps, n.submission} {
 		if srv != nil {
 			stop(func(ctx context.Context) error {
 				err := srv.Shutdown(ctx)

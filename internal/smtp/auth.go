@@ -172,7 +172,7 @@ func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
 	if ac.Logins != nil {
 		ac.Logins.LoginSucceeded(remote)
 	}
-	s.user = prof.Address
+	s.user, s.session.authUser = prof.Address, prof.Address
 	log.Info("smtp: AUTH succeeded", "user", s.user, "mech", creds.Mechanism, "remote", remote.String())
 	return nil
 }

@@ -45,6 +45,9 @@ type Config struct {
 	TLSConfig *tls.Config
 	// AuthConfig, with Auth set, offers SMTP AUTH (auth.go).
 	AuthConfig AuthConfig
+	// Submission makes the listener a message submission agent (RFC
+	// 6409, submission.go); it needs AuthConfig.
+	Submission bool
 	// AuthFailDelay is the delay after a failed AUTH when AuthConfig has
 	// no Logins.
 	AuthFailDelay time.Duration
@@ -117,6 +120,9 @@ type session struct {
 	conn  *gosmtp.Conn
 	from  string
 	rcpts []string
+	// authUser is the user authenticated by AUTH, if any (the Received
+	// line then says ESMTPSA, RFC 3848).
+	authUser string
 }
 
 // command returns the context of one command's work, bounded by d: it ends
@@ -152,6 +158,8 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	case errors.Is(err, userdb.ErrNotFound):
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
 			Message: fmt.Sprintf("<%s>: no such user here", to)}
+	case errors.Is(err, proxy.ErrForeignDomain) && s.b.cfg.Submission:
+		return errNoRemote(to)
 	case errors.Is(err, proxy.ErrForeignDomain):
 		// RFC 5321 §3.6.2: no relaying for unauthenticated senders.
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
@@ -183,6 +191,13 @@ func (s *session) Data(r io.Reader) error {
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
 	raw := normalizeLF(buf.Bytes())
+	if s.b.cfg.Submission {
+		body, err := SubmissionHeaders(raw[trace:], s.authUser, s.b.cfg.Hostname, time.Now())
+		if err != nil {
+			return err
+		}
+		raw = append(raw[:trace:trace], body...)
+	}
 	// Not cancelled when the client goes away: a client may pipeline and
 	// half-close after the final dot while it still waits for the reply,
 	// which the kernel cannot tell from a hang-up, and a delivery cut
@@ -247,6 +262,9 @@ func (s *session) writeTrace(w *bytes.Buffer) {
 	with := "ESMTP"
 	if _, ok := s.conn.TLSConnectionState(); ok {
 		with = "ESMTPS"
+	}
+	if s.authUser != "" {
+		with += "A"
 	}
 	fmt.Fprintf(w, "Received: from %s ([%s])\r\n\tby %s (Quill) with %s%s;\r\n\t%s\r\n",
 		helo, ip, s.b.cfg.Hostname, with, for_, time.Now().Format(time.RFC1123Z))

@@ -220,7 +220,7 @@ func (n *Node) start() {
 	// between nodes); the tests log in without TLS, which nodes on the
 	// netns addresses (not loopback) refuse unless told otherwise.
 	args := []string{"serve", "--data", n.Data, "--smtp", smtp, "--pop3", pop3,
-		"--imap", imap, "--http", n.HTTP, "--cluster", n.Gossip, "--smtps=", "--imaps=", "--pop3s=",
+		"--imap", imap, "--http", n.HTTP, "--cluster", n.Gossip, "--smtps=", "--imaps=", "--pop3s=", "--submission=",
 		// The checkers poll with logins that may fail while a change
 		// spreads: no growing delay and no lockout of their address.
 		"--auth-max-delay", "1s", "--auth-lockout-after", "1000000"}

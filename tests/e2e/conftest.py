@@ -33,7 +33,7 @@ STOP_TIMEOUT = 40.0  # SIGTERM drain is 30 s in the server
 CLI_TIMEOUT = 30.0
 
 
-_LISTEN_RE = re.compile(r"^quill: (SMTPS?|POP3S?|IMAPS?|HTTP) listening on (\S+)\s*$")
+_LISTEN_RE = re.compile(r"^quill: (SMTPS?|POP3S?|IMAPS?|SUBMISSION|HTTP) listening on (\S+)\s*$")
 _READY_RE = re.compile(r"^quill: node (\S+) ready, data in (.*)$")
 
 
@@ -83,7 +83,7 @@ class QuillNode:
             self.binary, "serve", "--data", str(self.data_dir),
             "--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
             "--imap", "127.0.0.1:0", "--http", "127.0.0.1:0",
-            "--smtps", "127.0.0.1:0", "--pop3s", "127.0.0.1:0",
+            "--smtps", "127.0.0.1:0", "--pop3s", "127.0.0.1:0", "--submission", "127.0.0.1:0",
             "--imaps", "127.0.0.1:0",
             "--hostname", "quill.test",
             *self.extra_args,

@@ -1,0 +1,106 @@
+package smtp
+
+// Message submission (RFC 6409) on its own listener (--submission, port
+// 587 in production): AUTH is required before MAIL, the envelope sender
+// and every From: address must be the authenticated user's, and Date and
+// Message-ID are added when missing (§8.2, §8.3). Local recipients are
+// delivered as any mail is; remote ones need the outbound queue (issue 12)
+// and are refused until it exists.
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/mail"
+	"strings"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/userdb"
+)
+
+var errAuthRequired = &gosmtp.SMTPError{Code: 530, EnhancedCode: gosmtp.EnhancedCode{5, 7, 0},
+	Message: "authentication required: AUTH first (RFC 6409 §4.3)"}
+
+// Mail implements gosmtp.Session: on a submission listener only the
+// authenticated user's own address may be the envelope sender.
+func (s *authSession) Mail(from string, opts *gosmtp.MailOptions) error {
+	if s.b.cfg.Submission {
+		if s.user == "" {
+			return errAuthRequired
+		}
+		if !sameAddress(from, s.user) {
+			return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+				Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(from), s.user)}
+		}
+	}
+	return s.session.Mail(from, opts)
+}
+
+// Rcpt implements gosmtp.Session.
+func (s *authSession) Rcpt(to string, opts *gosmtp.RcptOptions) error {
+	if s.b.cfg.Submission && s.user == "" {
+		return errAuthRequired
+	}
+	return s.session.Rcpt(to, opts)
+}
+
+func sameAddress(a, b string) bool { return userdb.Normalize(a) == userdb.Normalize(b) }
+
+// SubmissionHeaders checks and completes the header of a submitted message
+// (without trace headers): every From: address must be user's, and Date
+// and Message-ID are added when missing, host naming the Message-ID's
+// right-hand side. It returns the message to store, or an SMTP error.
+func SubmissionHeaders(msg []byte, user, host string, now time.Time) ([]byte, error) {
+	m, err := mail.ReadMessage(bytes.NewReader(msg))
+	if err != nil {
+		return nil, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
+			Message: "message header cannot be parsed: " + sanitizeText(err.Error())}
+	}
+	fromField := m.Header.Get("From")
+	if fromField == "" {
+		return nil, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
+			Message: "message has no From: header (RFC 5322 §3.6)"}
+	}
+	from, err := mail.ParseAddressList(fromField)
+	if err != nil {
+		return nil, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
+			Message: "From: header cannot be parsed: " + sanitizeText(err.Error())}
+	}
+	for _, a := range from {
+		if !sameAddress(a.Address, user) {
+			return nil, &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+				Message: fmt.Sprintf("From: <%s> is not an address of %s", sanitize(a.Address), user)}
+		}
+	}
+	var add bytes.Buffer
+	if m.Header.Get("Date") == "" {
+		fmt.Fprintf(&add, "Date: %s\r\n", now.Format(time.RFC1123Z))
+	}
+	if m.Header.Get("Message-Id") == "" {
+		id := make([]byte, 12)
+		rand.Read(id)
+		fmt.Fprintf(&add, "Message-ID: <%s@%s>\r\n", hex.EncodeToString(id), host)
+	}
+	if add.Len() == 0 {
+		return msg, nil
+	}
+	return append(add.Bytes(), msg...), nil
+}
+
+// sanitizeText keeps a library's error text to one printable line.
+func sanitizeText(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// errNoRemote refuses a remote recipient on the submission listener.
+func errNoRemote(to string) error {
+	return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+		Message: fmt.Sprintf("<%s>: delivery to other domains is not available yet (no outbound queue on this server)", sanitize(to))}
+}
