@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/mailbox"
-	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/xdg-go/scram"
 )
 
@@ -34,10 +34,8 @@ type Store interface {
 
 // Authenticator checks a user's password; proxy.IMAPAuth is the one in use.
 type Authenticator interface {
-	Login(ctx context.Context, user, password string) (*userdb.Profile, error)
+	saslsrv.Verifier
 	// SCRAMKeys returns a user's SCRAM-SHA-256 keys, or an error wrapping
 	// saslsrv.NotFound.
 	SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error)
-	// Proven returns the profile of a user whose SCRAM proof was checked.
-	Proven(ctx context.Context, user string) (*userdb.Profile, error)
 }

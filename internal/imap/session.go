@@ -15,7 +15,6 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
-	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/third_party/imapserver"
 	"github.com/xdg-go/scram"
 )
@@ -165,39 +164,23 @@ func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
 		return err
 	}
 	remote := s.conn.NetConn().RemoteAddr()
-	logins := s.srv.cfg.Logins
-	var prof *userdb.Profile
-	err := exErr
-	switch {
-	case err != nil:
-	case creds.Proven:
-		prof, err = s.srv.auth.Proven(s.ctx(), username)
-	default:
-		prof, err = s.srv.auth.Login(s.ctx(), username, creds.Password)
-	}
-	wrong := errors.Is(err, userdb.ErrNotFound) || errors.Is(err, userdb.ErrPasswordMismatch) || errors.Is(err, saslsrv.ErrAuthFailed)
-	if err != nil && !wrong {
+	o := saslsrv.Check(s.ctx(), s.srv.auth, s.srv.cfg.Logins, remote, s.srv.cfg.AuthFailDelay, creds, exErr)
+	if o.Err != nil && !o.Wrong {
 		// Not a wrong password: the user's manager could not be asked
 		// (RFC 5530 UNAVAILABLE, try again later).
 		ref := fmt.Sprintf("%08x", rand.Uint32())
-		s.srv.cfg.Logger.Warn("login unavailable", "user", username, "mech", creds.Mechanism, "err", err, "ref", ref)
+		s.srv.cfg.Logger.Warn("login unavailable", "user", username, "mech", creds.Mechanism, "err", o.Err, "ref", ref)
 		return no(imap.ResponseCodeUnavailable, "login for %s: temporarily unavailable, try again later (reference %s)", username, ref)
 	}
-	if err != nil {
+	if o.Err != nil {
 		s.failures++
-		d := s.srv.cfg.AuthFailDelay
-		if logins != nil {
-			d = logins.LoginFailed(remote, username)
-		}
-		s.srv.cfg.Logger.Info("login failed", "user", username, "mech", creds.Mechanism, "remote", remote.String(), "err", err, "delay", d)
-		if d > 0 {
-			retry.Sleep(s.ctx(), d) // ends early if the client hangs up
+		s.srv.cfg.Logger.Info("login failed", "user", username, "mech", creds.Mechanism, "remote", remote.String(), "err", o.Err, "delay", o.Delay)
+		if o.Delay > 0 {
+			retry.Sleep(s.ctx(), o.Delay) // ends early if the client hangs up
 		}
 		return imapserver.ErrAuthFailed
 	}
-	if logins != nil {
-		logins.LoginSucceeded(remote)
-	}
+	prof := o.Profile
 	if err := s.srv.store.EnsureUser(s.ctx(), prof.Address); err != nil {
 		ref := fmt.Sprintf("%08x", rand.Uint32())
 		s.srv.cfg.Logger.Warn("login: mailboxes unavailable", "user", prof.Address, "err", err, "ref", ref)

@@ -106,7 +106,7 @@ func (s *plainServer) Next(resp []byte) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	s.done = true
-	authz, user, pass, err := ParsePlain(resp)
+	authz, user, pass, err := parsePlain(resp)
 	if err != nil {
 		return nil, false, err
 	}
@@ -118,8 +118,8 @@ func (s *plainServer) Next(resp []byte) ([]byte, bool, error) {
 	return nil, true, s.finish(creds, nil)
 }
 
-// ParsePlain splits a PLAIN message (RFC 4616 §2).
-func ParsePlain(msg []byte) (authz, user, pass string, err error) {
+// parsePlain splits a PLAIN message (RFC 4616 §2).
+func parsePlain(msg []byte) (authz, user, pass string, err error) {
 	parts := strings.Split(string(msg), "\x00")
 	if len(parts) != 3 {
 		return "", "", "", fmt.Errorf("%w: want 3 NUL-separated fields, got %d", ErrMalformed, len(parts))

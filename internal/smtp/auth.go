@@ -17,15 +17,13 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
-	"github.com/quillmail/quill/internal/userdb"
 	"github.com/xdg-go/scram"
 )
 
 // Authenticator checks credentials: proxy.Proxy is the one in use.
 type Authenticator interface {
-	Login(ctx context.Context, user, password string) (*userdb.Profile, error)
+	saslsrv.Verifier
 	SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error)
-	Proven(ctx context.Context, user string) (*userdb.Profile, error)
 }
 
 // AuthConfig turns SMTP AUTH on.
@@ -141,37 +139,22 @@ func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
 	}
 	ctx, done := s.command(authTimeout)
 	defer done()
-	var prof *userdb.Profile
-	err := exErr
-	switch {
-	case err != nil:
-	case creds.Proven:
-		prof, err = ac.Auth.Proven(ctx, creds.User)
-	default:
-		prof, err = ac.Auth.Login(ctx, creds.User, creds.Password)
-	}
-	wrong := errors.Is(err, userdb.ErrNotFound) || errors.Is(err, userdb.ErrPasswordMismatch) || errors.Is(err, saslsrv.ErrAuthFailed)
-	if err != nil && !wrong {
+	o := saslsrv.Check(ctx, ac.Auth, ac.Logins, remote, s.b.cfg.AuthFailDelay, creds, exErr)
+	if o.Err != nil && !o.Wrong {
 		ref := reference()
-		log.Warn("smtp: AUTH unavailable", "user", creds.User, "mech", creds.Mechanism, "err", err, "ref", ref)
+		log.Warn("smtp: AUTH unavailable", "user", creds.User, "mech", creds.Mechanism, "err", o.Err, "ref", ref)
 		return &gosmtp.SMTPError{Code: 454, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0},
 			Message: "temporary authentication failure, try again later (reference " + ref + ")"}
 	}
-	if err != nil {
+	if o.Err != nil {
 		s.failures++
-		d := s.b.cfg.AuthFailDelay
-		if ac.Logins != nil {
-			d = ac.Logins.LoginFailed(remote, creds.User)
-		}
-		log.Info("smtp: AUTH failed", "user", creds.User, "mech", creds.Mechanism, "remote", remote.String(), "err", err, "delay", d)
-		if d > 0 {
-			retry.Sleep(ctx, d)
+		log.Info("smtp: AUTH failed", "user", creds.User, "mech", creds.Mechanism, "remote", remote.String(), "err", o.Err, "delay", o.Delay)
+		if o.Delay > 0 {
+			retry.Sleep(ctx, o.Delay)
 		}
 		return &gosmtp.SMTPError{Code: 535, EnhancedCode: gosmtp.EnhancedCode{5, 7, 8}, Message: "authentication credentials invalid"}
 	}
-	if ac.Logins != nil {
-		ac.Logins.LoginSucceeded(remote)
-	}
+	prof := o.Profile
 	s.user, s.session.authUser = prof.Address, prof.Address
 	log.Info("smtp: AUTH succeeded", "user", s.user, "mech", creds.Mechanism, "remote", remote.String())
 	return nil
