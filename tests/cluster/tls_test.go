@@ -196,3 +196,25 @@ func TestSCRAMSaltOfUnknownUsersSameOnEveryNode(t *testing.T) {
 		return salts[0] == salts[1] && salts[1] == salts[2]
 	})
 }
+
+// TestCertificateSurvivesKill9: a certificate is durable once `quill tls
+// set` (PUT /api/tls) is answered: a node alone, so no peer can give it
+// back, killed with SIGKILL at once, serves it after its restart.
+func TestCertificateSurvivesKill9(t *testing.T) {
+	n := StartNode(t)
+	const name = "durable.cluster.test"
+	chain, key, err := tlscert.SelfSigned(name, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.api("PUT", "/api/tls", map[string]string{"cert": string(chain), "key": string(key)}, nil); err != nil {
+		fatalf(t, "set certificate: %v", err)
+	}
+	n.Kill9()
+	n.Restart()
+	leaf, _, _ := tlscert.Parse(chain, key, time.Now())
+	got, err := servedCert(n.Addrs["imap"], name)
+	if err != nil || !bytes.Equal(got, leaf.Leaf.Raw) {
+		fatalf(t, "after kill -9 and restart the node does not serve the certificate it acknowledged (%v)", err)
+	}
+}
