@@ -87,18 +87,21 @@ type Store struct {
 	// cluster are the certificates every node serves (SetCluster).
 	cluster     []*tls.Certificate
 	clusterInfo []Info
+	// serving is what a handshake tries, in order (orderLocked).
+	serving     []*tls.Certificate
+	servingInfo []Info
 }
 
-// serving returns the certificates in the order a handshake tries them:
+// orderLocked rebuilds the list a handshake tries, after either source changed:
 // the operator's files (a node's own configuration wins), then the
-// cluster's, then the self-signed one, the last resort.
-func (s *Store) serving() ([]*tls.Certificate, []Info) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
+// cluster's, then the self-signed one, the last resort. It is kept, not
+// built per handshake.
+func (s *Store) orderLocked() {
 	if len(s.opts.Pairs) > 0 {
-		return slices.Concat(s.certs, s.cluster), slices.Concat(s.info, s.clusterInfo)
+		s.serving, s.servingInfo = slices.Concat(s.certs, s.cluster), slices.Concat(s.info, s.clusterInfo)
+	} else {
+		s.serving, s.servingInfo = slices.Concat(s.cluster, s.certs), slices.Concat(s.clusterInfo, s.info)
 	}
-	return slices.Concat(s.cluster, s.certs), slices.Concat(s.clusterInfo, s.info)
 }
 
 // ClusterPEM is a certificate of the cluster's replicated state.
@@ -145,8 +148,15 @@ func (s *Store) SetCluster(pems []ClusterPEM) {
 		certs, info = append(certs, c), append(info, in)
 	}
 	s.mu.Lock()
+	same := slices.EqualFunc(s.clusterInfo, info, func(a, b Info) bool {
+		return a.Cluster == b.Cluster && a.NotAfter.Equal(b.NotAfter) && slices.Equal(a.Names, b.Names)
+	})
 	s.cluster, s.clusterInfo = certs, info
+	s.orderLocked()
 	s.mu.Unlock()
+	if same {
+		return // the periodic reload found nothing new: nothing to say
+	}
 	for _, in := range info {
 		s.log.Info("tls: cluster certificate in service", "names", in.Names, "not_after", in.NotAfter.Format(time.DateOnly), "object", in.Cluster)
 	}
@@ -182,6 +192,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.certs, s.stamps, s.info = certs, stamps, info
+	s.orderLocked()
 	for _, in := range info {
 		s.log.Info("tls: certificate in service", "names", in.Names, "not_after", in.NotAfter.Format(time.DateOnly), "file", in.CertFile)
 	}
@@ -214,7 +225,9 @@ func (s *Store) Config() *tls.Config {
 }
 
 func (s *Store) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	certs, _ := s.serving()
+	s.mu.RLock()
+	certs := s.serving
+	s.mu.RUnlock()
 	if c := Choose(certs, hello); c != nil {
 		return c, nil
 	}
@@ -240,8 +253,9 @@ func Choose(certs []*tls.Certificate, hello *tls.ClientHelloInfo) *tls.Certifica
 
 // Info lists the certificates in service.
 func (s *Store) Info() []Info {
-	_, info := s.serving()
-	return info
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return slices.Clone(s.servingInfo)
 }
 
 // Reload re-reads every pair whose files changed (or all, if force). A
@@ -268,6 +282,7 @@ func (s *Store) Reload(force bool) error {
 	}
 	s.mu.Lock()
 	s.certs, s.stamps, s.info = certs, stamps, info
+	s.orderLocked()
 	s.mu.Unlock()
 	for _, in := range info {
 		s.log.Info("tls: certificate reloaded", "names", in.Names, "not_after", in.NotAfter.Format(time.DateOnly), "file", in.CertFile)
