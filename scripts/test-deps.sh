@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks, openssl,
-# fetchmail from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
+# fetchmail, Postfix and dnsmasq from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
 # ACME test CA.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail swaks openssl protobuf-compiler; do
+for pkg in curl isync fetchmail swaks openssl protobuf-compiler postfix dnsmasq-base; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  # Postfix is the peer the outbound tests send to (tests/e2e/
+  # test_outbound.py runs its own instance): "No configuration" keeps the
+  # package from writing /etc/postfix/main.cf or starting a system one.
+  echo "postfix postfix/main_mailer_type select No configuration" | $sudo debconf-set-selections
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

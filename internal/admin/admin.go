@@ -85,8 +85,10 @@ type ReplicationStatus struct {
 type Server struct {
 	Users *usermgr.Manager
 	// TLS manages the cluster's certificates (/api/tls).
-	TLS  TLS
-	Node NodeInfo
+	TLS TLS
+	// Queue is the outbound queue (/api/queue).
+	Queue Queue
+	Node  NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz, on loopback too (any local account could otherwise read
 	// and change every user): "Authorization: Bearer TOKEN", or the
@@ -110,6 +112,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/tls", s.listCerts)
 	mux.HandleFunc("PUT /api/tls", s.setCert)
 	mux.HandleFunc("DELETE /api/tls/{name...}", s.deleteCert)
+	mux.HandleFunc("GET /api/queue", s.listQueue)
+	mux.HandleFunc("GET /api/queue/{id}", s.showQueued)
+	mux.HandleFunc("POST /api/queue/{id}/retry", s.actQueued("retry"))
+	mux.HandleFunc("DELETE /api/queue/{id}", s.actQueued("delete"))
 	mux.HandleFunc("GET /cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/replication", s.replication)

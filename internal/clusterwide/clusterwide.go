@@ -233,14 +233,11 @@ func (s *Store) Sweep(before time.Time) (int, error) {
 	if len(gone) == 0 {
 		return 0, nil
 	}
-	b := s.db.NewBatch()
-	defer b.Close()
-	for _, n := range gone {
-		if err := b.Delete(key(n)); err != nil {
-			return 0, err
-		}
+	keys := make([][]byte, len(gone))
+	for i, n := range gone {
+		keys[i] = key(n)
 	}
-	if err := b.Commit(store.NoSync); err != nil { // lost in a crash: swept again
+	if err := s.db.DeleteAll(keys, store.NoSync); err != nil { // lost in a crash: swept again
 		return 0, err
 	}
 	for _, n := range gone {

@@ -29,6 +29,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
@@ -126,7 +127,10 @@ type Core struct {
 	notice atomic.Pointer[func([]byte)]
 	// Wide holds the objects every node keeps (the cluster's TLS
 	// certificates).
-	Wide  *clusterwide.Store
+	Wide *clusterwide.Store
+	// Queue is the outbound queue: its entries held here, and the runner
+	// the node starts (queue.Queue.Start).
+	Queue *queue.Queue
 	log   *slog.Logger
 	rpcLn net.Listener
 	stop  chan struct{}
@@ -248,16 +252,25 @@ func New(o Options) (*Core, error) {
 		return nil, err
 	}
 	c.Repl.Handle(clusterwide.Kind, c.Wide)
+	c.Queue = &queue.Queue{Self: id, Repl: c.Repl, Peers: c.Peers, Log: log, Alive: c.AliveIDs,
+		Cfg: queue.Config{Replicas: o.Replicas, Policy: o.WritePolicy, TombstoneAge: o.LogMaxAge}}
+	if c.Queue.Store, err = queue.Open(id, db, log); err != nil {
+		db.Close()
+		return nil, err
+	}
+	c.Repl.Handle(queue.Kind, c.Queue.Store)
 	c.Users = usermgr.New(usermgr.Config{Self: id, Users: profiles, Boxes: c.Boxes, Clock: clock, Log: log,
 		Repl: c.Repl, Peers: c.Peers})
 	c.Writers = c.Users.Writers()
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, balance.DefaultSpread)
+	c.Queue.Placer = c.Placer
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Writers: c.Writers, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
 		Placer: c.Placer, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC.Registrar())
 	c.Boxes.Register(c.RPC.Registrar())
 	c.Repl.Register(c.RPC.Registrar())
+	c.Queue.Register(c.RPC.Registrar())
 
 	rpcAddr := ""
 	if clusterAddr != "" {
@@ -316,7 +329,7 @@ func New(o Options) (*Core, error) {
 	c.Members = m
 	c.Peers.SetMembership(m)
 	m.Start()
-	c.Repl.Start(c.Writers, c.Placer)
+	c.Repl.Start(ownWriters{c.Writers, c.Queue}, c.Placer)
 	c.stop = make(chan struct{})
 	c.noteAlive()
 	go func() {
@@ -381,6 +394,34 @@ func (c *Core) syncWide() {
 		}
 		c.Wide.Sync(ctx, c.Repl, c.ID, peers)
 	}
+}
+
+// ownWriters routes the repair's requests for new replica sets to the
+// objects' own writers: queue entries to the queue, messages to the
+// users' mailbox writers.
+type ownWriters struct {
+	*writer.Manager
+	q *queue.Queue
+}
+
+func (w ownWriters) Rehome(ctx context.Context, user string, moves []replica.Move) error {
+	var mail, queued []replica.Move
+	for _, mv := range moves {
+		if _, ok := queue.IDOf(mv.Object); ok {
+			queued = append(queued, mv)
+		} else {
+			mail = append(mail, mv)
+		}
+	}
+	if len(queued) > 0 {
+		if err := w.q.Rehome(ctx, queued); err != nil {
+			return err
+		}
+	}
+	if len(mail) > 0 {
+		return w.Manager.Rehome(ctx, user, mail)
+	}
+	return nil
 }
 
 // SetNoticeHandler sets what hears the messages other nodes broadcast
@@ -468,6 +509,9 @@ func (c *Core) Close() error {
 		c.log.Warn("shutdown: calls of other nodes still running after they were cancelled", "calls", left)
 	}
 	cancel()
+	if c.Queue != nil {
+		c.Queue.Close()
+	}
 	if c.Repl != nil {
 		c.Repl.Close()
 	}

@@ -33,9 +33,20 @@ var (
 	Handoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quill_bucket_handoffs_total", Help: "Buckets handed over to their new manager, by outcome at the receiver (merged, rebuilt) or sender (given_up)."},
 		[]string{"outcome"})
+	// Queued counts messages put into the outbound queue (DSNs too);
+	// Outbound counts delivery attempts per recipient by outcome;
+	// QueueEntries is the entries this node holds a replica of.
+	Queued = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_queue_added_total", Help: "Messages put into the outbound queue (submissions for other domains and DSNs)."})
+	Outbound = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_queue_attempts_total", Help: "Outbound delivery attempts per recipient, by outcome (delivered, deferred, failed)."},
+		[]string{"outcome"})
+	QueueEntries = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quill_queue_entries", Help: "Outbound queue entries this node holds a replica of."})
 )
 
 func init() {
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
+		Queued, Outbound, QueueEntries,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

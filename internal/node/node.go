@@ -25,6 +25,7 @@ import (
 	"github.com/quillmail/quill/internal/imap"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/smtp"
@@ -102,6 +103,14 @@ type Config struct {
 	// AuditInterval is how often the writers' anti-entropy audit runs (0
 	// turns it off).
 	AuditInterval time.Duration `flag:"audit-interval" help:"how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)"`
+	// The outbound queue (internal/queue) and its delivery to other
+	// domains.
+	DNS           string        `flag:"dns" help:"DNS server (host:port) for outbound mail's MX and address lookups; empty: the system's resolver"`
+	OutboundPort  int           `flag:"outbound-port" help:"port other domains' mail servers listen on (25; another only for test rigs)"`
+	QueueLifetime time.Duration `flag:"queue-lifetime" help:"how long a message may wait in the outbound queue before the sender gets a failure report"`
+	QueueWarn     time.Duration `flag:"queue-warn" help:"how long a message waits in the outbound queue before the sender is warned of the delay (0: never)"`
+	QueueRetry    time.Duration `flag:"queue-retry" help:"wait after a first failed delivery attempt; doubled after each further one, up to 12 times"`
+	QueueWorkers  int           `flag:"queue-workers" help:"outbound deliveries a node makes at once"`
 	// ClockSkew shifts this node's clock (tests).
 	ClockSkew time.Duration `flag:"clock-skew" help:"shift this node's clock (for testing clock skew)"`
 	Logger    *slog.Logger
@@ -138,6 +147,11 @@ func DefaultConfig() Config {
 		AuditInterval:    writer.DefaultAuditInterval,
 		ACMEDirectory:    acmecert.LetsEncrypt,
 		ACMEHTTP:         ":80",
+		OutboundPort:     25,
+		QueueLifetime:    queue.DefaultLifetime,
+		QueueWarn:        queue.DefaultWarnAfter,
+		QueueRetry:       queue.DefaultRetry,
+		QueueWorkers:     queue.DefaultWorkers,
 		Logger:           slog.Default(),
 	}
 }
@@ -244,6 +258,7 @@ func Start(cfg Config) (*Node, error) {
 		n.Shutdown(context.Background())
 		return nil, err
 	}
+	n.startQueue()
 	return n, nil
 }
 
@@ -364,6 +379,7 @@ func (n *Node) startListeners() error {
 	// Submission (RFC 6409): STARTTLS, then AUTH before any MAIL.
 	msa := ssc
 	msa.Submission = true
+	msa.Queue = queueSubmitter{n}
 	n.submission = smtp.New(n.Proxy, msa)
 	if cfg.SubmissionAddr != "" {
 		if err := n.listenClients("submission", cfg.SubmissionAddr, refuseSMTP(cfg.Hostname), n.submission.Serve); err != nil {
@@ -403,7 +419,7 @@ func (n *Node) startListeners() error {
 	if err != nil {
 		return err
 	}
-	as := &admin.Server{Users: n.Users, TLS: n, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {
@@ -451,6 +467,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		stop(n.http.Shutdown)
 	}
 	wg.Wait()
+	// Deliveries in progress are cut short before the store closes:
+	// their entries stay as they were and are tried again.
+	n.Queue.Close()
 	if n.stop != nil {
 		n.stop() // the certificate watchers and ACME end with it
 	}

@@ -969,6 +969,234 @@ func (x *Certificate) GetSource() string {
 	return ""
 }
 
+// QueueEntry is one message of the outbound queue (internal/queue): the
+// content of an Update of kind "q", and its record on each replica. The
+// message's bytes travel as the update's blob and are kept apart.
+type QueueEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"` // HLC timestamp of this state
+	Origin        string                 `protobuf:"bytes,3,opt,name=origin,proto3" json:"origin,omitempty"`    // node that wrote it (breaks version ties)
+	Deleted       bool                   `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"` // a tombstone: done, or removed by an operator
+	User          string                 `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`        // the submitting user ("" for a bounce)
+	From          string                 `protobuf:"bytes,6,opt,name=from,proto3" json:"from,omitempty"`        // envelope sender; "" is the null sender
+	Recipients    []*QueueRecipient      `protobuf:"bytes,7,rep,name=recipients,proto3" json:"recipients,omitempty"`
+	Replicas      []string               `protobuf:"bytes,8,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Want          int32                  `protobuf:"varint,9,opt,name=want,proto3" json:"want,omitempty"`        // replicas wanted (the user's R)
+	Created       int64                  `protobuf:"varint,10,opt,name=created,proto3" json:"created,omitempty"` // unix nanoseconds
+	Warned        bool                   `protobuf:"varint,11,opt,name=warned,proto3" json:"warned,omitempty"`   // the delay warning went out
+	Size          int64                  `protobuf:"varint,12,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueEntry) Reset() {
+	*x = QueueEntry{}
+	mi := &file_quill_v1_common_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueEntry) ProtoMessage() {}
+
+func (x *QueueEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_common_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueEntry.ProtoReflect.Descriptor instead.
+func (*QueueEntry) Descriptor() ([]byte, []int) {
+	return file_quill_v1_common_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *QueueEntry) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *QueueEntry) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *QueueEntry) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *QueueEntry) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *QueueEntry) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *QueueEntry) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *QueueEntry) GetRecipients() []*QueueRecipient {
+	if x != nil {
+		return x.Recipients
+	}
+	return nil
+}
+
+func (x *QueueEntry) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *QueueEntry) GetWant() int32 {
+	if x != nil {
+		return x.Want
+	}
+	return 0
+}
+
+func (x *QueueEntry) GetCreated() int64 {
+	if x != nil {
+		return x.Created
+	}
+	return 0
+}
+
+func (x *QueueEntry) GetWarned() bool {
+	if x != nil {
+		return x.Warned
+	}
+	return false
+}
+
+func (x *QueueEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// QueueRecipient is one recipient's delivery state.
+type QueueRecipient struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	State         int32                  `protobuf:"varint,2,opt,name=state,proto3" json:"state,omitempty"` // queue.State
+	Attempts      uint32                 `protobuf:"varint,3,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	NextTry       int64                  `protobuf:"varint,4,opt,name=next_try,json=nextTry,proto3" json:"next_try,omitempty"`      // unix nanoseconds
+	LastTry       int64                  `protobuf:"varint,5,opt,name=last_try,json=lastTry,proto3" json:"last_try,omitempty"`      // unix nanoseconds
+	LastReply     string                 `protobuf:"bytes,6,opt,name=last_reply,json=lastReply,proto3" json:"last_reply,omitempty"` // the remote's reply or why there was none
+	Remote        string                 `protobuf:"bytes,7,opt,name=remote,proto3" json:"remote,omitempty"`                        // the host that gave it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueRecipient) Reset() {
+	*x = QueueRecipient{}
+	mi := &file_quill_v1_common_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueRecipient) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueRecipient) ProtoMessage() {}
+
+func (x *QueueRecipient) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_common_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueRecipient.ProtoReflect.Descriptor instead.
+func (*QueueRecipient) Descriptor() ([]byte, []int) {
+	return file_quill_v1_common_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *QueueRecipient) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *QueueRecipient) GetState() int32 {
+	if x != nil {
+		return x.State
+	}
+	return 0
+}
+
+func (x *QueueRecipient) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *QueueRecipient) GetNextTry() int64 {
+	if x != nil {
+		return x.NextTry
+	}
+	return 0
+}
+
+func (x *QueueRecipient) GetLastTry() int64 {
+	if x != nil {
+		return x.LastTry
+	}
+	return 0
+}
+
+func (x *QueueRecipient) GetLastReply() string {
+	if x != nil {
+		return x.LastReply
+	}
+	return ""
+}
+
+func (x *QueueRecipient) GetRemote() string {
+	if x != nil {
+		return x.Remote
+	}
+	return ""
+}
+
 var File_quill_v1_common_proto protoreflect.FileDescriptor
 
 const file_quill_v1_common_proto_rawDesc = "" +
@@ -1060,7 +1288,33 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\vCertificate\x12\x1b\n" +
 	"\tchain_pem\x18\x01 \x01(\fR\bchainPem\x12\x17\n" +
 	"\akey_pem\x18\x02 \x01(\fR\x06keyPem\x12\x16\n" +
-	"\x06source\x18\x03 \x01(\tR\x06sourceB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
+	"\x06source\x18\x03 \x01(\tR\x06source\"\xc0\x02\n" +
+	"\n" +
+	"QueueEntry\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06origin\x18\x03 \x01(\tR\x06origin\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\x12\x12\n" +
+	"\x04from\x18\x06 \x01(\tR\x04from\x128\n" +
+	"\n" +
+	"recipients\x18\a \x03(\v2\x18.quill.v1.QueueRecipientR\n" +
+	"recipients\x12\x1a\n" +
+	"\breplicas\x18\b \x03(\tR\breplicas\x12\x12\n" +
+	"\x04want\x18\t \x01(\x05R\x04want\x12\x18\n" +
+	"\acreated\x18\n" +
+	" \x01(\x03R\acreated\x12\x16\n" +
+	"\x06warned\x18\v \x01(\bR\x06warned\x12\x12\n" +
+	"\x04size\x18\f \x01(\x03R\x04size\"\xc9\x01\n" +
+	"\x0eQueueRecipient\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\x05R\x05state\x12\x1a\n" +
+	"\battempts\x18\x03 \x01(\rR\battempts\x12\x19\n" +
+	"\bnext_try\x18\x04 \x01(\x03R\anextTry\x12\x19\n" +
+	"\blast_try\x18\x05 \x01(\x03R\alastTry\x12\x1d\n" +
+	"\n" +
+	"last_reply\x18\x06 \x01(\tR\tlastReply\x12\x16\n" +
+	"\x06remote\x18\a \x01(\tR\x06remoteB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
 
 var (
 	file_quill_v1_common_proto_rawDescOnce sync.Once
@@ -1074,28 +1328,31 @@ func file_quill_v1_common_proto_rawDescGZIP() []byte {
 	return file_quill_v1_common_proto_rawDescData
 }
 
-var file_quill_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_quill_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_quill_v1_common_proto_goTypes = []any{
-	(*Empty)(nil),         // 0: quill.v1.Empty
-	(*Stamp)(nil),         // 1: quill.v1.Stamp
-	(*Member)(nil),        // 2: quill.v1.Member
-	(*Placed)(nil),        // 3: quill.v1.Placed
-	(*Message)(nil),       // 4: quill.v1.Message
-	(*Mailbox)(nil),       // 5: quill.v1.Mailbox
-	(*MailboxDef)(nil),    // 6: quill.v1.MailboxDef
-	(*Profile)(nil),       // 7: quill.v1.Profile
-	(*MessageObject)(nil), // 8: quill.v1.MessageObject
-	(*WideObject)(nil),    // 9: quill.v1.WideObject
-	(*Certificate)(nil),   // 10: quill.v1.Certificate
+	(*Empty)(nil),          // 0: quill.v1.Empty
+	(*Stamp)(nil),          // 1: quill.v1.Stamp
+	(*Member)(nil),         // 2: quill.v1.Member
+	(*Placed)(nil),         // 3: quill.v1.Placed
+	(*Message)(nil),        // 4: quill.v1.Message
+	(*Mailbox)(nil),        // 5: quill.v1.Mailbox
+	(*MailboxDef)(nil),     // 6: quill.v1.MailboxDef
+	(*Profile)(nil),        // 7: quill.v1.Profile
+	(*MessageObject)(nil),  // 8: quill.v1.MessageObject
+	(*WideObject)(nil),     // 9: quill.v1.WideObject
+	(*Certificate)(nil),    // 10: quill.v1.Certificate
+	(*QueueEntry)(nil),     // 11: quill.v1.QueueEntry
+	(*QueueRecipient)(nil), // 12: quill.v1.QueueRecipient
 }
 var file_quill_v1_common_proto_depIdxs = []int32{
-	1, // 0: quill.v1.Message.version:type_name -> quill.v1.Stamp
-	6, // 1: quill.v1.Profile.mailboxes:type_name -> quill.v1.MailboxDef
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1,  // 0: quill.v1.Message.version:type_name -> quill.v1.Stamp
+	6,  // 1: quill.v1.Profile.mailboxes:type_name -> quill.v1.MailboxDef
+	12, // 2: quill.v1.QueueEntry.recipients:type_name -> quill.v1.QueueRecipient
+	3,  // [3:3] is the sub-list for method output_type
+	3,  // [3:3] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_quill_v1_common_proto_init() }
@@ -1109,7 +1366,7 @@ func file_quill_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quill_v1_common_proto_rawDesc), len(file_quill_v1_common_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -90,6 +90,11 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 	return fmt.Errorf("recipient %s: %w", addr, userdb.ErrNotFound)
 }
 
+// ServesDomain reports whether the cluster serves a domain (any live node
+// holds a profile in it): mail for other domains leaves through the
+// outbound queue.
+func (p *Proxy) ServesDomain(domain string) bool { return p.Users.ServesDomain(domain) }
+
 // Deliver stores one message for every recipient (Porcupine §2.3.1): for
 // each recipient the mailbox's writer on the user's manager hands out the
 // UID and says where the user's mail already is (the mail map); the

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,6 +49,9 @@ type Config struct {
 	// Submission makes the listener a message submission agent (RFC
 	// 6409, submission.go); it needs AuthConfig.
 	Submission bool
+	// Queue takes a submission's recipients in other domains (the
+	// outbound queue); nil refuses them.
+	Queue Queuer
 	// AuthFailDelay is the delay after a failed AUTH when AuthConfig has
 	// no Logins.
 	AuthFailDelay time.Duration
@@ -120,6 +124,9 @@ type session struct {
 	conn  *gosmtp.Conn
 	from  string
 	rcpts []string
+	// remote are a submission's recipients in other domains: they go to
+	// the outbound queue.
+	remote []string
 	// authUser is the user authenticated by AUTH, if any (the Received
 	// line then says ESMTPSA, RFC 3848).
 	authUser string
@@ -133,7 +140,7 @@ func (s *session) command(d time.Duration) (context.Context, func()) {
 	return wctx, func() { stop(); cancel() }
 }
 
-func (s *session) Reset() { s.from, s.rcpts = "", nil }
+func (s *session) Reset() { s.from, s.rcpts, s.remote = "", nil, nil }
 
 func (s *session) Logout() error { return nil }
 
@@ -143,7 +150,7 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 		return errTooLarge(s.b.cfg.MaxMessageBytes)
 	}
 	s.from = from
-	s.rcpts = nil
+	s.rcpts, s.remote = nil, nil
 	return nil
 }
 
@@ -158,12 +165,20 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	case errors.Is(err, userdb.ErrNotFound):
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
 			Message: fmt.Sprintf("<%s>: no such user here", to)}
+	case errors.Is(err, proxy.ErrForeignDomain) && s.b.cfg.Submission && s.b.cfg.Queue != nil:
+		s.remote = append(s.remote, to)
+		return nil
 	case errors.Is(err, proxy.ErrForeignDomain) && s.b.cfg.Submission:
 		return errNoRemote(to)
 	case errors.Is(err, proxy.ErrForeignDomain):
 		// RFC 5321 §3.6.2: no relaying for unauthenticated senders.
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)}
+	case s.b.cfg.Submission && s.b.cfg.Queue != nil && !servesDomain(s.b.p, userdb.Domain(to)):
+		// The lookup failed for now (a node is away), but no node serves
+		// the domain: it is another domain's mail all the same.
+		s.remote = append(s.remote, to)
+		return nil
 	default:
 		ref := reference()
 		s.b.cfg.Logger.Warn("recipient lookup failed", "rcpt", to, "err", err, "ref", ref)
@@ -173,7 +188,7 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 }
 
 func (s *session) Data(r io.Reader) error {
-	if len(s.rcpts) == 0 {
+	if len(s.rcpts) == 0 && len(s.remote) == 0 {
 		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"}
 	}
 	var buf bytes.Buffer
@@ -204,6 +219,22 @@ func (s *session) Data(r io.Reader) error {
 	// short would turn its 250 into a 451.
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.DeliverTimeout)
 	defer cancel()
+	if len(s.remote) > 0 {
+		// The queue first: a failure there refuses the whole message
+		// before any local copy exists. What is relayed carries no
+		// Return-Path (RFC 5321 §4.4: final delivery adds it).
+		relay := raw[len(returnPath(s.from)):]
+		if err := s.b.cfg.Queue.Enqueue(ctx, s.authUser, s.from, s.remote, relay); err != nil {
+			metrics.DeliveryFailures.Inc()
+			ref := reference()
+			s.b.cfg.Logger.Error("queueing failed", "from", s.from, "rcpts", s.remote, "err", err, "ref", ref)
+			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)}
+		}
+	}
+	if len(s.rcpts) == 0 {
+		return nil
+	}
 	if err := s.b.p.Deliver(ctx, s.rcpts, raw); err != nil {
 		metrics.DeliveryFailures.Inc()
 		ref := reference()
@@ -212,6 +243,15 @@ func (s *session) Data(r io.Reader) error {
 			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
 	}
 	return nil
+}
+
+// servesDomain asks the deliverer whether the cluster serves a domain
+// (proxy.Proxy can tell); one that cannot tell serves it.
+func servesDomain(p Deliverer, domain string) bool {
+	if d, ok := p.(interface{ ServesDomain(string) bool }); ok {
+		return d.ServesDomain(domain)
+	}
+	return true
 }
 
 // reference names a failure in the reply and in the log line that holds
@@ -248,15 +288,15 @@ func normalizeLF(b []byte) []byte {
 // writeTrace prepends the trace headers of RFC 5321 §4.4: Return-Path with
 // the reverse path, and a Received line naming the client and this node.
 func (s *session) writeTrace(w *bytes.Buffer) {
-	fmt.Fprintf(w, "Return-Path: <%s>\r\n", s.from)
+	w.WriteString(returnPath(s.from))
 	ip := ""
 	if a, ok := s.conn.Conn().RemoteAddr().(*net.TCPAddr); ok {
 		ip = a.IP.String()
 	}
 	helo := sanitize(s.conn.Hostname())
 	for_ := ""
-	if len(s.rcpts) == 1 {
-		for_ = fmt.Sprintf("\r\n\tfor <%s>", sanitize(s.rcpts[0]))
+	if all := append(slices.Clone(s.rcpts), s.remote...); len(all) == 1 {
+		for_ = fmt.Sprintf("\r\n\tfor <%s>", sanitize(all[0]))
 	}
 	// RFC 3848: ESMTPS when the message came under TLS.
 	with := "ESMTP"
@@ -269,6 +309,8 @@ func (s *session) writeTrace(w *bytes.Buffer) {
 	fmt.Fprintf(w, "Received: from %s ([%s])\r\n\tby %s (Quill) with %s%s;\r\n\t%s\r\n",
 		helo, ip, s.b.cfg.Hostname, with, for_, time.Now().Format(time.RFC1123Z))
 }
+
+func returnPath(from string) string { return fmt.Sprintf("Return-Path: <%s>\r\n", from) }
 
 // sanitize keeps client-chosen text from breaking the header it lands in.
 func sanitize(s string) string {

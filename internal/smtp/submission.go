@@ -4,11 +4,13 @@ package smtp
 // 587 in production): AUTH is required before MAIL, the envelope sender
 // and every From: address must be the authenticated user's, and Date and
 // Message-ID are added when missing (§8.2, §8.3). Local recipients are
-// delivered as any mail is; remote ones need the outbound queue (issue 12)
-// and are refused until it exists.
+// delivered as any mail is; remote ones go to the outbound queue
+// (internal/queue), and the 250 means the queue holds the message under
+// the user's write policy.
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -99,8 +101,14 @@ func sanitizeText(s string) string {
 	}, s)
 }
 
-// errNoRemote refuses a remote recipient on the submission listener.
+// Queuer is what submission needs of the outbound queue: take raw from
+// from to rcpts for user, durably, before the 250.
+type Queuer interface {
+	Enqueue(ctx context.Context, user, from string, rcpts []string, raw []byte) error
+}
+
+// errNoRemote refuses a remote recipient on a listener without a queue.
 func errNoRemote(to string) error {
 	return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-		Message: fmt.Sprintf("<%s>: delivery to other domains is not available yet (no outbound queue on this server)", sanitize(to))}
+		Message: fmt.Sprintf("<%s>: this server does not relay to other domains", sanitize(to))}
 }

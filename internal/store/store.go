@@ -39,6 +39,8 @@ const (
 	KindObject   byte = 'O' // mailbox: O bucket user 0 msgid -> where the message object is, its stamp, or its tombstone
 	KindLog      byte = 'L' // replica: L object 0 stamp -> update log entry
 	KindWide     byte = 'W' // clusterwide: W kind/name -> object every node keeps (certificates)
+	KindQueue    byte = 'Q' // queue: Q id -> outbound queue entry (state per recipient)
+	KindQueued   byte = 'R' // queue: R id -> the queued message's bytes
 )
 
 // Sync is the write option for every commit that acknowledges something to a
@@ -128,6 +130,18 @@ func (d *DB) Set(key, value []byte, o *pebble.WriteOptions) error {
 	}
 	defer d.exit()
 	return d.p.Set(key, value, o)
+}
+
+// DeleteAll deletes keys in one batch.
+func (d *DB) DeleteAll(keys [][]byte, o *pebble.WriteOptions) error {
+	b := d.NewBatch()
+	defer b.Close()
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	return b.Commit(o)
 }
 
 // NewBatch returns a write-only batch.

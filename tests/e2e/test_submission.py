@@ -77,10 +77,6 @@ def test_auth_required_and_sender_checked(node):
     with pytest.raises(smtplib.SMTPDataError) as e:
         s.sendmail(ALICE, [BOB], f"From: {BOB}\r\n\r\nforged author\r\n".encode())
     assert e.value.smtp_code == 553
-    with pytest.raises(smtplib.SMTPRecipientsRefused) as e:
-        s.sendmail(ALICE, ["someone@elsewhere.example"], f"From: {ALICE}\r\n\r\nx\r\n".encode())
-    code, text = e.value.recipients["someone@elsewhere.example"]
-    assert code == 550 and b"not available yet" in text
     s.quit()
     assert messages(node, BOB) == []
 

@@ -1,0 +1,55 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/quillmail/quill/internal/queue"
+)
+
+// Queue is what the admin API needs of the outbound queue (queue.Queue
+// is the one in use): the cluster-wide listing and the operator's
+// actions, carried out on a node that holds the entry.
+type Queue interface {
+	ListAll(ctx context.Context, id string) queue.Listing
+	Act(ctx context.Context, id, action string) (*queue.Entry, error)
+}
+
+func (s *Server) listQueue(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.Queue.ListAll(r.Context(), ""))
+}
+
+func (s *Server) showQueued(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := queue.ValidID(id); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	l := s.Queue.ListAll(r.Context(), id)
+	if len(l.Entries) == 0 {
+		writeError(w, http.StatusNotFound, errors.New("queue entry "+id+": "+queue.ErrNotFound.Error()))
+		return
+	}
+	writeJSON(w, http.StatusOK, l.Entries[0])
+}
+
+func (s *Server) actQueued(action string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := queue.ValidID(id); err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+		e, err := s.Queue.Act(r.Context(), id, action)
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+			writeError(w, http.StatusNotFound, err)
+		case err != nil:
+			writeError(w, http.StatusServiceUnavailable, err)
+		default:
+			s.Logger.Info("queue entry "+action, "id", id)
+			writeJSON(w, http.StatusOK, e)
+		}
+	}
+}

@@ -1,0 +1,51 @@
+package node
+
+import (
+	"context"
+	"net"
+	"time"
+
+	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/replica"
+)
+
+// dnsDialTimeout bounds reaching the --dns server for one lookup.
+const dnsDialTimeout = 5 * time.Second
+
+// startQueue starts the outbound queue's runner: local recipients go
+// through the node's own delivery, others to their domain's servers.
+func (n *Node) startQueue() {
+	cfg := n.cfg
+	q := n.Queue
+	q.Local = n.Proxy
+	q.Remote = &queue.Dialer{Resolver: resolver(cfg.DNS), Port: cfg.OutboundPort, Hostname: cfg.Hostname}
+	q.Cfg.Hostname = cfg.Hostname
+	q.Cfg.Lifetime, q.Cfg.WarnAfter, q.Cfg.Retry, q.Cfg.Workers = cfg.QueueLifetime, cfg.QueueWarn, cfg.QueueRetry, cfg.QueueWorkers
+	q.Start()
+}
+
+// resolver returns the resolver of --dns: every lookup goes to that
+// server (UDP, TCP for truncated answers); empty is the system's.
+func resolver(server string) *net.Resolver {
+	if server == "" {
+		return net.DefaultResolver
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		d := net.Dialer{Timeout: dnsDialTimeout}
+		return d.DialContext(ctx, network, server)
+	}}
+}
+
+// queueSubmitter puts a submission's recipients in other domains into the
+// outbound queue under the user's replicas and write policy.
+type queueSubmitter struct{ n *Node }
+
+func (s queueSubmitter) Enqueue(ctx context.Context, user, from string, rcpts []string, raw []byte) error {
+	p, _, err := s.n.Users.Lookup(ctx, user)
+	if err != nil {
+		return err
+	}
+	policy, _ := replica.ParsePolicy(p.WritePolicy)
+	_, err = s.n.Queue.Add(ctx, user, from, rcpts, raw, p.Replicas, policy)
+	return err
+}

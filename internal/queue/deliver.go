@@ -1,0 +1,360 @@
+package queue
+
+// Delivery to another domain's servers (RFC 5321 §5 and §4.5.3.2): the
+// domain's MX records in preference order (equal preferences shuffled by
+// the resolver), the domain itself when it has none, no delivery at all
+// for a null MX (RFC 7505); each host's addresses in turn; STARTTLS
+// whenever the server offers it, without verifying the certificate
+// (opportunistic TLS, RFC 7435: a passive eavesdropper is kept out, and a
+// server with a self-signed certificate still gets its mail), falling back
+// to plain text on the same address when the handshake fails; one
+// transaction carrying every recipient of the domain.
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+)
+
+// Timeouts of a delivery, after RFC 5321 §4.5.3.2.
+const (
+	// DefaultConnectTimeout bounds the TCP connection to one address; an
+	// address that does not answer in that time is passed over.
+	DefaultConnectTimeout = 30 * time.Second
+	// commandTimeout bounds the greeting and each command's reply (the
+	// RFC's 5 minutes for the greeting, MAIL and RCPT).
+	commandTimeout = 5 * time.Minute
+	// dataTimeout bounds sending the message and the reply to its final
+	// dot (the RFC's 3 minutes per block and 10 for the dot).
+	dataTimeout = 10 * time.Minute
+	// dnsTimeout bounds the lookups of one domain.
+	dnsTimeout = 30 * time.Second
+)
+
+// Dialer delivers messages to other domains' servers.
+type Dialer struct {
+	// Resolver answers the MX and address lookups (--dns names its
+	// server; nil: the system's).
+	Resolver *net.Resolver
+	// Port is the port the servers listen on: 25, or another for a test
+	// rig.
+	Port int
+	// Hostname is this node's name in EHLO.
+	Hostname string
+	// ConnectTimeout bounds each TCP connection.
+	ConnectTimeout time.Duration
+}
+
+func (d *Dialer) resolver() *net.Resolver {
+	if d.Resolver != nil {
+		return d.Resolver
+	}
+	return net.DefaultResolver
+}
+
+// Hosts returns the hosts to try for a domain, best first: its MX hosts,
+// or the domain itself when it has no MX (RFC 5321 §5.1). A null MX
+// (RFC 7505) or a domain that does not exist is a permanent failure;
+// a lookup that failed is a temporary one.
+func (d *Dialer) Hosts(ctx context.Context, domain string) ([]string, *Result) {
+	ctx, cancel := context.WithTimeout(ctx, dnsTimeout)
+	defer cancel()
+	mxs, err := d.resolver().LookupMX(ctx, domain)
+	var dnsErr *net.DNSError
+	switch {
+	case len(mxs) > 0:
+		// Go returns the usable records with an error when some records
+		// were malformed; the usable ones are still tried.
+		if len(mxs) == 1 && (mxs[0].Host == "." || mxs[0].Host == "") {
+			return nil, &Result{Permanent: true, Status: "5.1.10",
+				Text: fmt.Sprintf("domain %s accepts no mail (null MX, RFC 7505)", domain)}
+		}
+		var hosts []string
+		for _, mx := range mxs {
+			if h := strings.TrimSuffix(mx.Host, "."); h != "" {
+				hosts = append(hosts, h)
+			}
+		}
+		return hosts, nil
+	case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
+		// No MX: the domain's own address records (implicit MX). If it
+		// has none either, the address resolution below says so.
+		return []string{domain}, nil
+	default:
+		return nil, &Result{Status: "4.4.3", Text: fmt.Sprintf("MX lookup of %s failed: %v", domain, err)}
+	}
+}
+
+// Deliver sends body from from to rcpts, all of one domain, and returns
+// each recipient's result.
+func (d *Dialer) Deliver(ctx context.Context, domain, from string, rcpts []string, body []byte) []Result {
+	hosts, fail := d.Hosts(ctx, domain)
+	if fail != nil {
+		return each(rcpts, *fail)
+	}
+	last := Result{Status: "4.4.1", Text: "no server of " + domain + " could be reached"}
+	unknown := 0
+	for _, host := range hosts {
+		lctx, cancel := context.WithTimeout(ctx, dnsTimeout)
+		addrs, err := d.resolver().LookupIPAddr(lctx, host)
+		cancel()
+		if err != nil {
+			var dnsErr *net.DNSError
+			if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+				unknown++
+			}
+			last = Result{Status: "4.4.3", Text: fmt.Sprintf("address lookup of %s failed: %v", host, err)}
+			continue
+		}
+		for _, a := range addrs {
+			addr := net.JoinHostPort(a.IP.String(), strconv.Itoa(d.port()))
+			res, next := d.session(ctx, host, addr, from, rcpts, body, true)
+			if next {
+				if res != nil {
+					last = res[0]
+				}
+				continue
+			}
+			return res
+		}
+	}
+	if unknown == len(hosts) {
+		// RFC 5321 §5.1: no host of the domain has an address; the
+		// domain cannot be reached, now or later.
+		return each(rcpts, Result{Permanent: true, Status: "5.1.2",
+			Text: fmt.Sprintf("domain %s has no mail server with an address", domain)})
+	}
+	return each(rcpts, last)
+}
+
+func (d *Dialer) port() int {
+	if d.Port == 0 {
+		return 25
+	}
+	return d.Port
+}
+
+func each(rcpts []string, r Result) []Result {
+	out := make([]Result, len(rcpts))
+	for i, rc := range rcpts {
+		out[i] = r
+		out[i].Rcpt = rc
+	}
+	return out
+}
+
+// session runs one SMTP transaction with the server at addr (host's
+// address). next says the caller should try the next address: the
+// connection failed, or the server refused the session itself. With
+// tryTLS, STARTTLS is used when offered; a failed handshake tries the same
+// address again without it.
+func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []string, body []byte, tryTLS bool) (res []Result, next bool) {
+	remote := host + " [" + addr + "]"
+	timeout := d.ConnectTimeout
+	if timeout <= 0 {
+		timeout = DefaultConnectTimeout
+	}
+	conn, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return []Result{{Status: "4.4.1", Text: fmt.Sprintf("connection to %s failed: %v", remote, err), Remote: remote}}, true
+	}
+	// The context ends the session early (the node shuts down).
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	defer conn.Close()
+	c, tlsErr, err := d.open(ctx, conn, host, tryTLS)
+	if tlsErr != nil {
+		// A server that offers STARTTLS and then fails the handshake
+		// gets the message in plain text (RFC 7435: better than none).
+		conn.Close()
+		return d.session(ctx, host, addr, from, rcpts, body, false)
+	}
+	fail := func(err error) Result {
+		r := Result{Remote: remote}
+		var se *gosmtp.SMTPError
+		var te *textproto.Error
+		switch {
+		case errors.As(err, &se):
+			r.Code, r.Text, r.Permanent = se.Code, oneLine(se.Message), se.Code >= 500
+			if se.EnhancedCode != (gosmtp.EnhancedCode{}) && se.EnhancedCode != gosmtp.NoEnhancedCode {
+				r.Status = fmt.Sprintf("%d.%d.%d", se.EnhancedCode[0], se.EnhancedCode[1], se.EnhancedCode[2])
+			}
+		case errors.As(err, &te):
+			r.Code, r.Text, r.Permanent = te.Code, oneLine(te.Msg), te.Code >= 500
+		default:
+			r.Status, r.Text = "4.4.2", fmt.Sprintf("connection to %s broke: %v", remote, err)
+		}
+		return r
+	}
+	if err != nil {
+		// A refused greeting (or EHLO) says nothing about the
+		// recipients: RFC 5321 §5.1 has the next host tried.
+		return []Result{fail(err)}, true
+	}
+	defer c.Close()
+	opts := &gosmtp.MailOptions{Size: int64(len(body)), UTF8: needsUTF8(from, rcpts)}
+	if opts.UTF8 {
+		if ok, _ := c.Extension("SMTPUTF8"); !ok {
+			return each(rcpts, Result{Permanent: true, Status: "5.6.7", Remote: remote,
+				Text: fmt.Sprintf("%s does not take internationalized addresses (no SMTPUTF8)", remote)}), false
+		}
+	}
+	if err := c.Mail(from, opts); err != nil {
+		return each(rcpts, fail(err)), false
+	}
+	out := make([]Result, len(rcpts))
+	var accepted []int
+	for i, rc := range rcpts {
+		if err := c.Rcpt(rc, nil); err != nil {
+			out[i] = fail(err)
+		} else {
+			accepted = append(accepted, i)
+		}
+		out[i].Rcpt = rc
+	}
+	if len(accepted) == 0 {
+		c.Quit()
+		return out, false
+	}
+	final := Result{Delivered: true, Code: 250, Remote: remote}
+	w, err := c.Data()
+	if err == nil {
+		_, err = w.Write(body)
+		if err == nil {
+			var resp *gosmtp.DataResponse
+			resp, err = w.CloseWithResponse()
+			if resp != nil {
+				final.Text = oneLine(resp.StatusText)
+			}
+		} else {
+			w.Close()
+		}
+	}
+	if err != nil {
+		final = fail(err)
+	}
+	for _, i := range accepted {
+		out[i] = final
+		out[i].Rcpt = rcpts[i]
+	}
+	c.Quit()
+	return out, false
+}
+
+// open reads the server's greeting and introduces this node (EHLO) on a
+// fresh connection, with STARTTLS first when the server offers it and
+// tryTLS is set, and returns the go-smtp client to carry on with. go-smtp
+// (v0.25.1) has no exported STARTTLS for a client that already sent its
+// own EHLO, so this first exchange is done here with net/textproto and
+// the client is handed the connection as if it had just been greeted.
+// tlsErr reports a failed STARTTLS or handshake (the caller tries again
+// without); err a refused greeting or a broken connection.
+func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, tryTLS bool) (c *gosmtp.Client, tlsErr, err error) {
+	conn.SetDeadline(time.Now().Add(commandTimeout))
+	tp := textproto.NewConn(conn)
+	if _, _, err := tp.ReadResponse(220); err != nil {
+		return nil, nil, err
+	}
+	var rd io.Reader = tp.R
+	if tryTLS {
+		id, err := tp.Cmd("EHLO %s", d.Hostname)
+		if err != nil {
+			return nil, nil, err
+		}
+		tp.StartResponse(id)
+		_, msg, err := tp.ReadResponse(250)
+		tp.EndResponse(id)
+		if err == nil && offers(msg, "STARTTLS") {
+			if _, _, err := tlsCmd(tp); err != nil {
+				return nil, err, nil
+			}
+			if tp.R.Buffered() > 0 {
+				return nil, errors.New("server sent data before the TLS handshake"), nil
+			}
+			tc := tls.Client(conn, &tls.Config{ServerName: host, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
+			hctx, cancel := context.WithTimeout(ctx, commandTimeout)
+			err := tc.HandshakeContext(hctx)
+			cancel()
+			if err != nil {
+				return nil, err, nil
+			}
+			conn, rd = tc, tc
+		}
+	}
+	conn.SetDeadline(time.Time{})
+	c = gosmtp.NewClient(greeted{Conn: conn, r: io.MultiReader(strings.NewReader("220 "+host+"\r\n"), rd)})
+	c.CommandTimeout, c.SubmissionTimeout = commandTimeout, dataTimeout
+	if err := c.Hello(d.Hostname); err != nil {
+		return nil, nil, err
+	}
+	return c, nil, nil
+}
+
+func tlsCmd(tp *textproto.Conn) (int, string, error) {
+	id, err := tp.Cmd("STARTTLS")
+	if err != nil {
+		return 0, "", err
+	}
+	tp.StartResponse(id)
+	defer tp.EndResponse(id)
+	return tp.ReadResponse(220)
+}
+
+// offers reports whether an EHLO reply's extension lines name ext.
+func offers(ehlo, ext string) bool {
+	lines := strings.Split(ehlo, "\n")
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		if len(f) > 0 && strings.EqualFold(f[0], ext) {
+			return true
+		}
+	}
+	return false
+}
+
+// greeted is a connection whose reads start with a greeting already had.
+type greeted struct {
+	net.Conn
+	r io.Reader
+}
+
+func (g greeted) Read(b []byte) (int, error) { return g.r.Read(b) }
+
+// needsUTF8 reports addresses that only SMTPUTF8 (RFC 6531) can carry.
+func needsUTF8(from string, rcpts []string) bool {
+	for _, s := range append([]string{from}, rcpts...) {
+		for i := 0; i < len(s); i++ {
+			if s[i] >= 0x80 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// oneLine keeps a remote's reply to one printable line of at most 512
+// bytes: it goes into the entry, the log and a DSN.
+func oneLine(s string) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\r' || r == '\t':
+			return ' '
+		case r < 0x20 || r == 0x7f:
+			return -1
+		}
+		return r
+	}, s)
+	if len(s) > 512 {
+		s = s[:512]
+	}
+	return s
+}

@@ -1,0 +1,518 @@
+package queue
+
+// The runner: each node attempts the entries it leads when they are due,
+// records every attempt as a new state of the entry on its replicas, sends
+// the DSNs the sender is owed, and retires entries with nothing left to
+// do.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/userdb"
+)
+
+// Defaults an operator can change (`quill serve` flags).
+const (
+	// DefaultLifetime is how long a message may stay in the queue before
+	// its remaining recipients are reported failed (Postfix: 5 days).
+	DefaultLifetime = 5 * 24 * time.Hour
+	// DefaultWarnAfter is when the sender hears that a message is still
+	// waiting (RFC 5321 §4.5.4.1 suggests a warning after 4 hours or so).
+	DefaultWarnAfter = 4 * time.Hour
+	// DefaultRetry is the wait after a first failed attempt; it doubles
+	// with each further one (Backoff).
+	DefaultRetry = 5 * time.Minute
+	// DefaultWorkers bounds the entries a node attempts at once.
+	DefaultWorkers = 16
+)
+
+const (
+	// scanInterval is how often the runner looks for due entries when
+	// nothing kicked it.
+	scanInterval = time.Second
+	// attemptTimeout bounds one attempt of one entry: each domain's
+	// transaction has RFC 5321's own timeouts below it.
+	attemptTimeout = 30 * time.Minute
+	// writeTimeout bounds writing an entry's new state.
+	writeTimeout = 30 * time.Second
+	// dsnRetry is the wait before trying again to queue a DSN that could
+	// not be queued (no replica set had room).
+	dsnRetry = time.Minute
+	// holdOff is how long a node just started waits before it leads
+	// entries: its peers' update logs first bring it the states it missed
+	// while it was away (delivered by another replica, deleted), so it
+	// does not deliver again what was delivered meanwhile.
+	holdOff = 5 * time.Second
+	// sweepInterval is how often old tombstones are swept.
+	sweepInterval = time.Minute
+	// returnPathFmt is what final delivery adds to queued mail for a
+	// local recipient (RFC 5321 §4.4).
+	returnPathFmt = "Return-Path: <%s>\r\n"
+)
+
+// Local is what the queue needs of the node for recipients in domains it
+// serves (a DSN to a local sender): proxy.Proxy.
+type Local interface {
+	// ServesDomain says whether the domain's mail stays here.
+	ServesDomain(domain string) bool
+	CheckRecipient(ctx context.Context, addr string) error
+	Deliver(ctx context.Context, rcpts []string, raw []byte) error
+}
+
+// Remote delivers to another domain's servers: *Dialer.
+type Remote interface {
+	Deliver(ctx context.Context, domain, from string, rcpts []string, body []byte) []Result
+}
+
+// Placer chooses nodes for new replicas (the load balancer).
+type Placer interface {
+	Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID
+}
+
+// Config holds the runner's settings.
+type Config struct {
+	Hostname  string
+	Lifetime  time.Duration
+	WarnAfter time.Duration
+	Retry     time.Duration
+	Workers   int
+	// Replicas and Policy are the cluster's defaults, for DSNs and for
+	// users who set none.
+	Replicas int
+	Policy   replica.Policy
+	// TombstoneAge is how long a finished entry's tombstone is kept (the
+	// update log's maximum age).
+	TombstoneAge time.Duration
+}
+
+// Queue is a node's part of the outbound queue: its replica of entries
+// (Store) and the runner that delivers those it leads.
+type Queue struct {
+	Self   cluster.NodeID
+	Store  *Store
+	Repl   Writer
+	Placer Placer
+	Peers  cluster.Conns
+	// Alive lists the live nodes, this one included.
+	Alive  func() []cluster.NodeID
+	Local  Local
+	Remote Remote
+	Cfg    Config
+	Log    *slog.Logger
+
+	kick     chan struct{}
+	stop     chan struct{}
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	inflight map[string]bool
+}
+
+// Start runs the runner until Close.
+func (q *Queue) Start() {
+	if q.Log == nil {
+		q.Log = slog.New(slog.DiscardHandler)
+	}
+	c := &q.Cfg
+	if c.Lifetime <= 0 {
+		c.Lifetime = DefaultLifetime
+	}
+	if c.Retry <= 0 {
+		c.Retry = DefaultRetry
+	}
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	q.kick = make(chan struct{}, 1)
+	q.stop = make(chan struct{})
+	q.inflight = map[string]bool{}
+	q.ctx, q.cancel = context.WithCancel(context.Background())
+	q.Store.SetOnChange(q.Kick)
+	q.wg.Add(1)
+	go q.loop()
+}
+
+// Close stops the runner: attempts in progress are cut short (their
+// entries stay as they were and are tried again) and waited for.
+func (q *Queue) Close() {
+	if q.stop == nil {
+		return
+	}
+	select {
+	case <-q.stop:
+	default:
+		close(q.stop)
+	}
+	q.cancel()
+	q.wg.Wait()
+}
+
+// Kick makes the runner look for due entries now.
+func (q *Queue) Kick() {
+	if q.kick == nil {
+		return
+	}
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (q *Queue) loop() {
+	defer q.wg.Done()
+	select {
+	case <-q.stop:
+		return
+	case <-time.After(holdOff):
+	}
+	t := time.NewTicker(scanInterval)
+	defer t.Stop()
+	sweep := time.NewTicker(sweepInterval)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-q.stop:
+			return
+		case <-sweep.C:
+			if q.Cfg.TombstoneAge > 0 {
+				if n, err := q.Store.Sweep(time.Now().Add(-q.Cfg.TombstoneAge)); err != nil {
+					q.Log.Warn("queue: sweeping old tombstones failed", "err", err)
+				} else if n > 0 {
+					q.Log.Info("queue: old tombstones swept", "count", n)
+				}
+			}
+			continue
+		case <-t.C:
+		case <-q.kick:
+		}
+		q.dispatch()
+	}
+}
+
+func (q *Queue) aliveSet() map[cluster.NodeID]bool {
+	alive := map[cluster.NodeID]bool{q.Self: true}
+	if q.Alive != nil {
+		for _, n := range q.Alive() {
+			alive[n] = true
+		}
+	}
+	return alive
+}
+
+// dispatch starts an attempt of each due entry this node leads, up to
+// Workers at once.
+func (q *Queue) dispatch() {
+	alive := q.aliveSet()
+	now := time.Now()
+	var running int
+	held := q.Store.List()
+	metrics.QueueEntries.Set(float64(len(held)))
+	for _, e := range held {
+		if Leader(e.Replicas, alive) != q.Self {
+			continue
+		}
+		due, ok := Due(e)
+		if ok && due.After(now) {
+			continue
+		}
+		q.mu.Lock()
+		running = len(q.inflight)
+		if q.inflight[e.ID] || running >= q.Cfg.Workers {
+			q.mu.Unlock()
+			continue
+		}
+		q.inflight[e.ID] = true
+		q.mu.Unlock()
+		q.wg.Add(1)
+		go func(id string) {
+			defer q.wg.Done()
+			defer func() {
+				q.mu.Lock()
+				delete(q.inflight, id)
+				q.mu.Unlock()
+			}()
+			q.attempt(id)
+		}(e.ID)
+	}
+}
+
+// Add queues raw from from to rcpts for user, with want replicas under
+// policy (the user's R and write policy; zero values take the cluster's),
+// and returns the entry's id once policy's share of replicas hold it.
+func (q *Queue) Add(ctx context.Context, user, from string, rcpts []string, raw []byte, want int, policy replica.Policy) (string, error) {
+	if want <= 0 {
+		want = q.Cfg.Replicas
+	}
+	if policy == "" {
+		policy = q.Cfg.Policy
+	}
+	set := []cluster.NodeID{q.Self}
+	if want > 1 && q.Placer != nil {
+		set = append(set, q.Placer.Replicas(set, want-1)...)
+	}
+	if len(set) < policy.Need(want) {
+		return "", fmt.Errorf("queue for %s: write policy %s needs %d of %d replicas, %d live nodes to choose from: %w",
+			user, policy, policy.Need(want), want, len(set), proxy.ErrTryLater)
+	}
+	slices.Sort(set)
+	now := time.Now()
+	e := &Entry{ID: NewID(), User: user, From: from, Replicas: set, Want: want, Created: now, Size: int64(len(raw))}
+	seen := map[string]bool{}
+	for _, r := range rcpts {
+		if !seen[r] {
+			seen[r] = true
+			e.Recipients = append(e.Recipients, Recipient{Address: r, State: Queued, NextTry: now})
+		}
+	}
+	if err := write(ctx, q.Repl, e, raw, set, policy); err != nil {
+		return "", err
+	}
+	q.Log.Info("queued", "id", e.ID, "user", user, "from", from, "rcpts", len(e.Recipients), "size", len(raw), "replicas", set)
+	metrics.Queued.Inc()
+	q.Kick()
+	return e.ID, nil
+}
+
+// attempt tries an entry's due recipients once and records the outcome.
+func (q *Queue) attempt(id string) {
+	begun, ok := q.Store.Get(id)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(q.ctx, attemptTimeout)
+	defer cancel()
+	if q.freshen(ctx, begun, q.aliveSet()) {
+		return // the next round works from the newer state
+	}
+	e := begun.Clone()
+	now := time.Now()
+	body, err := q.Store.Body(id)
+	if err != nil {
+		// The entry is here, its message is not: the update log brings
+		// it (NeedContent). Try again later.
+		q.Log.Warn("queue: message of an entry missing here; waiting for its replica", "id", id, "err", err)
+		return
+	}
+	if !Expire(e, now, q.Cfg.Lifetime) {
+		domains, by := DueRecipients(e, now)
+		for _, d := range domains {
+			if ctx.Err() != nil {
+				return // shutting down: the entry stays as it was
+			}
+			res := q.deliverDomain(ctx, e.From, d, by[d], body)
+			Step(e, res, time.Now(), q.Cfg.Retry, rand.Float64)
+			for _, r := range res {
+				q.Log.Info("queue delivery", "id", id, "rcpt", r.Rcpt, "delivered", r.Delivered, "permanent", r.Permanent,
+					"reply", r.Reply(), "remote", r.Remote)
+				switch {
+				case r.Delivered:
+					metrics.Outbound.WithLabelValues("delivered").Inc()
+				case r.Permanent:
+					metrics.Outbound.WithLabelValues("failed").Inc()
+				default:
+					metrics.Outbound.WithLabelValues("deferred").Inc()
+				}
+			}
+		}
+	}
+	q.report(ctx, e, body, now)
+	if ctx.Err() != nil && q.ctx.Err() != nil {
+		return
+	}
+	q.save(e, begun)
+}
+
+// report sends the DSNs an entry owes: a failure report for recipients
+// refused for good or expired, and one delay warning.
+func (q *Queue) report(ctx context.Context, e *Entry, body []byte, now time.Time) {
+	var failed []int
+	for i, r := range e.Recipients {
+		if r.State == Failed && !r.NextTry.After(now) {
+			failed = append(failed, i)
+		}
+	}
+	if len(failed) > 0 {
+		err := error(nil)
+		if e.From != "" {
+			d := DSN{Hostname: q.Cfg.Hostname, Entry: e, Message: body, Now: now}
+			for _, i := range failed {
+				d.Recipients = append(d.Recipients, e.Recipients[i])
+			}
+			var dsnID string
+			dsnID, err = q.Add(ctx, "", "", []string{e.From}, d.Build(), 0, replica.One)
+			if err == nil {
+				q.Log.Info("queue: failure report queued", "id", e.ID, "to", e.From, "report", dsnID, "recipients", len(failed))
+			}
+		}
+		for _, i := range failed {
+			if err != nil {
+				e.Recipients[i].NextTry = now.Add(dsnRetry)
+			} else {
+				e.Recipients[i].State = Reported
+			}
+		}
+		if err != nil {
+			q.Log.Warn("queue: failure report could not be queued; trying again", "id", e.ID, "to", e.From, "err", err, "in", dsnRetry)
+		}
+	}
+	if NeedsWarning(e, now, q.Cfg.WarnAfter) {
+		d := DSN{Hostname: q.Cfg.Hostname, Entry: e, Message: body, Now: now, Delayed: true,
+			RetryUntil: e.Created.Add(q.Cfg.Lifetime)}
+		for _, r := range e.Recipients {
+			if r.State == Queued {
+				d.Recipients = append(d.Recipients, r)
+			}
+		}
+		if dsnID, err := q.Add(ctx, "", "", []string{e.From}, d.Build(), 0, replica.One); err == nil {
+			e.Warned = true
+			q.Log.Info("queue: delay warning queued", "id", e.ID, "to", e.From, "report", dsnID)
+		} else {
+			q.Log.Warn("queue: delay warning could not be queued; trying again", "id", e.ID, "err", err)
+		}
+	}
+}
+
+// save writes an attempt's outcome as the entry's new state on its
+// replicas, merged with what an operator changed meanwhile; an entry with
+// nothing left becomes a tombstone.
+func (q *Queue) save(done, begun *Entry) {
+	cur, ok := q.Store.Get(done.ID)
+	if !ok {
+		return // deleted meanwhile
+	}
+	e := done
+	if cur.Stamp != begun.Stamp {
+		e = Merge(cur, begun, done)
+	}
+	var body []byte
+	if Done(e) {
+		e.Deleted = true
+		q.Log.Info("queue entry done", "id", e.ID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	if err := write(ctx, q.Repl, e, body, e.Replicas, replica.One); err != nil {
+		// Not even this node took it: the attempt is made again (the
+		// remote may get the message twice, never zero times).
+		q.Log.Warn("queue: state after an attempt not saved", "id", e.ID, "err", err)
+	}
+}
+
+// deliverDomain delivers to one domain's recipients: through the node's
+// own delivery for domains it serves, else to the domain's servers.
+func (q *Queue) deliverDomain(ctx context.Context, from, domain string, rcpts []string, body []byte) []Result {
+	if q.Local != nil && q.Local.ServesDomain(domain) {
+		return q.deliverLocal(ctx, from, rcpts, body)
+	}
+	if q.Remote == nil {
+		return each(rcpts, Result{Status: "4.4.0", Text: "no outbound delivery configured on this node"})
+	}
+	return q.Remote.Deliver(ctx, domain, from, rcpts, body)
+}
+
+func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, body []byte) []Result {
+	out := make([]Result, len(rcpts))
+	var ok []int
+	for i, r := range rcpts {
+		out[i].Rcpt, out[i].Remote = r, q.Cfg.Hostname
+		switch err := q.Local.CheckRecipient(ctx, r); {
+		case err == nil:
+			ok = append(ok, i)
+		case errors.Is(err, userdb.ErrNotFound):
+			out[i].Permanent, out[i].Status, out[i].Text = true, "5.1.1", "no such user here"
+		default:
+			out[i].Status, out[i].Text = "4.3.0", "recipient lookup failed for now"
+		}
+	}
+	if len(ok) == 0 {
+		return out
+	}
+	var to []string
+	for _, i := range ok {
+		to = append(to, rcpts[i])
+	}
+	raw := append([]byte(fmt.Sprintf(returnPathFmt, from)), body...)
+	err := q.Local.Deliver(ctx, to, raw)
+	for _, i := range ok {
+		if err != nil {
+			out[i].Status, out[i].Text = "4.3.0", "local delivery failed for now"
+			q.Log.Warn("queue: local delivery failed", "rcpt", rcpts[i], "err", err)
+		} else {
+			out[i].Delivered, out[i].Status, out[i].Text = true, "2.0.0", "delivered here"
+		}
+	}
+	return out
+}
+
+// Retry makes every queued recipient of an entry held here due now.
+func (q *Queue) Retry(ctx context.Context, id string) (*Entry, error) {
+	e, ok := q.Store.Get(id)
+	if !ok {
+		return nil, fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
+	}
+	now := time.Now()
+	for i := range e.Recipients {
+		if e.Recipients[i].State == Queued {
+			e.Recipients[i].NextTry = now
+		}
+	}
+	if err := write(ctx, q.Repl, e, nil, e.Replicas, replica.One); err != nil {
+		return nil, err
+	}
+	q.Kick()
+	return e, nil
+}
+
+// Delete removes an entry held here without telling its sender.
+func (q *Queue) Delete(ctx context.Context, id string) error {
+	e, ok := q.Store.Get(id)
+	if !ok {
+		return fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
+	}
+	e.Deleted = true
+	if err := write(ctx, q.Repl, e, nil, e.Replicas, replica.One); err != nil {
+		return err
+	}
+	q.Log.Info("queue entry deleted by an operator", "id", id, "from", e.From, "rcpts", len(e.Recipients))
+	return nil
+}
+
+// Rehome gives entries held here new replica sets (the repair found them
+// short of replicas): a new state of each goes to the new set with its
+// message, and to the replicas it leaves, which drop their copy.
+func (q *Queue) Rehome(ctx context.Context, moves []replica.Move) error {
+	for _, mv := range moves {
+		id, _ := IDOf(mv.Object)
+		e, ok := q.Store.Get(id)
+		if !ok {
+			continue // done or deleted meanwhile
+		}
+		body, err := q.Store.Body(id)
+		if err != nil {
+			return err
+		}
+		e.Replicas = slices.Clone(mv.Replicas)
+		slices.Sort(e.Replicas)
+		targets := append(slices.Clone(e.Replicas), mv.Gone...)
+		if err := write(ctx, q.Repl, e, body, targets, replica.One); err != nil {
+			return err
+		}
+		q.Log.Info("queue entry re-homed", "id", id, "replicas", e.Replicas, "gone", mv.Gone)
+	}
+	return nil
+}

@@ -1,0 +1,220 @@
+package cluster_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/smtp"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/miekg/dns"
+	"github.com/quillmail/quill/internal/queue"
+)
+
+// remoteDomain is the other domain the queue tests send to: its MX is
+// 127.0.0.1, where the test's receiving server listens.
+const remoteDomain = "remote.test"
+
+// startDNS answers MX queries for remoteDomain with mx.remoteDomain and A
+// queries for that with 127.0.0.1, on a free UDP port; it returns the
+// address for --dns.
+func startDNS(t *testing.T) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		switch {
+		case q.Name == remoteDomain+"." && q.Qtype == dns.TypeMX:
+			m.Answer = append(m.Answer, &dns.MX{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeMX, Class: dns.ClassINET, Ttl: 60},
+				Preference: 10, Mx: "mx." + remoteDomain + "."})
+		case q.Name == "mx."+remoteDomain+"." && q.Qtype == dns.TypeA:
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+				A: net.IPv4(127, 0, 0, 1)})
+		case q.Name == "mx."+remoteDomain+"." || q.Name == remoteDomain+".":
+			// The name exists, without records of that type.
+		default:
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: mux}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// sink is the receiving server of remoteDomain: go-smtp, keeping each
+// message it is given.
+type sink struct {
+	mu   sync.Mutex
+	got  [][]byte
+	srv  *gosmtp.Server
+	addr string
+}
+
+func (s *sink) NewSession(*gosmtp.Conn) (gosmtp.Session, error) { return &sinkSession{s: s}, nil }
+
+type sinkSession struct{ s *sink }
+
+func (ss *sinkSession) Mail(string, *gosmtp.MailOptions) error { return nil }
+func (ss *sinkSession) Rcpt(string, *gosmtp.RcptOptions) error { return nil }
+func (ss *sinkSession) Reset()                                 {}
+func (ss *sinkSession) Logout() error                          { return nil }
+func (ss *sinkSession) Data(r io.Reader) error {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	ss.s.mu.Lock()
+	ss.s.got = append(ss.s.got, b)
+	ss.s.mu.Unlock()
+	return nil
+}
+
+func (s *sink) count(marker string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, b := range s.got {
+		if bytes.Contains(b, []byte(marker)) {
+			n++
+		}
+	}
+	return n
+}
+
+// serve starts the sink on addr (reserved by the caller).
+func (s *sink) serve(t *testing.T) {
+	s.srv = gosmtp.NewServer(s)
+	s.srv.Domain = "mx." + remoteDomain
+	l, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.srv.Serve(l)
+	t.Cleanup(func() { s.srv.Close() })
+}
+
+// queueListing reads the cluster's queue through a node.
+func (n *Node) queueListing() (queue.Listing, error) {
+	var l queue.Listing
+	err := n.get("/api/queue", &l)
+	return l, err
+}
+
+// TestQueueSurvivesTheDeliveringNodesDeath: a message submitted for another
+// domain whose server is down is queued on 2 replicas; the node leading
+// its delivery is killed with SIGKILL; once the server is up, the other
+// replica delivers it, and when the killed node comes back the queue is
+// empty on every node (issue 12, item 2).
+func TestQueueSurvivesTheDeliveringNodesDeath(t *testing.T) {
+	dnsAddr := startDNS(t)
+	sk := &sink{addr: freeAddr(t)}
+	_, port, _ := net.SplitHostPort(sk.addr)
+	nodes := startClusterWith(t, 3, "--replicas", "2", "--dns", dnsAddr, "--outbound-port", port, "--queue-retry", "1s",
+		"--submission", "127.0.0.1:0")
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user = "sender@queue.test"
+	nodes[0].createUser(t, user, "pw")
+
+	marker := fmt.Sprintf("queue-test-%d", time.Now().UnixNano())
+	msg := fmt.Sprintf("From: %s\r\nTo: bob@%s\r\nSubject: %s\r\n\r\nqueued body\r\n", user, remoteDomain, marker)
+	if err := submit(nodes[0].Addrs["submission"], user, "pw", []string{"bob@" + remoteDomain}, msg); err != nil {
+		fatalf(t, "submit through %s: %v", nodes[0].ID, err)
+	}
+
+	// The server is down: the entry waits on its two replicas with a
+	// failed attempt.
+	var entry *queue.Entry
+	waitFor(t, "a failed attempt in the queue", 30*time.Second, func() bool {
+		l, err := nodes[1].queueListing()
+		if err != nil || len(l.Entries) != 1 || l.Entries[0].Recipients[0].Attempts == 0 {
+			return false
+		}
+		entry = l.Entries[0]
+		return true
+	})
+	if len(entry.Replicas) != 2 {
+		fatalf(t, "entry on %v, want 2 replicas", entry.Replicas)
+	}
+	leader := slices.Min(entry.Replicas)
+	var victim *Node
+	var rest []*Node
+	for _, n := range nodes {
+		if string(leader) == n.ID {
+			victim = n
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	if victim == nil {
+		fatalf(t, "leader %s is no node of %v", leader, entry.Replicas)
+	}
+	t.Logf("entry %s on %v; killing its leader %s", entry.ID, entry.Replicas, victim.ID)
+	victim.Kill9()
+	sk.serve(t)
+
+	took := waitFor(t, "the other replica to deliver", 60*time.Second, func() bool { return sk.count(marker) > 0 })
+	t.Logf("delivered %v after the kill", took.Round(100*time.Millisecond))
+	waitFor(t, "an empty queue on the survivors", 30*time.Second, func() bool {
+		l, err := rest[0].queueListing()
+		return err == nil && len(l.Entries) == 0
+	})
+
+	victim.Restart()
+	waitFor(t, "every node to agree", 30*time.Second, func() bool { return agree(nodes, nodes) })
+	waitFor(t, "an empty queue on the node that came back", 30*time.Second, func() bool {
+		l, err := victim.queueListing()
+		return err == nil && len(l.Entries) == 0 && len(l.Unreachable) == 0
+	})
+	time.Sleep(3 * time.Second) // past the runner's hold-off: a stale copy would be delivered now
+	if n := sk.count(marker); n != 1 {
+		errorf(t, "delivered %d times, want once (the node that came back had the old state)", n)
+	}
+}
+
+// submit sends msg through a submission listener: STARTTLS (the node's
+// self-signed certificate), AUTH PLAIN, one transaction.
+func submit(addr, user, pw string, rcpts []string, msg string) error {
+	c, err := smtp.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.StartTLS(&tls.Config{InsecureSkipVerify: true}); err != nil {
+		return fmt.Errorf("STARTTLS: %w", err)
+	}
+	if err := c.Auth(smtp.PlainAuth("", user, pw, "127.0.0.1")); err != nil {
+		return fmt.Errorf("AUTH: %w", err)
+	}
+	if err := c.Mail(user); err != nil {
+		return err
+	}
+	for _, r := range rcpts {
+		if err := c.Rcpt(r); err != nil {
+			return err
+		}
+	}
+	w, err := c.Data()
+	if err != nil {
+		return err
+	}
+	if _, err := io.WriteString(w, msg); err != nil {
+		return err
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	return c.Quit()
+}

@@ -1,0 +1,227 @@
+"""The outbound queue on a real `quill serve`, sending to a real Postfix found
+through a real dnsmasq: a message submitted for another domain is queued,
+looked up (MX, then the host's address through --dns), sent over STARTTLS,
+and delivered into Postfix's Maildir; a recipient Postfix refuses gets the
+sender a DSN (RFC 3464) in their mailbox; a domain whose server does not
+answer keeps its message queued across a kill -9, visible and removable with
+`quill queue`.
+
+Postfix is a private instance on 127.0.0.2 (own config, queue and Maildir
+under a temporary directory, stopped by its master's PID); dnsmasq answers
+only for the test's domains. Both need root (CI runs as root)."""
+
+from __future__ import annotations
+
+import email
+import json
+import os
+import poplib
+import shutil
+import signal
+import smtplib
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+LOCAL = "local.test"
+ALICE = f"alice@{LOCAL}"
+PW = "outbound pass"
+REMOTE = "remote.example"
+BOB = f"bob@{REMOTE}"
+NOBODY = f"nobody@{REMOTE}"
+DOWN = "down.example"
+TIMEOUT = 30.0
+WAIT = 30.0  # for a queued message to arrive or be reported
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("postfix") or not shutil.which("dnsmasq"),
+                                reason="needs root, Postfix and dnsmasq (scripts/test-deps.sh installs them)")
+
+
+def free_port(host: str, kind=socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, fn, timeout: float = WAIT):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def peer():
+    """Postfix on 127.0.0.2 for remote.example (user bob), with STARTTLS,
+    and dnsmasq naming its MX; down.example's MX is 127.0.0.3, where nothing
+    listens."""
+    base = Path(tempfile.mkdtemp(prefix="quill-e2e-postfix-"))
+    os.chmod(base, 0o755)  # Postfix's daemons and the Maildir owner traverse it
+    port = free_port("127.0.0.2")
+    nobody = subprocess.run(["id", "-u", "nobody"], capture_output=True, text=True).stdout.strip()
+    nogroup = subprocess.run(["id", "-g", "nobody"], capture_output=True, text=True).stdout.strip()
+    conf, spool, data, vmail = base / "postfix", base / "spool", base / "data", base / "vmail"
+    for d in (conf, spool, data, vmail):
+        d.mkdir()
+    shutil.chown(data, "postfix", "postfix")
+    os.chown(vmail, int(nobody), int(nogroup))
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-days", "2", "-keyout", str(conf / "key.pem"), "-out", str(conf / "cert.pem"),
+                    "-subj", f"/CN=mx.{REMOTE}"], check=True, capture_output=True)
+    (conf / "main.cf").write_text(f"""compatibility_level = 3.6
+config_directory = {conf}
+queue_directory = {spool}
+data_directory = {data}
+maillog_file = /var/log/postfix-quill-e2e-{base.name}.log
+syslog_name = postfix-quill-e2e
+myhostname = mx.{REMOTE}
+mydestination =
+alias_maps =
+alias_database =
+# Any address may be named in master.cf (127.0.0.2 below): Postfix wants
+# inet_interfaces to name an interface's own address.
+inet_interfaces = all
+inet_protocols = ipv4
+mynetworks = 127.0.0.0/8
+smtpd_relay_restrictions = permit_mynetworks, reject_unauth_destination
+biff = no
+smtputf8_enable = no
+virtual_mailbox_domains = {REMOTE}
+virtual_mailbox_maps = texthash:{conf}/vmailbox
+virtual_mailbox_base = {vmail}
+virtual_uid_maps = static:{nobody}
+virtual_gid_maps = static:{nogroup}
+virtual_minimum_uid = 1
+smtpd_tls_cert_file = {conf}/cert.pem
+smtpd_tls_key_file = {conf}/key.pem
+smtpd_tls_security_level = may
+smtpd_tls_received_header = yes
+""")
+    (conf / "vmailbox").write_text(f"{BOB} {REMOTE}/bob/\n")
+    services = ["pickup unix n - n 60 1 pickup", "cleanup unix n - n - 0 cleanup", "qmgr unix n - n 300 1 qmgr",
+                "rewrite unix - - n - - trivial-rewrite", "bounce unix - - n - 0 bounce",
+                "defer unix - - n - 0 bounce", "trace unix - - n - 0 bounce", "verify unix - - n - 1 verify",
+                "proxymap unix - - n - - proxymap", "smtp unix - - n - - smtp", "relay unix - - n - - smtp",
+                "error unix - - n - - error", "retry unix - - n - - error", "discard unix - - n - - discard",
+                "virtual unix - n n - - virtual", "anvil unix - - n - 1 anvil", "scache unix - - n - 1 scache",
+                "tlsmgr unix - - n 1000? 1 tlsmgr", "postlog unix-dgram n - n - 1 postlogd"]
+    (conf / "master.cf").write_text(f"127.0.0.2:{port} inet n - n - - smtpd\n" + "\n".join(services) + "\n")
+    # Postfix says why it refuses a configuration on a terminal only.
+    for step in ("check", "start"):
+        r = subprocess.run(["script", "-qec", f"postfix -c {conf} {step}", "/dev/null"], capture_output=True, text=True)
+        assert r.returncode == 0, f"postfix {step}: {r.stdout}{r.stderr}"
+    pidfile = spool / "pid" / "master.pid"
+    pf_pid = int(wait_for("Postfix's master pid", lambda: pidfile.exists() and pidfile.read_text().strip(), 15))
+
+    dns_port = free_port("127.0.0.1", socket.SOCK_DGRAM)
+    dns = subprocess.Popen(["dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", f"--port={dns_port}",
+                            "--listen-address=127.0.0.1", "--bind-interfaces", "--local=/example/",
+                            f"--mx-host={REMOTE},mx.{REMOTE},10", f"--host-record=mx.{REMOTE},127.0.0.2",
+                            f"--mx-host={DOWN},mx.{DOWN},10", f"--host-record=mx.{DOWN},127.0.0.3"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.3)
+    assert dns.poll() is None, dns.stderr.read()
+    try:
+        yield {"port": port, "dns": f"127.0.0.1:{dns_port}", "maildir": vmail / REMOTE / "bob" / "new"}
+    finally:
+        dns.terminate()
+        dns.wait(10)
+        os.kill(pf_pid, signal.SIGTERM)  # the master stops its children
+        for _ in range(50):
+            try:
+                os.kill(pf_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def node(quill_factory, peer):
+    n = quill_factory("--dns", peer["dns"], "--outbound-port", str(peer["port"]), "--queue-retry", "1s")
+    n.add_user(ALICE, PW)
+    return n
+
+
+def submit(node, rcpts: list[str], subject: str) -> None:
+    host, port = node.addrs["submission"]
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with smtplib.SMTP(host, port, timeout=TIMEOUT) as s:
+        s.starttls(context=ctx)
+        s.login(ALICE, PW)
+        s.sendmail(ALICE, rcpts, f"From: {ALICE}\r\nTo: {', '.join(rcpts)}\r\nSubject: {subject}\r\n\r\nbody of {subject}\r\n".encode())
+
+
+def mailbox(node) -> list[email.message.Message]:
+    host, port = node.addrs["pop3"]
+    p = poplib.POP3(host, port, timeout=TIMEOUT)
+    p.user(ALICE)
+    p.pass_(PW)
+    out = [email.message_from_bytes(b"\r\n".join(p.retr(i)[1])) for i in range(1, len(p.list()[1]) + 1)]
+    p.quit()
+    return out
+
+
+def queue_list(node) -> list[dict]:
+    status, body = node.api("GET", "/api/queue")
+    assert status == 200, body
+    return json.loads(body)["entries"] or []
+
+
+def test_submitted_mail_reaches_postfix_over_starttls_and_a_refusal_is_reported(node, peer):
+    submit(node, [BOB, NOBODY], "to the remote")
+    files = wait_for("the message in Postfix's Maildir", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
+    raw = files[0].read_bytes()
+    head = raw.split(b"\n\n", 1)[0]
+    # Postfix's Received line: from Quill's EHLO name, under TLS.
+    assert b"from quill.test" in head and b"using TLS" in head, head
+    assert b"Subject: to the remote" in head and b"with ESMTPSA" in head, head
+    assert b"Return-Path: <alice@local.test>" in head, head  # added by Postfix's final delivery, not relayed
+
+    # Postfix refused nobody@ at RCPT (550 5.1.1): the sender gets a DSN.
+    reports = wait_for("the failure report", lambda: [m for m in mailbox(node) if m.get_content_type() == "multipart/report"])
+    rep = reports[0]
+    assert rep.get_param("report-type") == "delivery-status"
+    assert rep["Auto-Submitted"] == "auto-replied" and "MAILER-DAEMON@quill.test" in rep["From"]
+    status = [p for p in rep.walk() if p.get_content_type() == "message/delivery-status"][0]
+    text = status.as_string()
+    assert f"Final-Recipient: rfc822; {NOBODY}" in text and "Action: failed" in text and "Status: 5.1.1" in text, text
+    assert f"Remote-MTA: dns; mx.{REMOTE}" in text and "Diagnostic-Code: smtp; 550 5.1.1" in text, text
+    assert text.count("Final-Recipient:") == 1, text  # only the refused recipient is reported
+    wait_for("an empty queue", lambda: queue_list(node) == [])
+
+
+def test_unreachable_domain_stays_queued_across_kill9_and_can_be_deleted(node, peer):
+    submit(node, [f"carol@{DOWN}"], "to a dead server")
+    entry = wait_for("a failed attempt", lambda: [e for e in queue_list(node) if e["recipients"][0]["attempts"] > 0])[0]
+    r = entry["recipients"][0]
+    assert r["state"] == "queued" and r["address"] == f"carol@{DOWN}", entry
+    assert r["last_reply"].startswith("4.4.1 connection to mx.down.example [127.0.0.3:"), r
+    assert entry["from"] == ALICE and entry["size"] > 0
+
+    node.kill9()
+    node.start()
+    out = node.cli("queue", "list").stdout
+    assert entry["id"] in out and f"carol@{DOWN}" in out, out
+    shown = json.loads(node.cli("queue", "show", entry["id"]).stdout)
+    assert shown["recipients"][0]["attempts"] >= r["attempts"], shown
+
+    node.cli("queue", "retry", entry["id"])
+    node.cli("queue", "delete", entry["id"])
+    assert queue_list(node) == []
+    status, _ = node.api("GET", "/api/queue/" + entry["id"])
+    assert status == 404
+    r = node.cli("queue", "show", "0" * 32, check=False)
+    assert r.returncode != 0 and "no such queue entry" in r.stderr, r.stderr
+    # A deleted message is not reported to its sender.
+    time.sleep(2)
+    assert [m for m in mailbox(node) if m.get_content_type() == "multipart/report"] == []
