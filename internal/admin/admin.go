@@ -88,7 +88,9 @@ type Server struct {
 	TLS TLS
 	// Queue is the outbound queue (/api/queue).
 	Queue Queue
-	Node  NodeInfo
+	// DKIM manages the domains' signing keys (/api/dkim).
+	DKIM DKIM
+	Node NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz, on loopback too (any local account could otherwise read
 	// and change every user): "Authorization: Bearer TOKEN", or the
@@ -112,6 +114,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/tls", s.listCerts)
 	mux.HandleFunc("PUT /api/tls", s.setCert)
 	mux.HandleFunc("DELETE /api/tls/{name...}", s.deleteCert)
+	mux.HandleFunc("GET /api/dkim", s.listDKIM)
+	mux.HandleFunc("PUT /api/dkim/{domain}", s.setDKIM)
+	mux.HandleFunc("DELETE /api/dkim/{domain}", s.deleteDKIM)
 	mux.HandleFunc("GET /api/queue", s.listQueue)
 	mux.HandleFunc("GET /api/queue/{id}", s.showQueued)
 	mux.HandleFunc("POST /api/queue/{id}/retry", s.actQueued("retry"))

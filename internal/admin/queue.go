@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/queue"
 )
 
@@ -52,4 +53,43 @@ func (s *Server) actQueued(action string) http.HandlerFunc {
 			writeJSON(w, http.StatusOK, e)
 		}
 	}
+}
+
+// DKIM is what the admin API needs to manage the domains' DKIM signing
+// keys (node.Node is the one in use).
+type DKIM interface {
+	SetDKIMKey(ctx context.Context, domain, selector string) (mailauth.KeyInfo, error)
+	DeleteDKIMKey(ctx context.Context, domain string) error
+	DKIMKeys() ([]mailauth.KeyInfo, error)
+}
+
+func (s *Server) listDKIM(w http.ResponseWriter, r *http.Request) {
+	keys, err := s.DKIM.DKIMKeys()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, keys)
+}
+
+func (s *Server) setDKIM(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Selector string `json:"selector"`
+	}
+	if r.ContentLength != 0 {
+		if err := readJSON(r, &req); err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return
+		}
+	}
+	k, err := s.DKIM.SetDKIMKey(r.Context(), r.PathValue("domain"), req.Selector)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, k)
+}
+
+func (s *Server) deleteDKIM(w http.ResponseWriter, r *http.Request) {
+	writeDeleted(w, s.DKIM.DeleteDKIMKey(r.Context(), r.PathValue("domain")))
 }

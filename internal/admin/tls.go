@@ -54,7 +54,12 @@ func (s *Server) setCert(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteCert(w http.ResponseWriter, r *http.Request) {
-	err := s.TLS.DeleteCertificate(r.Context(), r.PathValue("name"))
+	writeDeleted(w, s.TLS.DeleteCertificate(r.Context(), r.PathValue("name")))
+}
+
+// writeDeleted answers the deletion of a clusterwide object: 204, 404 for
+// one that is not there, 503 when the cluster could not take it.
+func writeDeleted(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, clusterwide.ErrNotFound):
 		writeError(w, http.StatusNotFound, err)

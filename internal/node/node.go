@@ -23,6 +23,7 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
+	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/queue"
@@ -103,6 +104,9 @@ type Config struct {
 	// AuditInterval is how often the writers' anti-entropy audit runs (0
 	// turns it off).
 	AuditInterval time.Duration `flag:"audit-interval" help:"how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)"`
+	// CheckInbound checks SPF, DKIM and DMARC of mail from other servers
+	// (internal/mailauth).
+	CheckInbound bool `flag:"check-inbound" help:"check SPF, DKIM and DMARC of mail from other servers, record the results in Authentication-Results, and refuse what the sender domain's DMARC policy says to reject"`
 	// The outbound queue (internal/queue) and its delivery to other
 	// domains.
 	DNS           string        `flag:"dns" help:"DNS server (host:port) for outbound mail's MX and address lookups; empty: the system's resolver"`
@@ -148,6 +152,7 @@ func DefaultConfig() Config {
 		ACMEDirectory:    acmecert.LetsEncrypt,
 		ACMEHTTP:         ":80",
 		OutboundPort:     25,
+		CheckInbound:     true,
 		QueueLifetime:    queue.DefaultLifetime,
 		QueueWarn:        queue.DefaultWarnAfter,
 		QueueRetry:       queue.DefaultRetry,
@@ -364,6 +369,9 @@ func (n *Node) startListeners() error {
 	sc.MaxMessageBytes = cfg.MaxMessageBytes
 	sc.Logger = cfg.Logger
 	sc.TLSConfig = n.Certs.Config()
+	if cfg.CheckInbound {
+		sc.Checker = &mailauth.Checker{Resolver: resolver(cfg.DNS), Hostname: cfg.Hostname}
+	}
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
 		return err
@@ -419,7 +427,7 @@ func (n *Node) startListeners() error {
 	if err != nil {
 		return err
 	}
-	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {

@@ -46,6 +46,12 @@ func (s queueSubmitter) Enqueue(ctx context.Context, user, from string, rcpts []
 		return err
 	}
 	policy, _ := replica.ParsePolicy(p.WritePolicy)
-	_, err = s.n.Queue.Add(ctx, user, from, rcpts, raw, p.Replicas, policy)
+	// Signed once, here: every replica holds, and every retry sends, the
+	// same signed message.
+	signed, err := s.n.dkimSign(raw, from)
+	if err != nil {
+		return err
+	}
+	_, err = s.n.Queue.Add(ctx, user, from, rcpts, signed, p.Replicas, policy)
 	return err
 }

@@ -20,6 +20,7 @@ import (
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/hangup"
+	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/userdb"
@@ -52,6 +53,9 @@ type Config struct {
 	// Queue takes a submission's recipients in other domains (the
 	// outbound queue); nil refuses them.
 	Queue Queuer
+	// Checker, if set, checks SPF, DKIM and DMARC of mail that is not
+	// from an authenticated user (internal/mailauth).
+	Checker *mailauth.Checker
 	// AuthFailDelay is the delay after a failed AUTH when AuthConfig has
 	// no Logins.
 	AuthFailDelay time.Duration
@@ -212,6 +216,11 @@ func (s *session) Data(r io.Reader) error {
 			return err
 		}
 		raw = append(raw[:trace:trace], body...)
+	} else if s.b.cfg.Checker != nil && s.authUser == "" {
+		var err error
+		if raw, err = s.checkOrigin(raw, trace); err != nil {
+			return err
+		}
 	}
 	// Not cancelled when the client goes away: a client may pipeline and
 	// half-close after the final dot while it still waits for the reply,
@@ -252,6 +261,27 @@ func servesDomain(p Deliverer, domain string) bool {
 		return d.ServesDomain(domain)
 	}
 	return true
+}
+
+// checkOrigin checks where a message from another server comes from
+// (SPF, DKIM, DMARC) and records the results after the trace headers,
+// without any Authentication-Results that claims to be this server's; a
+// failure the From: domain's DMARC policy says to reject is refused.
+func (s *session) checkOrigin(raw []byte, trace int) ([]byte, error) {
+	body := mailauth.StripOwnResults(raw[trace:], s.b.cfg.Hostname)
+	var ip net.IP
+	if a, ok := s.conn.Conn().RemoteAddr().(*net.TCPAddr); ok {
+		ip = a.IP
+	}
+	v := s.b.cfg.Checker.Check(context.Background(), ip, s.conn.Hostname(), s.from, body)
+	if v.Reject {
+		s.b.cfg.Logger.Info("refused by the sender's DMARC policy", "from", s.from, "domain", v.Domain, "ip", ip, "results", strings.TrimSpace(v.Header))
+		return nil, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))}
+	}
+	out := make([]byte, 0, trace+len(v.Header)+len(body))
+	out = append(append(append(out, raw[:trace]...), v.Header...), body...)
+	return out, nil
 }
 
 // reference names a failure in the reply and in the log line that holds

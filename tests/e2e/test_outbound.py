@@ -122,18 +122,27 @@ smtpd_tls_received_header = yes
     pf_pid = int(wait_for("Postfix's master pid", lambda: pidfile.exists() and pidfile.read_text().strip(), 15))
 
     dns_port = free_port("127.0.0.1", socket.SOCK_DGRAM)
-    dns = subprocess.Popen(["dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", f"--port={dns_port}",
-                            "--listen-address=127.0.0.1", "--bind-interfaces", "--local=/example/",
-                            f"--mx-host={REMOTE},mx.{REMOTE},10", f"--host-record=mx.{REMOTE},127.0.0.2",
-                            f"--mx-host={DOWN},mx.{DOWN},10", f"--host-record=mx.{DOWN},127.0.0.3"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(0.3)
-    assert dns.poll() is None, dns.stderr.read()
+    procs = []
+
+    def start_dns(*records: str) -> None:
+        """Starts dnsmasq with the test's domains and extra records (the
+        node only looks up at delivery, so a test may start it late)."""
+        p = subprocess.Popen(["dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", f"--port={dns_port}",
+                              "--listen-address=127.0.0.1", "--bind-interfaces", "--local=/example/", "--local=/test/",
+                              f"--mx-host={REMOTE},mx.{REMOTE},10", f"--host-record=mx.{REMOTE},127.0.0.2",
+                              f"--mx-host={DOWN},mx.{DOWN},10", f"--host-record=mx.{DOWN},127.0.0.3", *records],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(p)
+        time.sleep(0.3)
+        assert p.poll() is None, p.stderr.read()
+
     try:
-        yield {"port": port, "dns": f"127.0.0.1:{dns_port}", "maildir": vmail / REMOTE / "bob" / "new"}
+        yield {"port": port, "dns": f"127.0.0.1:{dns_port}", "start_dns": start_dns,
+               "maildir": vmail / REMOTE / "bob" / "new"}
     finally:
-        dns.terminate()
-        dns.wait(10)
+        for p in procs:
+            p.terminate()
+            p.wait(10)
         os.kill(pf_pid, signal.SIGTERM)  # the master stops its children
         for _ in range(50):
             try:
@@ -178,6 +187,7 @@ def queue_list(node) -> list[dict]:
 
 
 def test_submitted_mail_reaches_postfix_over_starttls_and_a_refusal_is_reported(node, peer):
+    peer["start_dns"]()
     submit(node, [BOB, NOBODY], "to the remote")
     files = wait_for("the message in Postfix's Maildir", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
     raw = files[0].read_bytes()
@@ -201,6 +211,7 @@ def test_submitted_mail_reaches_postfix_over_starttls_and_a_refusal_is_reported(
 
 
 def test_unreachable_domain_stays_queued_across_kill9_and_can_be_deleted(node, peer):
+    peer["start_dns"]()
     submit(node, [f"carol@{DOWN}"], "to a dead server")
     entry = wait_for("a failed attempt", lambda: [e for e in queue_list(node) if e["recipients"][0]["attempts"] > 0])[0]
     r = entry["recipients"][0]
@@ -225,3 +236,45 @@ def test_unreachable_domain_stays_queued_across_kill9_and_can_be_deleted(node, p
     # A deleted message is not reported to its sender.
     time.sleep(2)
     assert [m for m in mailbox(node) if m.get_content_type() == "multipart/report"] == []
+
+
+def inbound(node, mail_from: str, rcpt: str, raw: bytes) -> None:
+    """Hands a message to the node's port for other servers' mail."""
+    host, port = node.addrs["smtp"]
+    with smtplib.SMTP(host, port, timeout=TIMEOUT) as s:
+        s.ehlo("mx.elsewhere.test")
+        s.sendmail(mail_from, [rcpt], raw)
+
+
+def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
+    """`quill dkim add` makes the key; what Postfix receives is signed; fed
+    back to Quill's own port 25 (from 127.0.0.1, which local.test's SPF
+    allows) it passes SPF, DKIM and DMARC; a message claiming to be from
+    local.test without the signature, from a sender SPF does not cover, is
+    refused under p=reject."""
+    out = node.cli("dkim", "add", LOCAL, "--selector", "e2e").stdout
+    line = [l for l in out.splitlines() if l.startswith("e2e._domainkey.")][0]
+    record = line.split(' IN TXT "', 1)[1].rstrip('"')
+    assert record.startswith("v=DKIM1; k=rsa; p="), out
+    listed = node.cli("dkim", "list").stdout
+    assert LOCAL in listed and "e2e" in listed, listed
+    peer["start_dns"](f"--txt-record=e2e._domainkey.{LOCAL},{record}",
+                      f"--txt-record={LOCAL},v=spf1 ip4:127.0.0.1 -all",
+                      f"--txt-record=_dmarc.{LOCAL},v=DMARC1; p=reject",
+                      "--txt-record=other.test,v=spf1 -all")
+    submit(node, [BOB], "signed")
+    files = wait_for("the signed message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
+    raw = files[0].read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
+    assert b"DKIM-Signature: " in raw and b"d=local.test" in raw and b"s=e2e" in raw, raw[:1500]
+
+    inbound(node, ALICE, ALICE, raw)
+    [back] = wait_for("the message back in alice's mailbox", lambda: [m for m in mailbox(node) if m["Subject"] == "signed"])
+    ar = back["Authentication-Results"]
+    assert ar.startswith("quill.test;"), ar
+    for want in ("spf=pass", "dkim=pass", "header.d=local.test", "dmarc=pass"):
+        assert want in ar, ar
+
+    forged = f"From: {ALICE}\r\nTo: {ALICE}\r\nSubject: forged\r\nAuthentication-Results: quill.test; dmarc=pass\r\n\r\npay me\r\n".encode()
+    with pytest.raises(smtplib.SMTPDataError) as e:
+        inbound(node, "x@other.test", ALICE, forged)
+    assert e.value.smtp_code == 550 and b"DMARC policy of local.test" in e.value.smtp_error, e.value

@@ -1,0 +1,399 @@
+// Package mailauth checks where inbound mail comes from and signs what
+// leaves: SPF (RFC 7208) of the connecting address for the envelope
+// sender, DKIM signatures (RFC 6376), and the From: domain's DMARC policy
+// (RFC 7489) over both, recorded in an Authentication-Results header (RFC
+// 8601) and enforced when the domain asks for rejection; outbound, a DKIM
+// signature with the sending domain's key.
+//
+// The checks are the libraries': blitiri.com.ar/go/spf evaluates SPF,
+// github.com/emersion/go-msgauth verifies and makes DKIM signatures,
+// parses DMARC records and formats the header. What is written here is
+// what they leave to their caller: DMARC's alignment of the SPF and DKIM
+// identities with the From: domain (relaxed: the same organizational
+// domain, from golang.org/x/net/publicsuffix), the policy lookup that
+// falls back to the organizational domain (§6.6.3), and removing
+// Authentication-Results headers that claim to be ours (RFC 8601 §5).
+// Not in any paper: a mail server's duty (issue 12).
+package mailauth
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/mail"
+	"strings"
+	"sync"
+	"time"
+
+	"blitiri.com.ar/go/spf"
+	"github.com/emersion/go-msgauth/authres"
+	"github.com/emersion/go-msgauth/dkim"
+	"github.com/emersion/go-msgauth/dmarc"
+	"golang.org/x/net/publicsuffix"
+)
+
+// checkTimeout bounds the DNS work of checking one message.
+const checkTimeout = 20 * time.Second
+
+// maxSignatures bounds the DKIM signatures verified per message (a flood
+// of signatures is a flood of DNS lookups).
+const maxSignatures = 5
+
+// Checker checks inbound messages.
+type Checker struct {
+	// Resolver answers the TXT and address lookups (nil: the system's).
+	Resolver *net.Resolver
+	// Hostname is the authserv-id of the header (RFC 8601 §2.5).
+	Hostname string
+
+	once  sync.Once
+	cache *txtCache
+}
+
+// Verdict is what the checks found.
+type Verdict struct {
+	// Header is the Authentication-Results field, CRLF-terminated.
+	Header string
+	// Reject: the From: domain's DMARC policy asks to refuse the message
+	// (p=reject, or sp=reject for a subdomain), and it failed.
+	Reject bool
+	// Quarantine: the policy asks for it to be treated as suspicious.
+	Quarantine bool
+	// Domain is the From: domain the DMARC verdict is about.
+	Domain string
+}
+
+func (c *Checker) resolver() *txtCache {
+	c.once.Do(func() {
+		r := c.Resolver
+		if r == nil {
+			r = net.DefaultResolver
+		}
+		c.cache = newTXTCache(r)
+	})
+	return c.cache
+}
+
+// Check runs SPF for ip and the envelope (helo, mailFrom), verifies the
+// message's DKIM signatures, and applies the From: domain's DMARC policy.
+func (c *Checker) Check(ctx context.Context, ip net.IP, helo, mailFrom string, msg []byte) Verdict {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	lookupTXT := func(name string) ([]string, error) { return c.resolver().LookupTXT(ctx, name) }
+
+	// SPF (RFC 7208): of the MAIL FROM domain, or of HELO for the null
+	// sender (§2.4).
+	spfRes, _ := spf.CheckHostWithSender(ip, helo, mailFrom, spf.WithContext(ctx), spf.WithResolver(c.resolver()))
+	spfDomain := domainOf(mailFrom)
+	if mailFrom == "" {
+		spfDomain = strings.ToLower(helo)
+	}
+	results := []authres.Result{&authres.SPFResult{Value: authres.ResultValue(spfRes), From: mailFrom, Helo: helo}}
+
+	// DKIM (RFC 6376).
+	verifs, _ := dkim.VerifyWithOptions(bytes.NewReader(msg), &dkim.VerifyOptions{LookupTXT: lookupTXT, MaxVerifications: maxSignatures})
+	var dkimPass []string
+	if len(verifs) == 0 {
+		results = append(results, &authres.DKIMResult{Value: authres.ResultNone})
+	}
+	for _, v := range verifs {
+		r := &authres.DKIMResult{Value: authres.ResultPass, Domain: v.Domain, Identifier: v.Identifier}
+		switch {
+		case v.Err == nil:
+			dkimPass = append(dkimPass, strings.ToLower(v.Domain))
+		case dkim.IsTempFail(v.Err):
+			r.Value, r.Reason = authres.ResultTempError, oneLine(v.Err.Error())
+		case dkim.IsPermFail(v.Err):
+			r.Value, r.Reason = authres.ResultPermError, oneLine(v.Err.Error())
+		default:
+			r.Value, r.Reason = authres.ResultFail, oneLine(v.Err.Error())
+		}
+		results = append(results, r)
+	}
+
+	// DMARC (RFC 7489) of the one From: domain.
+	v := Verdict{}
+	from := fromDomain(msg)
+	dres := &authres.DMARCResult{Value: authres.ResultNone, From: from}
+	results = append(results, dres)
+	if from != "" {
+		v.Domain = from
+		rec, policy, err := lookupDMARC(from, lookupTXT)
+		switch {
+		case err != nil && dmarc.IsTempFail(err):
+			dres.Value, dres.Reason = authres.ResultTempError, "policy lookup failed"
+		case err != nil || rec == nil:
+			// No policy: none.
+		default:
+			pass := Aligned(spfRes == spf.Pass, spfDomain, from, rec.SPFAlignment == dmarc.AlignmentStrict)
+			for _, d := range dkimPass {
+				pass = pass || Aligned(true, d, from, rec.DKIMAlignment == dmarc.AlignmentStrict)
+			}
+			if pass {
+				dres.Value = authres.ResultPass
+				break
+			}
+			dres.Value, dres.Reason = authres.ResultFail, "p="+string(policy)
+			if sampled(rec.Percent) {
+				v.Reject = policy == dmarc.PolicyReject
+				v.Quarantine = policy == dmarc.PolicyQuarantine
+			}
+		}
+	}
+	v.Header = "Authentication-Results: " + authres.Format(c.Hostname, results) + "\r\n"
+	return v
+}
+
+// lookupDMARC finds the policy for a From: domain: its own record, else
+// its organizational domain's, whose sp= then applies (RFC 7489 §6.6.3).
+func lookupDMARC(domain string, lookupTXT func(string) ([]string, error)) (*dmarc.Record, dmarc.Policy, error) {
+	opts := &dmarc.LookupOptions{LookupTXT: lookupTXT}
+	rec, err := dmarc.LookupWithOptions(domain, opts)
+	if err == nil {
+		return rec, rec.Policy, nil
+	}
+	if dmarc.IsTempFail(err) {
+		return nil, "", err
+	}
+	org := orgDomain(domain)
+	if org == domain {
+		return nil, "", err
+	}
+	rec, err = dmarc.LookupWithOptions(org, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	if rec.SubdomainPolicy != "" {
+		return rec, rec.SubdomainPolicy, nil
+	}
+	return rec, rec.Policy, nil
+}
+
+// Aligned reports whether an authenticated identity (it passed) aligns
+// with the From: domain: the same name in strict mode, the same
+// organizational domain in relaxed mode (RFC 7489 §3.1).
+func Aligned(passed bool, identity, from string, strict bool) bool {
+	if !passed || identity == "" || from == "" {
+		return false
+	}
+	identity, from = strings.ToLower(strings.TrimSuffix(identity, ".")), strings.ToLower(strings.TrimSuffix(from, "."))
+	if strict {
+		return identity == from
+	}
+	return orgDomain(identity) == orgDomain(from)
+}
+
+// orgDomain is a domain's organizational domain: the public suffix plus
+// one label.
+func orgDomain(d string) string {
+	if o, err := publicsuffix.EffectiveTLDPlusOne(d); err == nil {
+		return o
+	}
+	return d
+}
+
+// sampled applies pct= (RFC 7489 §6.6.4): the policy applies to that
+// share of failing messages.
+func sampled(pct *int) bool { return pct == nil || *pct >= 100 || mrand.IntN(100) < *pct }
+
+func domainOf(addr string) string {
+	_, d, _ := strings.Cut(addr, "@")
+	return strings.ToLower(d)
+}
+
+// fromDomain returns the domain of the message's one From: address; none
+// when there is no From:, several, or it does not parse (DMARC has
+// nothing to say then, §6.6.1).
+func fromDomain(msg []byte) string {
+	m, err := mail.ReadMessage(bytes.NewReader(msg))
+	if err != nil {
+		return ""
+	}
+	if len(m.Header["From"]) != 1 {
+		return ""
+	}
+	addrs, err := mail.ParseAddressList(m.Header.Get("From"))
+	if err != nil || len(addrs) != 1 {
+		return ""
+	}
+	return domainOf(addrs[0].Address)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// StripOwnResults removes the Authentication-Results fields of a message's
+// header that name authservID: only this server may say what it found
+// (RFC 8601 §5). The body is left as it is.
+func StripOwnResults(msg []byte, authservID string) []byte {
+	end := bytes.Index(msg, []byte("\r\n\r\n"))
+	if end < 0 {
+		return msg
+	}
+	head := msg[:end+2]
+	if !bytes.Contains(bytes.ToLower(head), []byte("authentication-results")) {
+		return msg
+	}
+	var out bytes.Buffer
+	sc := bufio.NewScanner(bytes.NewReader(head))
+	sc.Buffer(make([]byte, 0, 4096), len(head)+1)
+	sc.Split(splitCRLF)
+	drop := false
+	for sc.Scan() {
+		line := sc.Text()
+		if line != "" && (line[0] == ' ' || line[0] == '\t') {
+			if !drop {
+				out.WriteString(line + "\r\n")
+			}
+			continue
+		}
+		drop = false
+		if name, val, ok := strings.Cut(line, ":"); ok && strings.EqualFold(strings.TrimSpace(name), "Authentication-Results") {
+			id, _, _ := strings.Cut(strings.TrimSpace(val), ";")
+			drop = strings.EqualFold(strings.TrimSpace(id), authservID)
+		}
+		if !drop {
+			out.WriteString(line + "\r\n")
+		}
+	}
+	out.Write(msg[end+2:])
+	return out.Bytes()
+}
+
+func splitCRLF(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.Index(data, []byte("\r\n")); i >= 0 {
+		return i + 2, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
+}
+
+// Key is a domain's DKIM signing key.
+type Key struct {
+	Domain   string `json:"domain"`
+	Selector string `json:"selector"`
+	// KeyPEM is the PKCS #8 private key.
+	KeyPEM  string    `json:"key_pem,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+// keyBits is the RSA key size: 2048, what receivers all verify (RFC 8301
+// requires at least 1024 and recommends 2048; Ed25519, RFC 8463, is not yet
+// checked everywhere).
+const keyBits = 2048
+
+// NewKey makes a signing key for a domain.
+func NewKey(domain, selector string, now time.Time) (Key, error) {
+	if selector == "" {
+		selector = "quill" + now.UTC().Format("200601")
+	}
+	if err := validLabel(selector); err != nil {
+		return Key{}, err
+	}
+	k, err := rsa.GenerateKey(rand.Reader, keyBits)
+	if err != nil {
+		return Key{}, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		return Key{}, err
+	}
+	return Key{Domain: strings.ToLower(domain), Selector: selector, Created: now,
+		KeyPEM: string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))}, nil
+}
+
+func validLabel(s string) error {
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || strings.Trim(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != "" {
+			return fmt.Errorf("DKIM selector %q: want DNS labels of letters, digits and hyphens", s)
+		}
+	}
+	return nil
+}
+
+func (k Key) signer() (crypto.Signer, error) {
+	b, _ := pem.Decode([]byte(k.KeyPEM))
+	if b == nil {
+		return nil, fmt.Errorf("DKIM key of %s: no PEM block", k.Domain)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("DKIM key of %s: %w", k.Domain, err)
+	}
+	s, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("DKIM key of %s: not a signing key", k.Domain)
+	}
+	return s, nil
+}
+
+// Record returns the DNS TXT record to publish at Name for the key.
+func (k Key) Record() (name, value string, err error) {
+	s, err := k.signer()
+	if err != nil {
+		return "", "", err
+	}
+	der, err := x509.MarshalPKIXPublicKey(s.Public())
+	if err != nil {
+		return "", "", err
+	}
+	return k.Selector + "._domainkey." + k.Domain, "v=DKIM1; k=rsa; p=" + base64.StdEncoding.EncodeToString(der), nil
+}
+
+// KeyInfo is a key as operators see it: without the private key, with
+// the DNS record to publish.
+type KeyInfo struct {
+	Domain     string    `json:"domain"`
+	Selector   string    `json:"selector"`
+	Created    time.Time `json:"created"`
+	RecordName string    `json:"record_name"`
+	Record     string    `json:"record"`
+}
+
+// Info returns what operators see of the key.
+func (k Key) Info() (KeyInfo, error) {
+	name, rec, err := k.Record()
+	return KeyInfo{Domain: k.Domain, Selector: k.Selector, Created: k.Created, RecordName: name, Record: rec}, err
+}
+
+// signedHeaders are the fields a signature covers (RFC 6376 §5.4.1's
+// list of those worth signing).
+var signedHeaders = []string{"From", "Reply-To", "Subject", "Date", "To", "Cc", "Message-ID", "In-Reply-To", "References",
+	"MIME-Version", "Content-Type", "Content-Transfer-Encoding", "List-Id", "List-Unsubscribe"}
+
+// Sign returns msg with a DKIM-Signature of the key's domain prepended
+// (relaxed/relaxed canonicalization, SHA-256).
+func Sign(msg []byte, k Key) ([]byte, error) {
+	s, err := k.signer()
+	if err != nil {
+		return nil, err
+	}
+	signer, err := dkim.NewSigner(&dkim.SignOptions{Domain: k.Domain, Selector: k.Selector, Signer: s, Hash: crypto.SHA256,
+		HeaderCanonicalization: dkim.CanonicalizationRelaxed, BodyCanonicalization: dkim.CanonicalizationRelaxed,
+		HeaderKeys: signedHeaders})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := signer.Write(msg); err != nil {
+		signer.Close()
+		return nil, err
+	}
+	if err := signer.Close(); err != nil {
+		return nil, fmt.Errorf("DKIM signature for %s: %w", k.Domain, err)
+	}
+	return append([]byte(signer.Signature()), msg...), nil
+}
+
+// ErrNoKey: the domain has no signing key.
+var ErrNoKey = errors.New("no DKIM key")

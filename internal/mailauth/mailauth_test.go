@@ -1,0 +1,143 @@
+package mailauth
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// zone serves TXT records from a map on a local UDP port, and returns a
+// resolver that asks it (the checks run on real DNS messages).
+func zone(t *testing.T, txt map[string]string) *net.Resolver {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
+		v, ok := txt[name]
+		switch {
+		case ok && q.Qtype == dns.TypeTXT:
+			var parts []string
+			for len(v) > 255 { // a TXT string holds 255 bytes
+				parts, v = append(parts, v[:255]), v[255:]
+			}
+			m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 60},
+				Txt: append(parts, v)})
+		case ok:
+		default:
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	addr := pc.LocalAddr().String()
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "udp", addr)
+	}}
+}
+
+const body = "From: Alice <alice@good.example>\r\nTo: bob@quill.test\r\nSubject: hi\r\nDate: Tue, 24 Nov 2026 10:00:00 +0000\r\n\r\nhello\r\n"
+
+func TestSignedMailFromAnAllowedAddressPasses(t *testing.T) {
+	key, err := NewKey("good.example", "s1", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, rec, err := key.Record()
+	if err != nil || name != "s1._domainkey.good.example" || !strings.HasPrefix(rec, "v=DKIM1; k=rsa; p=") {
+		t.Fatalf("record %q %q %v", name, rec, err)
+	}
+	r := zone(t, map[string]string{
+		"good.example":        "v=spf1 ip4:127.0.0.1 -all",
+		"_dmarc.good.example": "v=DMARC1; p=reject",
+		name:                  rec,
+	})
+	signed, err := Sign([]byte(body), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Checker{Resolver: r, Hostname: "quill.test"}
+	v := c.Check(context.Background(), net.IPv4(127, 0, 0, 1), "mx.good.example", "alice@good.example", signed)
+	for _, want := range []string{"Authentication-Results: quill.test;", "spf=pass", "dkim=pass", "header.d=good.example", "dmarc=pass"} {
+		if !strings.Contains(v.Header, want) {
+			t.Errorf("header lacks %q: %s", want, v.Header)
+		}
+	}
+	if v.Reject || v.Quarantine {
+		t.Errorf("verdict %+v for a passing message", v)
+	}
+
+	// The same message changed after signing, from an address SPF does
+	// not allow: DKIM and SPF fail, and p=reject refuses it.
+	tampered := []byte(strings.Replace(string(signed), "hello", "send money", 1))
+	v = c.Check(context.Background(), net.IPv4(192, 0, 2, 9), "evil.example", "alice@good.example", tampered)
+	if !v.Reject || v.Domain != "good.example" || !strings.Contains(v.Header, "dkim=fail") ||
+		!strings.Contains(v.Header, "spf=fail") || !strings.Contains(v.Header, "dmarc=fail") {
+		t.Errorf("tampered message: %+v", v)
+	}
+}
+
+func TestSPFPassMustAlignWithFrom(t *testing.T) {
+	r := zone(t, map[string]string{
+		"bulk.example":          "v=spf1 ip4:127.0.0.1 -all",
+		"_dmarc.good.example":   "v=DMARC1; p=quarantine; adkim=r; aspf=r",
+		"news.good.example":     "v=spf1 ip4:127.0.0.1 -all",
+		"_dmarc.strict.example": "v=DMARC1; p=reject; aspf=s",
+		"mail.strict.example":   "v=spf1 ip4:127.0.0.1 -all",
+	})
+	c := Checker{Resolver: r, Hostname: "quill.test"}
+	ip := net.IPv4(127, 0, 0, 1)
+	// SPF passes for another organization's domain: not aligned.
+	v := c.Check(context.Background(), ip, "h", "bounce@bulk.example", []byte(body))
+	if !v.Quarantine || v.Reject || !strings.Contains(v.Header, "spf=pass") || !strings.Contains(v.Header, "dmarc=fail") {
+		t.Errorf("unaligned SPF pass: %+v", v)
+	}
+	// A subdomain of the From: domain aligns in relaxed mode.
+	v = c.Check(context.Background(), ip, "h", "bounce@news.good.example", []byte(body))
+	if v.Quarantine || !strings.Contains(v.Header, "dmarc=pass") {
+		t.Errorf("relaxed alignment: %+v", v)
+	}
+	// Not in strict mode.
+	strict := strings.Replace(body, "alice@good.example", "alice@strict.example", 1)
+	v = c.Check(context.Background(), ip, "h", "b@mail.strict.example", []byte(strict))
+	if !v.Reject {
+		t.Errorf("strict alignment: %+v", v)
+	}
+}
+
+func TestSubdomainUsesTheOrganizationsSubdomainPolicy(t *testing.T) {
+	r := zone(t, map[string]string{"_dmarc.good.example": "v=DMARC1; p=none; sp=reject"})
+	c := Checker{Resolver: r, Hostname: "quill.test"}
+	sub := strings.Replace(body, "alice@good.example", "alice@shop.good.example", 1)
+	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", []byte(sub))
+	if !v.Reject || v.Domain != "shop.good.example" {
+		t.Errorf("sp=reject of the organizational domain not applied: %+v", v)
+	}
+}
+
+func TestNoPolicyNoVerdict(t *testing.T) {
+	c := Checker{Resolver: zone(t, nil), Hostname: "quill.test"}
+	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "alice@good.example", []byte(body))
+	if v.Reject || v.Quarantine || !strings.Contains(v.Header, "dmarc=none") || !strings.Contains(v.Header, "spf=none") {
+		t.Errorf("%+v", v)
+	}
+}
+
+func TestStripOwnResults(t *testing.T) {
+	in := "Received: x\r\nAuthentication-Results: quill.test; dkim=pass\r\n\theader.d=bank.example\r\n" +
+		"Authentication-Results: other.example; spf=pass\r\nSubject: s\r\n\r\nAuthentication-Results: quill.test; in the body\r\n"
+	out := string(StripOwnResults([]byte(in), "quill.test"))
+	want := "Received: x\r\nAuthentication-Results: other.example; spf=pass\r\nSubject: s\r\n\r\nAuthentication-Results: quill.test; in the body\r\n"
+	if out != want {
+		t.Errorf("got\n%q\nwant\n%q", out, want)
+	}
+}
