@@ -380,6 +380,7 @@ func (n *Node) startListeners() error {
 	// the port for other servers' mail does not (as Postfix by default).
 	ssc := sc
 	ssc.AuthConfig = smtp.AuthConfig{Auth: n.Proxy, Logins: n.Guard, PlaintextAuth: n.plaintextAuth}
+	ssc.Queue = queueSubmitter{n}
 	n.smtps = smtp.New(n.Proxy, ssc)
 	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtps.Serve); err != nil {
 		return err
@@ -387,7 +388,6 @@ func (n *Node) startListeners() error {
 	// Submission (RFC 6409): STARTTLS, then AUTH before any MAIL.
 	msa := ssc
 	msa.Submission = true
-	msa.Queue = queueSubmitter{n}
 	n.submission = smtp.New(n.Proxy, msa)
 	if cfg.SubmissionAddr != "" {
 		if err := n.listenClients("submission", cfg.SubmissionAddr, refuseSMTP(cfg.Hostname), n.submission.Serve); err != nil {

@@ -169,16 +169,16 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	case errors.Is(err, userdb.ErrNotFound):
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
 			Message: fmt.Sprintf("<%s>: no such user here", to)}
-	case errors.Is(err, proxy.ErrForeignDomain) && s.b.cfg.Submission && s.b.cfg.Queue != nil:
+	case errors.Is(err, proxy.ErrForeignDomain) && s.submitting() && s.b.cfg.Queue != nil:
 		s.remote = append(s.remote, to)
 		return nil
-	case errors.Is(err, proxy.ErrForeignDomain) && s.b.cfg.Submission:
+	case errors.Is(err, proxy.ErrForeignDomain) && s.submitting():
 		return errNoRemote(to)
 	case errors.Is(err, proxy.ErrForeignDomain):
 		// RFC 5321 §3.6.2: no relaying for unauthenticated senders.
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)}
-	case s.b.cfg.Submission && s.b.cfg.Queue != nil && !servesDomain(s.b.p, userdb.Domain(to)):
+	case s.submitting() && s.b.cfg.Queue != nil && !servesDomain(s.b.p, userdb.Domain(to)):
 		// The lookup failed for now (a node is away), but no node serves
 		// the domain: it is another domain's mail all the same.
 		s.remote = append(s.remote, to)
@@ -210,7 +210,7 @@ func (s *session) Data(r io.Reader) error {
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
 	raw := normalizeLF(buf.Bytes())
-	if s.b.cfg.Submission {
+	if s.submitting() {
 		body, err := SubmissionHeaders(raw[trace:], s.authUser, s.b.cfg.Hostname, time.Now())
 		if err != nil {
 			return err

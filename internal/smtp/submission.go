@@ -25,13 +25,19 @@ import (
 var errAuthRequired = &gosmtp.SMTPError{Code: 530, EnhancedCode: gosmtp.EnhancedCode{5, 7, 0},
 	Message: "authentication required: AUTH first (RFC 6409 §4.3)"}
 
+// submitting reports a session that submits mail (RFC 6409): every
+// session of a submission listener, and an authenticated one on the
+// implicit-TLS port (RFC 8314 §3.3 makes 465 a submission port; it also
+// takes unauthenticated mail for local users, as port 25 does).
+func (s *session) submitting() bool { return s.b.cfg.Submission || s.authUser != "" }
+
 // Mail implements gosmtp.Session: on a submission listener only the
 // authenticated user's own address may be the envelope sender.
 func (s *authSession) Mail(from string, opts *gosmtp.MailOptions) error {
-	if s.b.cfg.Submission {
-		if s.user == "" {
-			return errAuthRequired
-		}
+	if s.b.cfg.Submission && s.user == "" {
+		return errAuthRequired
+	}
+	if s.submitting() {
 		if !sameAddress(from, s.user) {
 			return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 				Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(from), s.user)}

@@ -160,12 +160,19 @@ def node(quill_factory, peer):
     return n
 
 
-def submit(node, rcpts: list[str], subject: str) -> None:
-    host, port = node.addrs["submission"]
+def submit(node, rcpts: list[str], subject: str, implicit_tls: bool = False) -> None:
+    """Submits on the submission port (STARTTLS), or on the submissions
+    port with implicit TLS (RFC 8314)."""
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    with smtplib.SMTP(host, port, timeout=TIMEOUT) as s:
-        s.starttls(context=ctx)
+    if implicit_tls:
+        host, port = node.addrs["smtps"]
+        conn = smtplib.SMTP_SSL(host, port, timeout=TIMEOUT, context=ctx)
+    else:
+        host, port = node.addrs["submission"]
+        conn = smtplib.SMTP(host, port, timeout=TIMEOUT)
+        conn.starttls(context=ctx)
+    with conn as s:
         s.login(ALICE, PW)
         s.sendmail(ALICE, rcpts, f"From: {ALICE}\r\nTo: {', '.join(rcpts)}\r\nSubject: {subject}\r\n\r\nbody of {subject}\r\n".encode())
 
@@ -196,6 +203,10 @@ def test_submitted_mail_reaches_postfix_over_starttls_and_a_refusal_is_reported(
     assert b"from quill.test" in head and b"using TLS" in head, head
     assert b"Subject: to the remote" in head and b"with ESMTPSA" in head, head
     assert b"Return-Path: <alice@local.test>" in head, head  # added by Postfix's final delivery, not relayed
+
+    # The same through the submissions port (465, implicit TLS).
+    submit(node, [BOB], "through 465", implicit_tls=True)
+    wait_for("the second message", lambda: len(list(peer["maildir"].glob("*"))) == 2)
 
     # Postfix refused nobody@ at RCPT (550 5.1.1): the sender gets a DSN.
     reports = wait_for("the failure report", lambda: [m for m in mailbox(node) if m.get_content_type() == "multipart/report"])
