@@ -107,6 +107,9 @@ type Config struct {
 	// CheckInbound checks SPF, DKIM and DMARC of mail from other servers
 	// (internal/mailauth).
 	CheckInbound bool `flag:"check-inbound" help:"check SPF, DKIM and DMARC of mail from other servers, record the results in Authentication-Results, and refuse what the sender domain's DMARC policy says to reject"`
+	// Limits on what a user submits.
+	SubmitRecipients int `flag:"submit-max-recipients" help:"recipients of one message a user submits"`
+	SubmitPerHour    int `flag:"submit-max-per-hour" help:"messages one user may submit per hour, counted across the cluster (0: no limit)"`
 	// The outbound queue (internal/queue) and its delivery to other
 	// domains.
 	DNS           string        `flag:"dns" help:"DNS server (host:port) for outbound mail's MX and address lookups; empty: the system's resolver"`
@@ -153,6 +156,8 @@ func DefaultConfig() Config {
 		ACMEHTTP:         ":80",
 		OutboundPort:     25,
 		CheckInbound:     true,
+		SubmitRecipients: 100,
+		SubmitPerHour:    500,
 		QueueLifetime:    queue.DefaultLifetime,
 		QueueWarn:        queue.DefaultWarnAfter,
 		QueueRetry:       queue.DefaultRetry,
@@ -171,6 +176,8 @@ type Node struct {
 	Certs *tlscert.Store
 	// Guard counts client connections and failed logins.
 	Guard *guard.Guard
+	// sends counts what each user submitted in the last hour.
+	sends sharedSends
 	stop  context.CancelFunc // ends the certificate watcher
 
 	smtp  *gosmtp.Server
@@ -220,7 +227,8 @@ func Start(cfg Config) (*Node, error) {
 	n.Guard = guard.New(guard.Limits{MaxConns: maxConns(cfg.MaxConns, cfg.Logger), MaxConnsPerIP: cfg.MaxConnsPerIP,
 		RatePerIP: cfg.ConnRatePerIP, AuthFailDelay: cfg.AuthFailDelay, AuthMaxDelay: cfg.AuthMaxDelay, LockoutAfter: cfg.AuthLockoutAfter,
 		LockoutFor: cfg.AuthLockoutFor}, cfg.Logger)
-	n.shareLockouts()
+	n.sends = sharedSends{Sends: guard.NewSends(cfg.SubmitPerHour), n: n}
+	n.shareNotices()
 	saslsrv.SetFakeKey(n.fakeSaltKey)
 	n.serveClusterCerts()
 	var watch context.Context
@@ -381,6 +389,7 @@ func (n *Node) startListeners() error {
 	ssc := sc
 	ssc.AuthConfig = smtp.AuthConfig{Auth: n.Proxy, Logins: n.Guard, PlaintextAuth: n.plaintextAuth}
 	ssc.Queue = queueSubmitter{n}
+	ssc.SubmitRecipients, ssc.Sends = cfg.SubmitRecipients, n.sends
 	n.smtps = smtp.New(n.Proxy, ssc)
 	if err := n.listenTLS("smtps", cfg.SMTPSAddr, n.smtps.Serve); err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/quillmail/quill/internal/acmecert"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
+	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/nodepb"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/tlscert"
@@ -207,6 +208,14 @@ type notice struct {
 	// Lockout shares a lockout of an address (internal/guard) with the
 	// cluster, so guesses spread over the nodes are counted as one.
 	Lockout *lockoutNotice `json:"lockout,omitempty"`
+	// Sent shares a message a user submitted (guard.Sends), so that
+	// the hourly limit counts what they sent through every node.
+	Sent *sentNotice `json:"sent,omitempty"`
+}
+
+type sentNotice struct {
+	User string `json:"user"`
+	At   int64  `json:"at"` // Unix milliseconds
 }
 
 type lockoutNotice struct {
@@ -216,22 +225,46 @@ type lockoutNotice struct {
 
 // shareLockouts makes the guard's lockouts cluster-wide: each one decided
 // here is broadcast, and each one heard is applied here.
-func (n *Node) shareLockouts() {
+func (n *Node) shareNotices() {
 	n.Guard.OnLockout = func(ip netip.Addr, until time.Time) {
-		b, _ := json.Marshal(notice{Lockout: &lockoutNotice{IP: ip.String(), Until: until.UnixMilli()}})
-		if err := n.Members.Broadcast(b); err != nil {
-			n.cfg.Logger.Warn("lockout not shared with the cluster", "remote", ip.String(), "err", err)
-		}
+		n.broadcast(notice{Lockout: &lockoutNotice{IP: ip.String(), Until: until.UnixMilli()}}, "lockout", ip.String())
 	}
 	n.SetNoticeHandler(func(b []byte) {
 		var msg notice
-		if json.Unmarshal(b, &msg) != nil || msg.Lockout == nil {
+		if json.Unmarshal(b, &msg) != nil {
 			return
 		}
-		if ip, err := netip.ParseAddr(msg.Lockout.IP); err == nil {
-			n.Guard.LockOut(ip, time.UnixMilli(msg.Lockout.Until))
+		if msg.Lockout != nil {
+			if ip, err := netip.ParseAddr(msg.Lockout.IP); err == nil {
+				n.Guard.LockOut(ip, time.UnixMilli(msg.Lockout.Until))
+			}
+		}
+		if msg.Sent != nil {
+			n.sends.Note(msg.Sent.User, time.UnixMilli(msg.Sent.At))
 		}
 	})
+}
+
+func (n *Node) broadcast(msg notice, what, about string) {
+	b, _ := json.Marshal(msg)
+	if err := n.Members.Broadcast(b); err != nil {
+		n.cfg.Logger.Warn(what+" not shared with the cluster", "about", about, "err", err)
+	}
+}
+
+// sharedSends counts what users submit (guard.Sends) on every node: each
+// message is told to the others as a notice.
+type sharedSends struct {
+	*guard.Sends
+	n *Node
+}
+
+// Sent implements smtp.SendLimit.
+func (s sharedSends) Sent(user string, at time.Time) {
+	s.Note(user, at)
+	if s.Limit() > 0 {
+		s.n.broadcast(notice{Sent: &sentNotice{User: user, At: at.UnixMilli()}}, "sending count", user)
+	}
 }
 
 // saltKeyObject is the clusterwide object keyed to make the SCRAM salts of

@@ -56,6 +56,11 @@ type Config struct {
 	// Checker, if set, checks SPF, DKIM and DMARC of mail that is not
 	// from an authenticated user (internal/mailauth).
 	Checker *mailauth.Checker
+	// SubmitRecipients bounds the recipients of one submitted message
+	// (0: only MaxRecipients); Sends, if set, bounds the messages a user
+	// submits per hour.
+	SubmitRecipients int
+	Sends            SendLimit
 	// AuthFailDelay is the delay after a failed AUTH when AuthConfig has
 	// no Logins.
 	AuthFailDelay time.Duration
@@ -159,6 +164,10 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 }
 
 func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
+	if max := s.b.cfg.SubmitRecipients; s.submitting() && max > 0 && len(s.rcpts)+len(s.remote) >= max {
+		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 5, 3},
+			Message: fmt.Sprintf("too many recipients: at most %d per submitted message", max)}
+	}
 	ctx, done := s.command(s.b.cfg.RcptTimeout)
 	defer done()
 	err := s.b.p.CheckRecipient(ctx, to)
@@ -240,6 +249,11 @@ func (s *session) Data(r io.Reader) error {
 			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
 				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)}
 		}
+	}
+	if s.submitting() && s.b.cfg.Sends != nil {
+		// Counted whatever becomes of the local copies: the queued
+		// ones are on their way.
+		defer s.b.cfg.Sends.Sent(s.authUser, time.Now())
 	}
 	if len(s.rcpts) == 0 {
 		return nil

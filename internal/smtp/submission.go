@@ -42,6 +42,12 @@ func (s *authSession) Mail(from string, opts *gosmtp.MailOptions) error {
 			return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 				Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(from), s.user)}
 		}
+		if l := s.b.cfg.Sends; l != nil {
+			if ok, n := l.Allow(s.user, time.Now()); !ok {
+				return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
+					Message: fmt.Sprintf("%s sent %d messages in the last hour, the limit is %d: try again later", s.user, n, l.Limit())}
+			}
+		}
 	}
 	return s.session.Mail(from, opts)
 }
@@ -105,6 +111,17 @@ func sanitizeText(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// SendLimit bounds the messages a user submits per hour, across the
+// cluster (node.Node shares the counts).
+type SendLimit interface {
+	// Allow says whether user may submit another message now, and how
+	// many they submitted in the last hour.
+	Allow(user string, now time.Time) (bool, int)
+	// Sent records a message user submitted.
+	Sent(user string, at time.Time)
+	Limit() int
 }
 
 // Queuer is what submission needs of the outbound queue: take raw from

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/smtp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -217,4 +218,27 @@ func submit(addr, user, pw string, rcpts []string, msg string) error {
 		return err
 	}
 	return c.Quit()
+}
+
+// TestSendingLimitCountsEveryNode: a user's hourly submission limit counts
+// what they submitted through every node (each message is gossiped as a
+// notice), so spreading sessions over the cluster does not multiply it.
+func TestSendingLimitCountsEveryNode(t *testing.T) {
+	nodes := startClusterWith(t, 2, "--submission", "127.0.0.1:0", "--submit-max-per-hour", "2")
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user = "limited@queue.test"
+	nodes[0].createUser(t, user, "pw")
+	msg := "From: " + user + "\r\nSubject: x\r\n\r\nx\r\n"
+	for i, n := range nodes {
+		if err := submit(n.Addrs["submission"], user, "pw", []string{user}, msg); err != nil {
+			fatalf(t, "message %d through %s: %v", i, n.ID, err)
+		}
+	}
+	// A gossip round or two carries the notice (node 0 alone has seen one
+	// message: without it, a third would pass there).
+	time.Sleep(2 * time.Second)
+	err := submit(nodes[0].Addrs["submission"], user, "pw", []string{user}, msg)
+	if err == nil || !strings.Contains(err.Error(), "451") || !strings.Contains(err.Error(), "limit is 2") {
+		errorf(t, "third message through %s: %v, want 451 with the limit", nodes[0].ID, err)
+	}
 }

@@ -97,3 +97,31 @@ def test_swaks_submits_with_starttls_and_auth(node):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-500:]
     [raw] = messages(node, BOB)
     assert b"Subject: via swaks" in raw
+
+
+def test_per_user_limits(quill_factory):
+    """--submit-max-recipients bounds one message's recipients (452 4.5.3
+    for the one too many); --submit-max-per-hour bounds a user's messages
+    (451 4.7.1 at MAIL once reached), whichever listener they use."""
+    n = quill_factory("--submit-max-recipients", "2", "--submit-max-per-hour", "2")
+    n.add_user(ALICE, PW)
+    n.add_user(BOB, PW)
+    s = submit(n)
+    s.login(ALICE, PW)
+    s.mail(ALICE)
+    assert s.rcpt(BOB)[0] == 250 and s.rcpt(ALICE)[0] == 250
+    code, text = s.rcpt(BOB)
+    assert code == 452 and b"4.5.3" in text, text
+    s.rset()
+    for i in range(2):
+        s.sendmail(ALICE, [BOB], f"From: {ALICE}\r\nSubject: n{i}\r\n\r\nx\r\n".encode())
+    with pytest.raises(smtplib.SMTPSenderRefused) as e:
+        s.sendmail(ALICE, [BOB], f"From: {ALICE}\r\n\r\nthird\r\n".encode())
+    assert e.value.smtp_code == 451 and b"4.7.1" in e.value.smtp_error and b"limit is 2" in e.value.smtp_error
+    s.quit()
+    # Another user is not held back by alice's count.
+    s = submit(n)
+    s.login(BOB, PW)
+    s.sendmail(BOB, [ALICE], f"From: {BOB}\r\n\r\nfrom bob\r\n".encode())
+    s.quit()
+    assert len(messages(n, BOB)) == 2
