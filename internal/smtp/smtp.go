@@ -219,6 +219,12 @@ func (s *session) Data(r io.Reader) error {
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
 	raw := normalizeLF(buf.Bytes())
+	if hops := receivedCount(raw[trace:]); hops >= maxHops {
+		// RFC 5321 §6.3: a message that went through this many relays is
+		// in a loop (a forward pointing back, an MX naming itself).
+		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 4, 6},
+			Message: fmt.Sprintf("mail loop: the message has %d Received headers", hops)}
+	}
 	if s.submitting() {
 		body, err := SubmissionHeaders(raw[trace:], s.authUser, s.b.cfg.Hostname, time.Now())
 		if err != nil {
@@ -266,6 +272,27 @@ func (s *session) Data(r io.Reader) error {
 			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
 	}
 	return nil
+}
+
+// maxHops is the number of Received headers past which a message is taken
+// to be looping; RFC 5321 §6.3 suggests at least 100, as Postfix's
+// hopcount_limit has it.
+const maxHops = 100
+
+// receivedCount counts the Received fields of a message's header.
+func receivedCount(msg []byte) int {
+	n := 0
+	for len(msg) > 0 {
+		i := bytes.Index(msg, []byte("\r\n"))
+		if i <= 0 { // the blank line ends the header
+			break
+		}
+		if len(msg) >= 9 && bytes.EqualFold(msg[:9], []byte("received:")) {
+			n++
+		}
+		msg = msg[i+2:]
+	}
+	return n
 }
 
 // servesDomain asks the deliverer whether the cluster serves a domain
