@@ -13,6 +13,7 @@ package queue
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -52,7 +53,24 @@ type Dialer struct {
 	Hostname string
 	// ConnectTimeout bounds each TCP connection.
 	ConnectTimeout time.Duration
+	// RootCAs verify the certificates MTA-STS asks to verify (the
+	// policy host's and the MX hosts'); nil: the system's.
+	RootCAs *x509.CertPool
+	// STSPort is the HTTPS port of policy hosts: 443, or another for a
+	// test rig.
+	STSPort int
+
+	sts stsCache
 }
+
+// tlsMode is how a session uses TLS.
+type tlsMode int
+
+const (
+	tlsNone   tlsMode = iota // plain text (a handshake failed before)
+	tlsTry                   // STARTTLS when offered, certificate not verified
+	tlsVerify                // STARTTLS required, certificate verified (MTA-STS enforce)
+)
 
 func (d *Dialer) resolver() *net.Resolver {
 	if d.Resolver != nil {
@@ -101,6 +119,22 @@ func (d *Dialer) Deliver(ctx context.Context, domain, from string, rcpts []strin
 	if fail != nil {
 		return each(rcpts, *fail)
 	}
+	mode := tlsTry
+	if pol := d.policy(ctx, domain); pol != nil && pol.Mode == "enforce" {
+		// RFC 8461 §5: only the MX hosts the policy names, only over TLS
+		// with a certificate valid for the host.
+		var ok []string
+		for _, h := range hosts {
+			if pol.matches(h) {
+				ok = append(ok, h)
+			}
+		}
+		if len(ok) == 0 {
+			return each(rcpts, Result{Status: "4.7.5",
+				Text: fmt.Sprintf("no MX host of %s is one its MTA-STS policy names (%s)", domain, strings.Join(pol.MX, ", "))})
+		}
+		hosts, mode = ok, tlsVerify
+	}
 	last := Result{Status: "4.4.1", Text: "no server of " + domain + " could be reached"}
 	unknown := 0
 	for _, host := range hosts {
@@ -117,7 +151,7 @@ func (d *Dialer) Deliver(ctx context.Context, domain, from string, rcpts []strin
 		}
 		for _, a := range addrs {
 			addr := net.JoinHostPort(a.IP.String(), strconv.Itoa(d.port()))
-			res, next := d.session(ctx, host, addr, from, rcpts, body, true)
+			res, next := d.session(ctx, host, addr, from, rcpts, body, mode)
 			if next {
 				if res != nil {
 					last = res[0]
@@ -154,10 +188,10 @@ func each(rcpts []string, r Result) []Result {
 
 // session runs one SMTP transaction with the server at addr (host's
 // address). next says the caller should try the next address: the
-// connection failed, or the server refused the session itself. With
-// tryTLS, STARTTLS is used when offered; a failed handshake tries the same
-// address again without it.
-func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []string, body []byte, tryTLS bool) (res []Result, next bool) {
+// connection failed, or the server refused the session itself. Under
+// tlsTry a failed handshake tries the same address again without TLS;
+// under tlsVerify it moves on to the next address.
+func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []string, body []byte, mode tlsMode) (res []Result, next bool) {
 	remote := host + " [" + addr + "]"
 	timeout := d.ConnectTimeout
 	if timeout <= 0 {
@@ -171,12 +205,16 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	defer conn.Close()
-	c, tlsErr, err := d.open(ctx, conn, host, tryTLS)
-	if tlsErr != nil {
+	c, tlsErr, err := d.open(ctx, conn, host, mode)
+	switch {
+	case tlsErr != nil && mode == tlsVerify:
+		return []Result{{Status: "4.7.5", Remote: remote,
+			Text: fmt.Sprintf("TLS with %s, which the domain's MTA-STS policy requires, failed: %v", remote, tlsErr)}}, true
+	case tlsErr != nil:
 		// A server that offers STARTTLS and then fails the handshake
 		// gets the message in plain text (RFC 7435: better than none).
 		conn.Close()
-		return d.session(ctx, host, addr, from, rcpts, body, false)
+		return d.session(ctx, host, addr, from, rcpts, body, tlsNone)
 	}
 	fail := func(err error) Result {
 		r := Result{Remote: remote}
@@ -256,16 +294,16 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 // (v0.25.1) has no exported STARTTLS for a client that already sent its
 // own EHLO, so this first exchange is done here with net/textproto and
 // the client is handed the connection as if it had just been greeted.
-// tlsErr reports a failed STARTTLS or handshake (the caller tries again
-// without); err a refused greeting or a broken connection.
-func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, tryTLS bool) (c *gosmtp.Client, tlsErr, err error) {
+// tlsErr reports a failed STARTTLS or handshake (or, under tlsVerify,
+// none offered); err a refused greeting or a broken connection.
+func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, mode tlsMode) (c *gosmtp.Client, tlsErr, err error) {
 	conn.SetDeadline(time.Now().Add(commandTimeout))
 	tp := textproto.NewConn(conn)
 	if _, _, err := tp.ReadResponse(220); err != nil {
 		return nil, nil, err
 	}
 	var rd io.Reader = tp.R
-	if tryTLS {
+	if mode != tlsNone {
 		id, err := tp.Cmd("EHLO %s", d.Hostname)
 		if err != nil {
 			return nil, nil, err
@@ -273,21 +311,18 @@ func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, tryTLS bo
 		tp.StartResponse(id)
 		_, msg, err := tp.ReadResponse(250)
 		tp.EndResponse(id)
-		if err == nil && offers(msg, "STARTTLS") {
-			if _, _, err := tlsCmd(tp); err != nil {
-				return nil, err, nil
-			}
-			if tp.R.Buffered() > 0 {
-				return nil, errors.New("server sent data before the TLS handshake"), nil
-			}
-			tc := tls.Client(conn, &tls.Config{ServerName: host, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
-			hctx, cancel := context.WithTimeout(ctx, commandTimeout)
-			err := tc.HandshakeContext(hctx)
-			cancel()
+		switch {
+		case err == nil && offers(msg, "STARTTLS"):
+			// Opportunistic TLS takes any certificate; MTA-STS wants
+			// one valid for the MX host's name.
+			cfg := &tls.Config{ServerName: host, InsecureSkipVerify: mode == tlsTry, RootCAs: d.RootCAs, MinVersion: tls.VersionTLS12}
+			tc, err := startTLS(ctx, conn, tp, cfg)
 			if err != nil {
 				return nil, err, nil
 			}
 			conn, rd = tc, tc
+		case mode == tlsVerify:
+			return nil, errors.New("the server does not offer STARTTLS"), nil
 		}
 	}
 	conn.SetDeadline(time.Time{})
@@ -297,6 +332,23 @@ func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, tryTLS bo
 		return nil, nil, err
 	}
 	return c, nil, nil
+}
+
+// startTLS sends STARTTLS and makes the handshake.
+func startTLS(ctx context.Context, conn net.Conn, tp *textproto.Conn, cfg *tls.Config) (*tls.Conn, error) {
+	if _, _, err := tlsCmd(tp); err != nil {
+		return nil, err
+	}
+	if tp.R.Buffered() > 0 {
+		return nil, errors.New("server sent data before the TLS handshake")
+	}
+	tc := tls.Client(conn, cfg)
+	hctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		return nil, err
+	}
+	return tc, nil
 }
 
 func tlsCmd(tp *textproto.Conn) (int, string, error) {

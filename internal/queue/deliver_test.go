@@ -1,0 +1,233 @@
+package queue
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gosmtp "github.com/emersion/go-smtp"
+	"github.com/miekg/dns"
+)
+
+// testCA issues certificates for names, trusted through its pool.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newCA(t *testing.T) *testCA {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "quill test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		DNSNames: []string{name}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// testDNS answers from maps of A, MX and TXT records.
+func testDNS(t *testing.T, a map[string]string, mx map[string]string, txt map[string]string) *net.Resolver {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		name := strings.TrimSuffix(q.Name, ".")
+		hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: 60}
+		_, isA := a[name]
+		_, isMX := mx[name]
+		_, isTXT := txt[name]
+		switch {
+		case q.Qtype == dns.TypeA && isA:
+			m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.ParseIP(a[name])})
+		case q.Qtype == dns.TypeMX && isMX:
+			m.Answer = append(m.Answer, &dns.MX{Hdr: hdr, Preference: 10, Mx: mx[name] + "."})
+		case q.Qtype == dns.TypeTXT && isTXT:
+			m.Answer = append(m.Answer, &dns.TXT{Hdr: hdr, Txt: []string{txt[name]}})
+		case isA || isMX || isTXT:
+		default:
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	addr := pc.LocalAddr().String()
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "udp", addr)
+	}}
+}
+
+// receiver is an SMTP server with STARTTLS that records what it got and
+// whether it came under TLS.
+type receiver struct {
+	mu    sync.Mutex
+	got   int
+	tlsOn []bool
+	port  int
+}
+
+func (r *receiver) NewSession(c *gosmtp.Conn) (gosmtp.Session, error) { return &rsess{r: r, c: c}, nil }
+
+type rsess struct {
+	r *receiver
+	c *gosmtp.Conn
+}
+
+func (s *rsess) Mail(string, *gosmtp.MailOptions) error { return nil }
+func (s *rsess) Rcpt(string, *gosmtp.RcptOptions) error { return nil }
+func (s *rsess) Reset()                                 {}
+func (s *rsess) Logout() error                          { return nil }
+func (s *rsess) Data(rd io.Reader) error {
+	io.Copy(io.Discard, rd)
+	_, on := s.c.TLSConnectionState()
+	s.r.mu.Lock()
+	s.r.got++
+	s.r.tlsOn = append(s.r.tlsOn, on)
+	s.r.mu.Unlock()
+	return nil
+}
+
+func startReceiver(t *testing.T, cert tls.Certificate) *receiver {
+	r := &receiver{}
+	srv := gosmtp.NewServer(r)
+	srv.Domain = "mx.remote.test"
+	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+	srv.AllowInsecureAuth = true
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.port = l.Addr().(*net.TCPAddr).Port
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return r
+}
+
+// stsServer serves a policy over HTTPS with a certificate for
+// mta-sts.<domain>, and returns its port.
+func stsServer(t *testing.T, ca *testCA, domain, policy string) int {
+	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/.well-known/mta-sts.txt" || r.Host == "" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, policy)
+	}))
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{ca.issue(t, "mta-sts."+domain)}}
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	_, port, _ := net.SplitHostPort(s.Listener.Addr().String())
+	p, _ := strconv.Atoi(port)
+	return p
+}
+
+func TestMTASTSEnforce(t *testing.T) {
+	ca := newCA(t)
+	policy := "version: STSv1\nmode: enforce\nmx: *.remote.test\nmax_age: 86400\n"
+	cases := []struct {
+		name, certFor, mx string
+		delivered         bool
+		status            string
+	}{
+		{"valid certificate for the MX", "mx.remote.test", "mx.remote.test", true, ""},
+		{"certificate for another name", "wrong.example", "mx.remote.test", false, "4.7.5"},
+		{"MX the policy does not name", "mx.elsewhere.test", "mx.elsewhere.test", false, "4.7.5"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rcv := startReceiver(t, ca.issue(t, c.certFor))
+			res := testDNS(t, map[string]string{c.mx: "127.0.0.1", "mta-sts.remote.test": "127.0.0.1"},
+				map[string]string{"remote.test": c.mx},
+				map[string]string{"_mta-sts.remote.test": "v=STSv1; id=20261124"})
+			d := &Dialer{Resolver: res, Port: rcv.port, Hostname: "quill.test", RootCAs: ca.pool,
+				STSPort: stsServer(t, ca, "remote.test", policy)}
+			r := d.Deliver(context.Background(), "remote.test", "a@quill.test", []string{"b@remote.test"}, []byte("Subject: x\r\n\r\nx\r\n"))[0]
+			if r.Delivered != c.delivered || (c.status != "" && r.Status != c.status) || r.Permanent {
+				t.Fatalf("result %+v, want delivered=%v status %s", r, c.delivered, c.status)
+			}
+			rcv.mu.Lock()
+			defer rcv.mu.Unlock()
+			if c.delivered && (rcv.got != 1 || !rcv.tlsOn[0]) {
+				t.Fatalf("receiver got %d (TLS %v)", rcv.got, rcv.tlsOn)
+			}
+			if !c.delivered && rcv.got != 0 {
+				t.Fatalf("delivered in plain text despite the policy")
+			}
+		})
+	}
+}
+
+// Without a policy, a certificate for the wrong name is still used
+// (opportunistic TLS), and the message goes.
+func TestOpportunisticTLSTakesAnyCertificate(t *testing.T) {
+	ca := newCA(t)
+	rcv := startReceiver(t, ca.issue(t, "wrong.example"))
+	res := testDNS(t, map[string]string{"mx.plain.test": "127.0.0.1"}, map[string]string{"plain.test": "mx.plain.test"}, nil)
+	d := &Dialer{Resolver: res, Port: rcv.port, Hostname: "quill.test"}
+	r := d.Deliver(context.Background(), "plain.test", "a@quill.test", []string{"b@plain.test"}, []byte("Subject: x\r\n\r\nx\r\n"))[0]
+	if !r.Delivered || rcv.got != 1 || !rcv.tlsOn[0] {
+		t.Fatalf("result %+v, receiver %d %v", r, rcv.got, rcv.tlsOn)
+	}
+}
+
+func TestSTSPolicyParseAndMatch(t *testing.T) {
+	p, err := parseSTSPolicy("version: STSv1\r\nmode: enforce\r\nmx: mail.example.com\r\nmx: *.example.net\r\nmax_age: 604800\r\n")
+	if err != nil || p.Mode != "enforce" || p.MaxAge != 7*24*time.Hour {
+		t.Fatalf("%+v %v", p, err)
+	}
+	for host, want := range map[string]bool{"mail.example.com": true, "MAIL.example.com.": true, "a.example.net": true,
+		"a.b.example.net": false, "example.net": false, "other.example.com": false} {
+		if p.matches(host) != want {
+			t.Errorf("%s: match %v", host, !want)
+		}
+	}
+	for _, bad := range []string{"mode: enforce\nmx: a\nmax_age: 1", "version: STSv1\nmode: sometimes\nmx: a\nmax_age: 1",
+		"version: STSv1\nmode: enforce\nmax_age: 1", "version: STSv1\nmode: enforce\nmx: a\nmax_age: -1"} {
+		if _, err := parseSTSPolicy(bad); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	if id := stsRecordID([]string{"v=STSv1; id=abc;"}); id != "abc" {
+		t.Errorf("id %q", id)
+	}
+	if id := stsRecordID([]string{"v=STSv1; id=a", "v=STSv1; id=b"}); id != "" {
+		t.Errorf("two records: id %q, want none", id)
+	}
+}
