@@ -7,42 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
+	"github.com/quillmail/quill/internal/dnstest"
 )
 
-// zone serves TXT records from a map on a local UDP port, and returns a
-// resolver that asks it (the checks run on real DNS messages).
+// zone serves TXT records (the checks run on real DNS messages).
 func zone(t *testing.T, txt map[string]string) *net.Resolver {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
-		v, ok := txt[name]
-		switch {
-		case ok && q.Qtype == dns.TypeTXT:
-			var parts []string
-			for len(v) > 255 { // a TXT string holds 255 bytes
-				parts, v = append(parts, v[:255]), v[255:]
-			}
-			m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 60},
-				Txt: append(parts, v)})
-		case ok:
-		default:
-			m.Rcode = dns.RcodeNameError
-		}
-		w.WriteMsg(m)
-	})}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
-	addr := pc.LocalAddr().String()
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "udp", addr)
-	}}
+	_, r := dnstest.Serve(t, dnstest.Zone{TXT: txt})
+	return r
 }
 
 const body = "From: Alice <alice@good.example>\r\nTo: bob@quill.test\r\nSubject: hi\r\nDate: Tue, 24 Nov 2026 10:00:00 +0000\r\n\r\nhello\r\n"

@@ -14,13 +14,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
-	"github.com/miekg/dns"
+	"github.com/quillmail/quill/internal/dnstest"
 )
 
 // testCA issues certificates for names, trusted through its pool.
@@ -58,39 +57,9 @@ func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
 }
 
 // testDNS answers from maps of A, MX and TXT records.
-func testDNS(t *testing.T, a map[string]string, mx map[string]string, txt map[string]string) *net.Resolver {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		name := strings.TrimSuffix(q.Name, ".")
-		hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: 60}
-		_, isA := a[name]
-		_, isMX := mx[name]
-		_, isTXT := txt[name]
-		switch {
-		case q.Qtype == dns.TypeA && isA:
-			m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.ParseIP(a[name])})
-		case q.Qtype == dns.TypeMX && isMX:
-			m.Answer = append(m.Answer, &dns.MX{Hdr: hdr, Preference: 10, Mx: mx[name] + "."})
-		case q.Qtype == dns.TypeTXT && isTXT:
-			m.Answer = append(m.Answer, &dns.TXT{Hdr: hdr, Txt: []string{txt[name]}})
-		case isA || isMX || isTXT:
-		default:
-			m.Rcode = dns.RcodeNameError
-		}
-		w.WriteMsg(m)
-	})}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
-	addr := pc.LocalAddr().String()
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "udp", addr)
-	}}
+func testDNS(t *testing.T, a, mx, txt map[string]string) *net.Resolver {
+	_, r := dnstest.Serve(t, dnstest.Zone{A: a, MX: mx, TXT: txt})
+	return r
 }
 
 // receiver is an SMTP server with STARTTLS that records what it got and

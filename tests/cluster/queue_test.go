@@ -14,7 +14,7 @@ import (
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
-	"github.com/miekg/dns"
+	"github.com/quillmail/quill/internal/dnstest"
 	"github.com/quillmail/quill/internal/queue"
 )
 
@@ -23,36 +23,11 @@ import (
 const remoteDomain = "remote.test"
 
 // startDNS answers MX queries for remoteDomain with mx.remoteDomain and A
-// queries for that with 127.0.0.1, on a free UDP port; it returns the
-// address for --dns.
+// queries for that with 127.0.0.1; it returns the address for --dns.
 func startDNS(t *testing.T) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		switch {
-		case q.Name == remoteDomain+"." && q.Qtype == dns.TypeMX:
-			m.Answer = append(m.Answer, &dns.MX{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeMX, Class: dns.ClassINET, Ttl: 60},
-				Preference: 10, Mx: "mx." + remoteDomain + "."})
-		case q.Name == "mx."+remoteDomain+"." && q.Qtype == dns.TypeA:
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
-				A: net.IPv4(127, 0, 0, 1)})
-		case q.Name == "mx."+remoteDomain+"." || q.Name == remoteDomain+".":
-			// The name exists, without records of that type.
-		default:
-			m.Rcode = dns.RcodeNameError
-		}
-		w.WriteMsg(m)
-	})
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go srv.ActivateAndServe()
-	t.Cleanup(func() { srv.Shutdown() })
-	return pc.LocalAddr().String()
+	addr, _ := dnstest.Serve(t, dnstest.Zone{MX: map[string]string{remoteDomain: "mx." + remoteDomain},
+		A: map[string]string{"mx." + remoteDomain: "127.0.0.1"}})
+	return addr
 }
 
 // sink is the receiving server of remoteDomain: go-smtp, keeping each
