@@ -19,21 +19,24 @@ func init() {
 
 	add := &cobra.Command{
 		Use:   "add DOMAIN",
-		Short: "Make a signing key for a domain (replacing its old one) and print the DNS record to publish",
-		Long: "Makes a 2048-bit RSA key, stores it as cluster state (every node signs with it), and prints the\n" +
-			"TXT record receivers look up. Mail is signed from now on; publish the record before relying on it.",
+		Short: "Make a domain's signing keys (replacing its old ones) and print the DNS records to publish",
+		Long: "Makes a 2048-bit RSA key (selector SELECTOR+r) and an Ed25519 key (SELECTOR+e, RFC 8463), stores them\n" +
+			"as cluster state (every node signs with them), and prints the TXT records receivers look up. Mail\n" +
+			"is signed with both from now on; publish the records before relying on them.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var k mailauth.KeyInfo
-			if err := c.do("PUT", "/api/dkim/"+url.PathEscape(args[0]), map[string]string{"selector": selector}, &k); err != nil {
+			var keys []mailauth.KeyInfo
+			if err := c.do("PUT", "/api/dkim/"+url.PathEscape(args[0]), map[string]string{"selector": selector}, &keys); err != nil {
 				return err
 			}
-			fmt.Printf("mail from %s is signed with selector %s; publish this TXT record:\n\n%s. IN TXT \"%s\"\n",
-				k.Domain, k.Selector, k.RecordName, k.Record)
+			fmt.Printf("mail from %s is signed with %d keys; publish these TXT records:\n\n", args[0], len(keys))
+			for _, k := range keys {
+				fmt.Printf("%s. IN TXT \"%s\"\n", k.RecordName, k.Record)
+			}
 			return nil
 		},
 	}
-	add.Flags().StringVar(&selector, "selector", "", "DKIM selector (default: quill and the year and month)")
+	add.Flags().StringVar(&selector, "selector", "", "base of the DKIM selectors (default: quill, the year and the month)")
 
 	list := &cobra.Command{
 		Use: "list", Short: "List the domains that have a signing key, with the DNS record of each", Args: cobra.NoArgs,
@@ -43,9 +46,9 @@ func init() {
 				return err
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "DOMAIN\tSELECTOR\tCREATED\tTXT RECORD")
+			fmt.Fprintln(w, "DOMAIN\tSELECTOR\tALGORITHM\tCREATED\tTXT RECORD")
 			for _, k := range keys {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s. \"%s\"\n", k.Domain, k.Selector, k.Created.Format(time.DateOnly), k.RecordName, k.Record)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s. \"%s\"\n", k.Domain, k.Selector, k.Algorithm, k.Created.Format(time.DateOnly), k.RecordName, k.Record)
 			}
 			return w.Flush()
 		},

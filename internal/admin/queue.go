@@ -58,7 +58,7 @@ func (s *Server) actQueued(action string) http.HandlerFunc {
 // DKIM is what the admin API needs to manage the domains' DKIM signing
 // keys (node.Node is the one in use).
 type DKIM interface {
-	SetDKIMKey(ctx context.Context, domain, selector string) (mailauth.KeyInfo, error)
+	SetDKIMKey(ctx context.Context, domain, selector string) ([]mailauth.KeyInfo, error)
 	DeleteDKIMKey(ctx context.Context, domain string) error
 	DKIMKeys() ([]mailauth.KeyInfo, error)
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // zone serves TXT records (the checks run on real DNS messages).
-func zone(t *testing.T, txt map[string]string) *net.Resolver {
+func zoneResolver(t *testing.T, txt map[string]string) *net.Resolver {
 	_, r := dnstest.Serve(t, dnstest.Zone{TXT: txt})
 	return r
 }
@@ -19,25 +19,35 @@ func zone(t *testing.T, txt map[string]string) *net.Resolver {
 const body = "From: Alice <alice@good.example>\r\nTo: bob@quill.test\r\nSubject: hi\r\nDate: Tue, 24 Nov 2026 10:00:00 +0000\r\n\r\nhello\r\n"
 
 func TestSignedMailFromAnAllowedAddressPasses(t *testing.T) {
-	key, err := NewKey("good.example", "s1", time.Now())
+	keys, err := NewKeys("good.example", "s1", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	name, rec, err := key.Record()
-	if err != nil || name != "s1._domainkey.good.example" || !strings.HasPrefix(rec, "v=DKIM1; k=rsa; p=") {
-		t.Fatalf("record %q %q %v", name, rec, err)
-	}
-	r := zone(t, map[string]string{
+	zone := map[string]string{
 		"good.example":        "v=spf1 ip4:127.0.0.1 -all",
 		"_dmarc.good.example": "v=DMARC1; p=reject",
-		name:                  rec,
-	})
-	signed, err := Sign([]byte(body), key)
+	}
+	for i, k := range keys {
+		name, rec, err := k.Record()
+		want := []string{"v=DKIM1; k=rsa; p=", "v=DKIM1; k=ed25519; p="}[i]
+		if err != nil || name != k.Selector+"._domainkey.good.example" || !strings.HasPrefix(rec, want) {
+			t.Fatalf("record %q %q %v", name, rec, err)
+		}
+		zone[name] = rec
+	}
+	r := zoneResolver(t, zone)
+	signed, err := Sign([]byte(body), keys)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n := strings.Count(string(signed), "DKIM-Signature:"); n != 2 {
+		t.Fatalf("%d signatures, want 2 (rsa and ed25519)", n)
 	}
 	c := Checker{Resolver: r, Hostname: "quill.test"}
 	v := c.Check(context.Background(), net.IPv4(127, 0, 0, 1), "mx.good.example", "alice@good.example", signed)
+	if strings.Count(v.Header, "dkim=pass") != 2 {
+		t.Errorf("both signatures should pass: %s", v.Header)
+	}
 	for _, want := range []string{"Authentication-Results: quill.test;", "spf=pass", "dkim=pass", "header.d=good.example", "dmarc=pass"} {
 		if !strings.Contains(v.Header, want) {
 			t.Errorf("header lacks %q: %s", want, v.Header)
@@ -58,7 +68,7 @@ func TestSignedMailFromAnAllowedAddressPasses(t *testing.T) {
 }
 
 func TestSPFPassMustAlignWithFrom(t *testing.T) {
-	r := zone(t, map[string]string{
+	r := zoneResolver(t, map[string]string{
 		"bulk.example":          "v=spf1 ip4:127.0.0.1 -all",
 		"_dmarc.good.example":   "v=DMARC1; p=quarantine; adkim=r; aspf=r",
 		"news.good.example":     "v=spf1 ip4:127.0.0.1 -all",
@@ -86,7 +96,7 @@ func TestSPFPassMustAlignWithFrom(t *testing.T) {
 }
 
 func TestSubdomainUsesTheOrganizationsSubdomainPolicy(t *testing.T) {
-	r := zone(t, map[string]string{"_dmarc.good.example": "v=DMARC1; p=none; sp=reject"})
+	r := zoneResolver(t, map[string]string{"_dmarc.good.example": "v=DMARC1; p=none; sp=reject"})
 	c := Checker{Resolver: r, Hostname: "quill.test"}
 	sub := strings.Replace(body, "alice@good.example", "alice@shop.good.example", 1)
 	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", []byte(sub))
@@ -96,7 +106,7 @@ func TestSubdomainUsesTheOrganizationsSubdomainPolicy(t *testing.T) {
 }
 
 func TestNoPolicyNoVerdict(t *testing.T) {
-	c := Checker{Resolver: zone(t, nil), Hostname: "quill.test"}
+	c := Checker{Resolver: zoneResolver(t, nil), Hostname: "quill.test"}
 	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "alice@good.example", []byte(body))
 	if v.Reject || v.Quarantine || !strings.Contains(v.Header, "dmarc=none") || !strings.Contains(v.Header, "spf=none") {
 		t.Errorf("%+v", v)

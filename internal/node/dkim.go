@@ -13,30 +13,30 @@ import (
 )
 
 // dkimPrefix names the clusterwide objects holding the domains' DKIM
-// signing keys: every node signs what it queues for a domain with the
-// same key.
+// signing keys (a JSON list of mailauth.Key): every node signs what it
+// queues for a domain with the same keys.
 const dkimPrefix = "dkim/"
 
-// SetDKIMKey makes a new signing key for a domain (replacing its old one)
-// and stores it as cluster state.
-func (n *Node) SetDKIMKey(ctx context.Context, domain, selector string) (mailauth.KeyInfo, error) {
+// SetDKIMKey makes new signing keys for a domain (RSA and Ed25519,
+// replacing its old ones) and stores them as cluster state.
+func (n *Node) SetDKIMKey(ctx context.Context, domain, selector string) ([]mailauth.KeyInfo, error) {
 	domain = strings.ToLower(strings.TrimSpace(domain))
 	if domain == "" || strings.ContainsAny(domain, "@/ ") || !strings.Contains(domain, ".") {
-		return mailauth.KeyInfo{}, fmt.Errorf("DKIM key: domain %q is not a domain name", domain)
+		return nil, fmt.Errorf("DKIM key: domain %q is not a domain name", domain)
 	}
-	k, err := mailauth.NewKey(domain, selector, time.Now())
+	keys, err := mailauth.NewKeys(domain, selector, time.Now())
 	if err != nil {
-		return mailauth.KeyInfo{}, err
+		return nil, err
 	}
-	data, err := json.Marshal(k)
+	data, err := json.Marshal(keys)
 	if err != nil {
-		return mailauth.KeyInfo{}, err
+		return nil, err
 	}
 	if _, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), dkimPrefix+domain, data, false, replica.One); err != nil {
-		return mailauth.KeyInfo{}, err
+		return nil, err
 	}
-	n.cfg.Logger.Info("dkim: signing key set", "domain", domain, "selector", k.Selector)
-	return k.Info()
+	n.cfg.Logger.Info("dkim: signing keys set", "domain", domain, "selectors", keys[0].Selector+","+keys[1].Selector)
+	return infos(keys)
 }
 
 // DeleteDKIMKey stops signing a domain's mail.
@@ -49,10 +49,22 @@ func (n *Node) DeleteDKIMKey(ctx context.Context, domain string) error {
 func (n *Node) DKIMKeys() ([]mailauth.KeyInfo, error) {
 	var out []mailauth.KeyInfo
 	for _, o := range n.Wide.List(dkimPrefix) {
-		var k mailauth.Key
-		if err := json.Unmarshal(o.Data, &k); err != nil {
-			return nil, fmt.Errorf("DKIM key %s: %w", o.Name, err)
+		var keys []mailauth.Key
+		if err := json.Unmarshal(o.Data, &keys); err != nil {
+			return nil, fmt.Errorf("DKIM keys %s: %w", o.Name, err)
 		}
+		in, err := infos(keys)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, in...)
+	}
+	return out, nil
+}
+
+func infos(keys []mailauth.Key) ([]mailauth.KeyInfo, error) {
+	out := make([]mailauth.KeyInfo, 0, len(keys))
+	for _, k := range keys {
 		info, err := k.Info()
 		if err != nil {
 			return nil, err
@@ -62,16 +74,16 @@ func (n *Node) DKIMKeys() ([]mailauth.KeyInfo, error) {
 	return out, nil
 }
 
-// dkimSign signs a message with the key of its sender's domain, if that
-// domain has one.
+// dkimSign signs a message with the keys of its sender's domain, if that
+// domain has some.
 func (n *Node) dkimSign(msg []byte, from string) ([]byte, error) {
 	o, ok := n.Wide.Get(dkimPrefix + userdb.Domain(from))
 	if !ok {
 		return msg, nil
 	}
-	var k mailauth.Key
-	if err := json.Unmarshal(o.Data, &k); err != nil {
-		return nil, fmt.Errorf("DKIM key %s: %w", o.Name, err)
+	var keys []mailauth.Key
+	if err := json.Unmarshal(o.Data, &keys); err != nil {
+		return nil, fmt.Errorf("DKIM keys %s: %w", o.Name, err)
 	}
-	return mailauth.Sign(msg, k)
+	return mailauth.Sign(msg, keys)
 }

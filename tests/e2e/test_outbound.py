@@ -264,19 +264,23 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
     local.test without the signature, from a sender SPF does not cover, is
     refused under p=reject."""
     out = node.cli("dkim", "add", LOCAL, "--selector", "e2e").stdout
-    line = [l for l in out.splitlines() if l.startswith("e2e._domainkey.")][0]
-    record = line.split(' IN TXT "', 1)[1].rstrip('"')
-    assert record.startswith("v=DKIM1; k=rsa; p="), out
+    records = {}
+    for line in out.splitlines():
+        if "._domainkey." in line:
+            name, rec = line.split('. IN TXT "', 1)
+            records[name] = rec.rstrip('"')
+    assert records[f"e2er._domainkey.{LOCAL}"].startswith("v=DKIM1; k=rsa; p="), out
+    assert records[f"e2ee._domainkey.{LOCAL}"].startswith("v=DKIM1; k=ed25519; p="), out
     listed = node.cli("dkim", "list").stdout
-    assert LOCAL in listed and "e2e" in listed, listed
-    peer["start_dns"](f"--txt-record=e2e._domainkey.{LOCAL},{record}",
+    assert LOCAL in listed and "e2er" in listed and "ed25519" in listed, listed
+    peer["start_dns"](*[f"--txt-record={n},{r}" for n, r in records.items()],
                       f"--txt-record={LOCAL},v=spf1 ip4:127.0.0.1 -all",
                       f"--txt-record=_dmarc.{LOCAL},v=DMARC1; p=reject",
                       "--txt-record=other.test,v=spf1 -all")
     submit(node, [BOB], "signed")
     files = wait_for("the signed message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
     raw = files[0].read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
-    assert b"DKIM-Signature: " in raw and b"d=local.test" in raw and b"s=e2e" in raw, raw[:1500]
+    assert raw.count(b"DKIM-Signature: ") == 2 and b"d=local.test" in raw and b"s=e2er" in raw and b"s=e2ee" in raw, raw[:1500]
 
     inbound(node, ALICE, ALICE, raw)
     [back] = wait_for("the message back in alice's mailbox", lambda: [m for m in mailbox(node) if m["Subject"] == "signed"])
@@ -284,6 +288,7 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
     assert ar.startswith("quill.test;"), ar
     for want in ("spf=pass", "dkim=pass", "header.d=local.test", "dmarc=pass"):
         assert want in ar, ar
+    assert ar.count("dkim=pass") == 2, ar  # rsa-sha256 and ed25519-sha256 both verified
 
     forged = f"From: {ALICE}\r\nTo: {ALICE}\r\nSubject: forged\r\nAuthentication-Results: quill.test; dmarc=pass\r\n\r\npay me\r\n".encode()
     with pytest.raises(smtplib.SMTPDataError) as e:
