@@ -35,6 +35,7 @@ REMOTE = "remote.example"
 BOB = f"bob@{REMOTE}"
 NOBODY = f"nobody@{REMOTE}"
 DOWN = "down.example"
+QUILL2 = "quill2.example"  # served by a second Quill on 127.0.0.4
 TIMEOUT = 30.0
 WAIT = 30.0  # for a queued message to arrive or be reported
 
@@ -130,7 +131,8 @@ smtpd_tls_received_header = yes
         p = subprocess.Popen(["dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", f"--port={dns_port}",
                               "--listen-address=127.0.0.1", "--bind-interfaces", "--local=/example/", "--local=/test/",
                               f"--mx-host={REMOTE},mx.{REMOTE},10", f"--host-record=mx.{REMOTE},127.0.0.2",
-                              f"--mx-host={DOWN},mx.{DOWN},10", f"--host-record=mx.{DOWN},127.0.0.3", *records],
+                              f"--mx-host={DOWN},mx.{DOWN},10", f"--host-record=mx.{DOWN},127.0.0.3",
+                              f"--mx-host={QUILL2},mx.{QUILL2},10", f"--host-record=mx.{QUILL2},127.0.0.4", *records],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(p)
         time.sleep(0.3)
@@ -263,17 +265,12 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
     allows) it passes SPF, DKIM and DMARC; a message claiming to be from
     local.test without the signature, from a sender SPF does not cover, is
     refused under p=reject."""
-    out = node.cli("dkim", "add", LOCAL, "--selector", "e2e").stdout
-    records = {}
-    for line in out.splitlines():
-        if "._domainkey." in line:
-            name, rec = line.split('. IN TXT "', 1)
-            records[name] = rec.rstrip('"')
-    assert records[f"e2er._domainkey.{LOCAL}"].startswith("v=DKIM1; k=rsa; p="), out
-    assert records[f"e2ee._domainkey.{LOCAL}"].startswith("v=DKIM1; k=ed25519; p="), out
+    records = dkim_records(node, "e2e")
+    assert any(f"e2er._domainkey.{LOCAL},v=DKIM1; k=rsa; p=" in r for r in records), records
+    assert any(f"e2ee._domainkey.{LOCAL},v=DKIM1; k=ed25519; p=" in r for r in records), records
     listed = node.cli("dkim", "list").stdout
     assert LOCAL in listed and "e2er" in listed and "ed25519" in listed, listed
-    peer["start_dns"](*[f"--txt-record={n},{r}" for n, r in records.items()],
+    peer["start_dns"](*records,
                       f"--txt-record={LOCAL},v=spf1 ip4:127.0.0.1 -all",
                       f"--txt-record=_dmarc.{LOCAL},v=DMARC1; p=reject",
                       "--txt-record=other.test,v=spf1 -all")
@@ -294,3 +291,54 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
     with pytest.raises(smtplib.SMTPDataError) as e:
         inbound(node, "x@other.test", ALICE, forged)
     assert e.value.smtp_code == 550 and b"DMARC policy of local.test" in e.value.smtp_error, e.value
+
+
+def dkim_records(node, base: str) -> list[str]:
+    """`quill dkim add` for LOCAL; the dnsmasq arguments that publish it."""
+    out = node.cli("dkim", "add", LOCAL, "--selector", base).stdout
+    args = []
+    for line in out.splitlines():
+        if "._domainkey." in line:
+            name, rec = line.split('. IN TXT "', 1)
+            args.append(f"--txt-record={name},{rec.rstrip(chr(34))}")
+    assert len(args) == 2, out
+    return args
+
+
+def test_a_second_quill_receives_verifies_and_keeps_the_bytes(quill_factory, peer):
+    """Quill to Quill: the sender's queue finds the receiver by MX, the
+    receiver checks SPF, both DKIM signatures and DMARC, and the body
+    arrives byte for byte."""
+    sender = quill_factory("--dns", peer["dns"], "--outbound-port", str(peer["port"]), "--queue-retry", "1s")
+    sender.add_user(ALICE, PW)
+    receiver = quill_factory("--dns", peer["dns"], "--smtp", f"127.0.0.4:{peer['port']}")
+    carol = f"carol@{QUILL2}"
+    receiver.add_user(carol, PW)
+    peer["start_dns"](*dkim_records(sender, "q2"),
+                      f"--txt-record={LOCAL},v=spf1 ip4:127.0.0.0/8 -all",
+                      f"--txt-record=_dmarc.{LOCAL},v=DMARC1; p=reject")
+    body = "line one\r\n\r\n  indented line, trailing space \r\n.dot-started line\r\n" + "x" * 900 + "\r\n"
+    host, port = sender.addrs["submission"]
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with smtplib.SMTP(host, port, timeout=TIMEOUT) as s:
+        s.starttls(context=ctx)
+        s.login(ALICE, PW)
+        s.sendmail(ALICE, [carol], f"From: {ALICE}\r\nTo: {carol}\r\nSubject: to quill2\r\n\r\n{body}".encode())
+
+    def inbox():
+        h, p = receiver.addrs["pop3"]
+        c = poplib.POP3(h, p, timeout=TIMEOUT)
+        c.user(carol)
+        c.pass_(PW)
+        out = [b"\r\n".join(c.retr(i)[1]) for i in range(1, len(c.list()[1]) + 1)]
+        c.quit()
+        return out
+
+    [raw] = wait_for("the message at the second Quill", inbox)
+    head, got = raw.split(b"\r\n\r\n", 1)
+    # POP3 dot-stuffing is undone by poplib; the last CRLF is the terminator's.
+    assert got + b"\r\n" == body.encode(), got
+    ar = email.message_from_bytes(raw)["Authentication-Results"]
+    assert ar.startswith("quill.test;") and ar.count("dkim=pass") == 2, ar
+    assert "spf=pass" in ar and "dmarc=pass" in ar and "header.from=local.test" in ar, ar
