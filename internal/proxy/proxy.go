@@ -120,6 +120,49 @@ func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	return nil
 }
 
+// DeliverJunk stores a message the sender's DMARC policy asks to
+// quarantine (RFC 7489 §6.3) into each recipient's junk mailbox: the one
+// marked \Junk (RFC 6154; every user gets "Junk"), or INBOX for a user
+// who has none.
+func (p *Proxy) DeliverJunk(ctx context.Context, rcpts []string, raw []byte) error {
+	start := time.Now()
+	byBox := map[string][]string{}
+	var order []string
+	seen := map[string]bool{}
+	for _, r := range rcpts {
+		u := userdb.Normalize(r)
+		if seen[u] {
+			continue
+		}
+		seen[u] = true
+		name := mailbox.Inbox
+		lctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+		rep, err := p.Writers.For(u).Mailboxes(lctx, &writer.MailboxRequest{User: u})
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, mb := range rep.Mailboxes {
+			if mb.SpecialUse == `\Junk` {
+				name = mb.Name
+				break
+			}
+		}
+		if _, ok := byBox[name]; !ok {
+			order = append(order, name)
+		}
+		byBox[name] = append(byBox[name], u)
+	}
+	for _, name := range order {
+		if _, err := p.place(ctx, byBox[name], name, nil, raw, start); err != nil {
+			return err
+		}
+	}
+	metrics.DeliverySeconds.Observe(time.Since(start).Seconds())
+	metrics.Delivered.Add(float64(len(seen)))
+	return nil
+}
+
 // place stores raw into mailbox name of every user (Porcupine §4.3): for
 // each user the writer allocates the UID, the balancer chooses the user's
 // replica set (R nodes), and one node of the set coordinates the update

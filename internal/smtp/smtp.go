@@ -219,6 +219,7 @@ func (s *session) Data(r io.Reader) error {
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
 	raw := normalizeLF(buf.Bytes())
+	quarantine := false
 	if hops := receivedCount(raw[trace:]); hops >= maxHops {
 		// RFC 5321 §6.3: a message that went through this many relays is
 		// in a loop (a forward pointing back, an MX naming itself).
@@ -233,7 +234,7 @@ func (s *session) Data(r io.Reader) error {
 		raw = append(raw[:trace:trace], body...)
 	} else if s.b.cfg.Checker != nil && s.authUser == "" {
 		var err error
-		if raw, err = s.checkOrigin(raw, trace); err != nil {
+		if raw, quarantine, err = s.checkOrigin(raw, trace); err != nil {
 			return err
 		}
 	}
@@ -264,7 +265,13 @@ func (s *session) Data(r io.Reader) error {
 	if len(s.rcpts) == 0 {
 		return nil
 	}
-	if err := s.b.p.Deliver(ctx, s.rcpts, raw); err != nil {
+	deliver := s.b.p.Deliver
+	if j, ok := s.b.p.(interface {
+		DeliverJunk(context.Context, []string, []byte) error
+	}); ok && quarantine {
+		deliver = j.DeliverJunk
+	}
+	if err := deliver(ctx, s.rcpts, raw); err != nil {
 		metrics.DeliveryFailures.Inc()
 		ref := reference()
 		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
@@ -307,8 +314,9 @@ func servesDomain(p Deliverer, domain string) bool {
 // checkOrigin checks where a message from another server comes from
 // (SPF, DKIM, DMARC) and records the results after the trace headers,
 // without any Authentication-Results that claims to be this server's; a
-// failure the From: domain's DMARC policy says to reject is refused.
-func (s *session) checkOrigin(raw []byte, trace int) ([]byte, error) {
+// failure the From: domain's DMARC policy says to reject is refused, one
+// it says to quarantine goes to the junk mailbox (quarantine).
+func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine bool, err error) {
 	body := mailauth.StripOwnResults(raw[trace:], s.b.cfg.Hostname)
 	var ip net.IP
 	if a, ok := s.conn.Conn().RemoteAddr().(*net.TCPAddr); ok {
@@ -317,12 +325,12 @@ func (s *session) checkOrigin(raw []byte, trace int) ([]byte, error) {
 	v := s.b.cfg.Checker.Check(context.Background(), ip, s.conn.Hostname(), s.from, body)
 	if v.Reject {
 		s.b.cfg.Logger.Info("refused by the sender's DMARC policy", "from", s.from, "domain", v.Domain, "ip", ip, "results", strings.TrimSpace(v.Header))
-		return nil, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+		return nil, false, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))}
 	}
-	out := make([]byte, 0, trace+len(v.Header)+len(body))
+	out = make([]byte, 0, trace+len(v.Header)+len(body))
 	out = append(append(append(out, raw[:trace]...), v.Header...), body...)
-	return out, nil
+	return out, v.Quarantine, nil
 }
 
 // reference names a failure in the reply and in the log line that holds

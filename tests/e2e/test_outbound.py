@@ -13,6 +13,7 @@ only for the test's domains. Both need root (CI runs as root)."""
 from __future__ import annotations
 
 import email
+import imaplib
 import json
 import os
 import poplib
@@ -273,7 +274,8 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
     peer["start_dns"](*records,
                       f"--txt-record={LOCAL},v=spf1 ip4:127.0.0.1 -all",
                       f"--txt-record=_dmarc.{LOCAL},v=DMARC1; p=reject",
-                      "--txt-record=other.test,v=spf1 -all")
+                      "--txt-record=other.test,v=spf1 -all",
+                      "--txt-record=_dmarc.soft.test,v=DMARC1; p=quarantine")
     submit(node, [BOB], "signed")
     files = wait_for("the signed message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
     raw = files[0].read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
@@ -291,6 +293,12 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
     with pytest.raises(smtplib.SMTPDataError) as e:
         inbound(node, "x@other.test", ALICE, forged)
     assert e.value.smtp_code == 550 and b"DMARC policy of local.test" in e.value.smtp_error, e.value
+
+    # p=quarantine: taken, but into the Junk mailbox (RFC 6154 \Junk).
+    suspect = b"From: someone@soft.test\r\nTo: alice@local.test\r\nSubject: suspect\r\n\r\nclick here\r\n"
+    inbound(node, "x@other.test", ALICE, suspect)
+    assert junk_subjects(node) == ["suspect"]
+    assert [m for m in mailbox(node) if m["Subject"] == "suspect"] == []
 
 
 def dkim_records(node, base: str) -> list[str]:
@@ -342,3 +350,13 @@ def test_a_second_quill_receives_verifies_and_keeps_the_bytes(quill_factory, pee
     ar = email.message_from_bytes(raw)["Authentication-Results"]
     assert ar.startswith("quill.test;") and ar.count("dkim=pass") == 2, ar
     assert "spf=pass" in ar and "dmarc=pass" in ar and "header.from=local.test" in ar, ar
+
+
+def junk_subjects(node) -> list[str]:
+    host, port = node.addrs["imap"]
+    with imaplib.IMAP4(host, port, timeout=TIMEOUT) as c:
+        c.login(ALICE, PW)
+        typ, _ = c.select("Junk", readonly=True)
+        assert typ == "OK"
+        typ, data = c.fetch("1:*", "(BODY.PEEK[HEADER.FIELDS (SUBJECT)])")
+        return [email.message_from_bytes(d[1])["Subject"] for d in data if isinstance(d, tuple)]
