@@ -1,12 +1,15 @@
 package admin
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
 	"html/template"
 	"net/http"
+	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/queue"
 )
 
 // The dashboard draws the cluster as Porcupine Fig. 3 does: the user map's
@@ -34,7 +37,7 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #d
 </table>
 {{with .Replication}}<h2>Replication on this node</h2>
 <p>{{.Replicas}} copies per message by default, write policy {{.WritePolicy}} ·
-holds {{.Objects}} message(s){{if .UnderReplicated}}, <b>{{.UnderReplicated}} with fewer live copies than wanted</b>{{else}}, all with their copies{{end}} ·
+holds {{.Objects}} object(s) (messages, queued mail){{if .UnderReplicated}}, <b>{{.UnderReplicated}} with fewer live copies than wanted</b>{{else}}, all with their copies{{end}} ·
 update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done}} done and retiring</p>{{end}}
 {{if .TLS}}<h2>TLS on this node</h2>
 <p>in the order a handshake tries them; the first is served to clients that ask for no name this node covers</p>
@@ -42,6 +45,12 @@ update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done
 {{range .TLS}}<tr><td>{{range .Names}}{{.}} {{end}}{{if .SelfSigned}}<b>(self-signed: clients will not trust it; give --tls-cert/--tls-key or quill tls set)</b>{{end}}</td>
 <td>{{.NotAfter.Format "2006-01-02"}}</td><td>{{if .Cluster}}cluster state {{.Cluster}} ({{.Source}}), served by every node{{else}}{{.CertFile}}{{end}}</td></tr>{{end}}
 </table>{{end}}
+{{with .Queue}}<h2>Outbound queue</h2>
+<p>{{len .Entries}} message(s) waiting to leave for other domains{{if gt (len .Entries) (len .Shown)}} (the {{len .Shown}} oldest shown){{end}}{{range $n, $why := .Unreachable}} · <b>{{$n}} did not answer</b>{{end}}</p>
+{{if .Shown}}<table><tr><th>id</th><th>age</th><th>from</th><th>waiting for</th><th>replicas</th><th>next try</th><th>last reply</th></tr>
+{{range .Shown}}<tr><td title="{{.ID}}">{{slice .ID 0 8}}</td><td>{{.Age}}</td><td>{{if .From}}{{.From}}{{else}}&lt;&gt; (report){{end}}</td>
+<td>{{range .Waiting}}{{.}} {{end}}</td><td>{{range .Replicas}}<span class="sw" title="{{.}}" style="background:{{color .}}"></span>{{end}}</td>
+<td>{{.Next}}</td><td>{{.Last}}</td></tr>{{end}}</table>{{end}}{{end}}
 <h2>User map (256 buckets)</h2>
 <div class="grid">{{range .Buckets}}<div class="b" title="bucket {{.Bucket}}: {{.Node}} (epoch {{.Epoch}})" style="background:{{color .Node}}">{{.Bucket}}</div>{{end}}</div>
 <p><a href="/cluster">JSON</a> · <a href="/metrics">metrics</a></p>
@@ -53,9 +62,57 @@ func nodeColor(id cluster.NodeID) template.CSS {
 	return template.CSS(fmt.Sprintf("hsl(%d,55%%,45%%)", h.Sum32()%360))
 }
 
+// queueView is the outbound queue as the dashboard draws it.
+type queueView struct {
+	queue.Listing
+	Shown []queuedRow
+}
+
+type queuedRow struct {
+	ID, From, Age, Next, Last string
+	Waiting                   []string
+	Replicas                  []cluster.NodeID
+}
+
+// dashboardQueueRows bounds the rows of the queue table.
+const dashboardQueueRows = 50
+
+func (s *Server) queueView(ctx context.Context) *queueView {
+	if s.Queue == nil {
+		return nil
+	}
+	v := &queueView{Listing: s.Queue.ListAll(ctx, "")}
+	now := time.Now()
+	for _, e := range v.Entries[:min(len(v.Entries), dashboardQueueRows)] {
+		row := queuedRow{ID: e.ID, From: e.From, Age: now.Sub(e.Created).Round(time.Second).String(), Replicas: e.Replicas, Next: "-"}
+		var next time.Time
+		for _, r := range e.Recipients {
+			if r.State != queue.Queued && r.State != queue.Failed {
+				continue
+			}
+			row.Waiting = append(row.Waiting, r.Address)
+			if next.IsZero() || r.NextTry.Before(next) {
+				next = r.NextTry
+			}
+			if r.LastReply != "" {
+				row.Last = r.LastReply
+			}
+		}
+		if !next.IsZero() {
+			row.Next = "in " + max(0, next.Sub(now)).Round(time.Second).String()
+		}
+		v.Shown = append(v.Shown, row)
+	}
+	return v
+}
+
 func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := dashboardTmpl.Execute(w, s.status(r.Context())); err != nil {
+	data := struct {
+		ClusterStatus
+		Queue *queueView
+	}{s.status(r.Context()), s.queueView(r.Context())}
+	if err := dashboardTmpl.Execute(w, data); err != nil {
 		s.Logger.Error("dashboard", "err", err)
 	}
 }
