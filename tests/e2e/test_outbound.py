@@ -364,3 +364,30 @@ def junk_subjects(node) -> list[str]:
         assert typ == "OK"
         typ, data = c.fetch("1:*", "(BODY.PEEK[HEADER.FIELDS (SUBJECT)])")
         return [email.message_from_bytes(d[1])["Subject"] for d in data if isinstance(d, tuple)]
+
+
+@pytest.mark.skipif(not shutil.which("neomutt"), reason="neomutt not installed")
+def test_neomutt_sends_through_587(node, peer, tmp_path):
+    """A real mail client: neomutt in batch mode submits over STARTTLS with
+    AUTH, trusting the node's certificate; Postfix gets the message."""
+    peer["start_dns"]()
+    host, port = node.addrs["submission"]
+    muttrc = tmp_path / "muttrc"
+    muttrc.write_text(f"""set from="{ALICE}"
+set realname="Alice"
+set smtp_url="smtp://{ALICE.replace('@', '%40')}@{host}:{port}/"
+set smtp_pass="{PW}"
+set smtp_authenticators="plain"
+set ssl_starttls=yes
+set ssl_force_tls=yes
+set certificate_file="{node.data_dir / 'tls' / 'selfsigned.crt'}"
+set record=""
+set use_from=yes
+""")
+    r = subprocess.run(["neomutt", "-n", "-F", str(muttrc), "-s", "via neomutt", "--", BOB],
+                       input="hello from neomutt\n", capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = wait_for("neomutt's message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
+    raw = files[0].read_bytes()
+    assert b"Subject: via neomutt" in raw and b"hello from neomutt" in raw and b"with ESMTPSA" in raw, raw[:1500]
