@@ -217,3 +217,80 @@ func TestSendingLimitCountsEveryNode(t *testing.T) {
 		errorf(t, "third message through %s: %v, want 451 with the limit", nodes[0].ID, err)
 	}
 }
+
+// outbound submits uniquely numbered messages for remoteDomain through
+// random live nodes of a fault stream, and remembers which were
+// acknowledged (250 after DATA): each of those must reach the sink.
+type outbound struct {
+	mu      sync.Mutex
+	acked   []string
+	tried   int
+	stop    chan struct{}
+	done    chan struct{}
+	prefix  string
+	sink    *sink
+	user    string
+	between time.Duration
+}
+
+// outboundEvery is the pace of the outbound stream: a few messages a
+// second beside the inbound stream's hundreds.
+const outboundEvery = 250 * time.Millisecond
+
+func startOutbound(s *stream, sk *sink, user string) *outbound {
+	o := &outbound{stop: make(chan struct{}), done: make(chan struct{}), prefix: fmt.Sprintf("out-%d-", time.Now().UnixNano()),
+		sink: sk, user: user, between: outboundEvery}
+	go func() {
+		defer close(o.done)
+		for i := 0; ; i++ {
+			select {
+			case <-o.stop:
+				return
+			case <-time.After(o.between):
+			}
+			up := s.up()
+			if len(up) == 0 {
+				continue
+			}
+			n := up[i%len(up)]
+			marker := fmt.Sprintf("%s%d", o.prefix, i)
+			msg := fmt.Sprintf("From: %s\r\nTo: bob@%s\r\nSubject: %s\r\n\r\noutbound %d\r\n", user, remoteDomain, marker, i)
+			err := submit(n.Addrs["submission"], user, "pw", []string{"bob@" + remoteDomain}, msg)
+			o.mu.Lock()
+			o.tried++
+			if err == nil {
+				o.acked = append(o.acked, marker)
+			}
+			o.mu.Unlock()
+		}
+	}()
+	return o
+}
+
+// finish stops the stream and waits until every acknowledged message has
+// reached the sink, or limit has passed; it returns the tried, acknowledged
+// and missing counts and the duplicates the sink got.
+func (o *outbound) finish(limit time.Duration) (tried, acked, missing, dups int) {
+	close(o.stop)
+	<-o.done
+	o.mu.Lock()
+	markers := slices.Clone(o.acked)
+	tried = o.tried
+	o.mu.Unlock()
+	deadline := time.Now().Add(limit)
+	for {
+		missing, dups = 0, 0
+		for _, m := range markers {
+			switch c := o.sink.count(m + "\r\n"); {
+			case c == 0:
+				missing++
+			case c > 1:
+				dups += c - 1
+			}
+		}
+		if missing == 0 || time.Now().After(deadline) {
+			return tried, len(markers), missing, dups
+		}
+		time.Sleep(time.Second)
+	}
+}
