@@ -26,6 +26,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
@@ -69,6 +70,8 @@ type NodeInfo struct {
 	Members func() []cluster.MemberInfo
 	// Replication reports the replication manager's state.
 	Replication func() ReplicationStatus
+	// Workers reports the node's SNS worker pools (nil: none).
+	Workers func() []sns.Status
 }
 
 // ReplicationStatus is the JSON of GET /api/replication: this node's update
@@ -117,6 +120,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/dkim", s.listDKIM)
 	mux.HandleFunc("PUT /api/dkim/{domain}", s.setDKIM)
 	mux.HandleFunc("DELETE /api/dkim/{domain}", s.deleteDKIM)
+	mux.HandleFunc("GET /api/sns", s.workers)
 	mux.HandleFunc("GET /api/queue", s.listQueue)
 	mux.HandleFunc("GET /api/queue/{id}", s.showQueued)
 	mux.HandleFunc("POST /api/queue/{id}/retry", s.actQueued("retry"))

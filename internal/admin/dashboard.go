@@ -10,6 +10,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/sns"
 )
 
 // The dashboard draws the cluster as Porcupine Fig. 3 does: the user map's
@@ -45,6 +46,12 @@ update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done
 {{range .TLS}}<tr><td>{{range .Names}}{{.}} {{end}}{{if .SelfSigned}}<b>(self-signed: clients will not trust it; give --tls-cert/--tls-key or quill tls set)</b>{{end}}</td>
 <td>{{.NotAfter.Format "2006-01-02"}}</td><td>{{if .Cluster}}cluster state {{.Cluster}} ({{.Source}}), served by every node{{else}}{{.CertFile}}{{end}}</td></tr>{{end}}
 </table>{{end}}
+{{range .Workers}}<h2>Workers on this node: {{.Class}}</h2>
+<p>SNS worker processes, at most {{.Max}} · {{.Launches}} launched · {{.Restarts}} restarted after dying</p>
+{{if .Workers}}<table><tr><th>worker</th><th>pid</th><th>state</th><th>load (tasks)</th><th>started</th><th>restarts</th></tr>
+{{range .Workers}}<tr><td>{{.ID}}</td><td>{{.PID}}</td><td>{{if .Alive}}running{{else}}starting{{end}}</td>
+<td><span class="bar" style="width:{{.Load}}0px"></span> {{.Load}}</td><td>{{.Started.Format "15:04:05"}}</td><td>{{.Restarts}}</td></tr>{{end}}</table>
+{{else}}<p>none running: the first task launches one</p>{{end}}{{end}}
 {{with .Queue}}<h2>Outbound queue</h2>
 <p>{{len .Entries}} message(s) waiting to leave for other domains{{if gt (len .Entries) (len .Shown)}} (the {{len .Shown}} oldest shown){{end}}{{range $n, $why := .Unreachable}} · <b>{{$n}} did not answer</b>{{end}}</p>
 {{if .Shown}}<table><tr><th>id</th><th>age</th><th>from</th><th>waiting for</th><th>replicas</th><th>next try</th><th>last reply</th></tr>
@@ -110,8 +117,12 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	data := struct {
 		ClusterStatus
-		Queue *queueView
-	}{s.status(r.Context()), s.queueView(r.Context())}
+		Queue   *queueView
+		Workers []sns.Status
+	}{ClusterStatus: s.status(r.Context()), Queue: s.queueView(r.Context())}
+	if s.Node.Workers != nil {
+		data.Workers = s.Node.Workers()
+	}
 	if err := dashboardTmpl.Execute(w, data); err != nil {
 		s.Logger.Error("dashboard", "err", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/sns"
 )
 
 // Queue is what the admin API needs of the outbound queue (queue.Queue
@@ -92,4 +93,13 @@ func (s *Server) setDKIM(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) deleteDKIM(w http.ResponseWriter, r *http.Request) {
 	writeDeleted(w, s.DKIM.DeleteDKIMKey(r.Context(), r.PathValue("domain")))
+}
+
+// workers answers GET /api/sns: this node's worker pools.
+func (s *Server) workers(w http.ResponseWriter, r *http.Request) {
+	var out []sns.Status
+	if s.Node.Workers != nil {
+		out = s.Node.Workers()
+	}
+	writeJSON(w, http.StatusOK, out)
 }

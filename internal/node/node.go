@@ -30,6 +30,7 @@ import (
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/smtp"
+	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/writer"
 )
@@ -118,6 +119,8 @@ type Config struct {
 	QueueWarn     time.Duration `flag:"queue-warn" help:"how long a message waits in the outbound queue before the sender is warned of the delay (0: never)"`
 	QueueRetry    time.Duration `flag:"queue-retry" help:"wait after a first failed delivery attempt; doubled after each further one, up to 12 times"`
 	QueueWorkers  int           `flag:"queue-workers" help:"outbound deliveries a node makes at once"`
+	// RelayWorkers bounds the SNS relay worker processes (internal/sns).
+	RelayWorkers int `flag:"relay-workers" help:"relay worker processes (SNS) a node may run for outbound delivery, launched on demand and restarted when they die; 0: the node delivers itself"`
 	// ClockSkew shifts this node's clock (tests).
 	ClockSkew time.Duration `flag:"clock-skew" help:"shift this node's clock (for testing clock skew)"`
 	Logger    *slog.Logger
@@ -162,6 +165,7 @@ func DefaultConfig() Config {
 		QueueWarn:        queue.DefaultWarnAfter,
 		QueueRetry:       queue.DefaultRetry,
 		QueueWorkers:     queue.DefaultWorkers,
+		RelayWorkers:     2,
 		Logger:           slog.Default(),
 	}
 }
@@ -178,7 +182,9 @@ type Node struct {
 	Guard *guard.Guard
 	// sends counts what each user submitted in the last hour.
 	sends sharedSends
-	stop  context.CancelFunc // ends the certificate watcher
+	// relays are the SNS relay workers (nil: the node delivers itself).
+	relays *sns.Pool
+	stop   context.CancelFunc // ends the certificate watcher
 
 	smtp  *gosmtp.Server
 	smtps *gosmtp.Server // implicit TLS (submissions), with AUTH
@@ -263,6 +269,7 @@ func Start(cfg Config) (*Node, error) {
 		n.addrs["cluster"] = cfg.ClusterAddr
 		n.addrs["rpc"] = c.RPCAddr()
 	}
+	n.startQueue()
 	if err := n.startListeners(); err != nil {
 		n.Shutdown(context.Background())
 		return nil, err
@@ -271,7 +278,6 @@ func Start(cfg Config) (*Node, error) {
 		n.Shutdown(context.Background())
 		return nil, err
 	}
-	n.startQueue()
 	return n, nil
 }
 
@@ -378,7 +384,7 @@ func (n *Node) startListeners() error {
 	sc.Logger = cfg.Logger
 	sc.TLSConfig = n.Certs.Config()
 	if cfg.CheckInbound {
-		sc.Checker = &mailauth.Checker{Resolver: resolver(cfg.DNS), Hostname: cfg.Hostname}
+		sc.Checker = &mailauth.Checker{Resolver: Resolver(cfg.DNS), Hostname: cfg.Hostname}
 	}
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
@@ -443,6 +449,12 @@ func (n *Node) startListeners() error {
 			return admin.ReplicationStatus{Node: n.ID, Replicas: n.Opts.Replicas, WritePolicy: string(n.Opts.WritePolicy),
 				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats()}
 		},
+		Workers: func() []sns.Status {
+			if n.relays == nil {
+				return nil
+			}
+			return []sns.Status{n.relays.Status()}
+		},
 	}}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
@@ -487,6 +499,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	// Deliveries in progress are cut short before the store closes:
 	// their entries stay as they were and are tried again.
 	n.Queue.Close()
+	if n.relays != nil {
+		n.relays.Close()
+	}
 	if n.stop != nil {
 		n.stop() // the certificate watchers and ACME end with it
 	}

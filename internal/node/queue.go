@@ -3,10 +3,15 @@ package node
 import (
 	"context"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/sns"
 )
 
 // dnsDialTimeout bounds reaching the --dns server for one lookup.
@@ -18,15 +23,34 @@ func (n *Node) startQueue() {
 	cfg := n.cfg
 	q := n.Queue
 	q.Local = n.Proxy
-	q.Remote = &queue.Dialer{Resolver: resolver(cfg.DNS), Port: cfg.OutboundPort, Hostname: cfg.Hostname}
+	q.Remote = &queue.Dialer{Resolver: Resolver(cfg.DNS), Port: cfg.OutboundPort, Hostname: cfg.Hostname}
+	if cfg.RelayWorkers > 0 {
+		// Delivery runs in relay worker processes (SNS): launched with
+		// the first task, balanced by lottery, restarted when they die.
+		exe, err := os.Executable()
+		if err == nil {
+			dir := filepath.Join(cfg.DataDir, "sns")
+			if err = os.MkdirAll(dir, 0o700); err == nil {
+				n.relays = sns.NewPool(sns.Config{Class: sns.RelayClass, Max: cfg.RelayWorkers, Dir: dir, Log: cfg.Logger,
+					Command: func(socket string) *exec.Cmd {
+						return exec.Command(exe, "worker", "--class", sns.RelayClass, "--socket", socket, "--hostname", cfg.Hostname,
+							"--dns", cfg.DNS, "--outbound-port", strconv.Itoa(cfg.OutboundPort))
+					}})
+				q.Remote = sns.Relay{Pool: n.relays}
+			}
+		}
+		if err != nil {
+			cfg.Logger.Warn("sns: relay workers not available; the node delivers itself", "err", err)
+		}
+	}
 	q.Cfg.Hostname = cfg.Hostname
 	q.Cfg.Lifetime, q.Cfg.WarnAfter, q.Cfg.Retry, q.Cfg.Workers = cfg.QueueLifetime, cfg.QueueWarn, cfg.QueueRetry, cfg.QueueWorkers
 	q.Start()
 }
 
-// resolver returns the resolver of --dns: every lookup goes to that
+// Resolver returns the resolver of --dns: every lookup goes to that
 // server (UDP, TCP for truncated answers); empty is the system's.
-func resolver(server string) *net.Resolver {
+func Resolver(server string) *net.Resolver {
 	if server == "" {
 		return net.DefaultResolver
 	}

@@ -10,12 +10,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/dnstest"
 	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/sns"
 )
 
 // remoteDomain is the other domain the queue tests send to: its MX is
@@ -37,6 +39,10 @@ type sink struct {
 	got  [][]byte
 	srv  *gosmtp.Server
 	addr string
+	// hold, if set, keeps every DATA waiting until it is closed.
+	hold chan struct{}
+	// inData counts DATA commands begun.
+	inData int
 }
 
 func (s *sink) NewSession(*gosmtp.Conn) (gosmtp.Session, error) { return &sinkSession{s: s}, nil }
@@ -48,6 +54,13 @@ func (ss *sinkSession) Rcpt(string, *gosmtp.RcptOptions) error { return nil }
 func (ss *sinkSession) Reset()                                 {}
 func (ss *sinkSession) Logout() error                          { return nil }
 func (ss *sinkSession) Data(r io.Reader) error {
+	ss.s.mu.Lock()
+	ss.s.inData++
+	hold := ss.s.hold
+	ss.s.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return err
@@ -292,5 +305,59 @@ func (o *outbound) finish(limit time.Duration) (tried, acked, missing, dups int)
 			return tried, len(markers), missing, dups
 		}
 		time.Sleep(time.Second)
+	}
+}
+
+// TestRelayWorkerKilledMidDelivery: the delivery runs in an SNS relay
+// worker; killed with SIGKILL while the remote server holds its DATA, the
+// worker is restarted by its node within 2 s, and the message still
+// arrives (the task failed for now and the queue tried it again).
+func TestRelayWorkerKilledMidDelivery(t *testing.T) {
+	sk := &sink{addr: freeAddr(t), hold: make(chan struct{})}
+	sk.serve(t)
+	_, port, _ := net.SplitHostPort(sk.addr)
+	nodes := startClusterWith(t, 1, "--dns", startDNS(t), "--outbound-port", port, "--queue-retry", "1s",
+		"--submission", "127.0.0.1:0", "--relay-workers", "2")
+	n := nodes[0]
+	const user = "sender@queue.test"
+	n.createUser(t, user, "pw")
+	marker := fmt.Sprintf("sns-test-%d", time.Now().UnixNano())
+	if err := submit(n.Addrs["submission"], user, "pw", []string{"bob@" + remoteDomain},
+		"From: "+user+"\r\nSubject: "+marker+"\r\n\r\nx\r\n"); err != nil {
+		fatalf(t, "submit: %v", err)
+	}
+	waitFor(t, "the remote server to hold the DATA", 30*time.Second, func() bool {
+		sk.mu.Lock()
+		defer sk.mu.Unlock()
+		return sk.inData > 0
+	})
+	pool := func() (st []sns.Status) {
+		n.get("/api/sns", &st)
+		return st
+	}
+	st := pool()
+	if len(st) != 1 || len(st[0].Workers) == 0 || st[0].Workers[0].PID == 0 {
+		fatalf(t, "worker pool %+v, want a relay worker running", st)
+	}
+	victim := st[0].Workers[0]
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		fatalf(t, "kill worker %d: %v", victim.PID, err)
+	}
+	took := waitFor(t, "the worker to be restarted", 10*time.Second, func() bool {
+		for _, w := range pool()[0].Workers {
+			if w.ID == victim.ID && w.Alive && w.PID != victim.PID {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("worker %d (pid %d) restarted %v after SIGKILL", victim.ID, victim.PID, took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		errorf(t, "worker restarted %v after it was killed, want within 2s", took)
+	}
+	close(sk.hold)
+	waitFor(t, "the message to arrive after the restart", 30*time.Second, func() bool { return sk.count(marker) > 0 })
+	if st := pool()[0]; st.Restarts < 1 {
+		errorf(t, "pool counts %d restarts", st.Restarts)
 	}
 }
