@@ -122,34 +122,48 @@ func (c *Checker) Check(ctx context.Context, ip net.IP, helo, mailFrom string, m
 		results = append(results, r)
 	}
 
-	// DMARC (RFC 7489) of the one From: domain.
+	// DMARC (RFC 7489) of the From: domain. A message with several From:
+	// fields, or one that does not parse, is judged by every domain in
+	// them (§6.6.1): the strictest verdict stands, so a second From: or
+	// a garbled header cannot slip past a policy.
 	v := Verdict{}
-	from := fromDomain(msg)
-	dres := &authres.DMARCResult{Value: authres.ResultNone, From: from}
-	results = append(results, dres)
-	if from != "" {
-		v.Domain = from
+	for _, from := range fromDomains(msg) {
+		dres := &authres.DMARCResult{Value: authres.ResultNone, From: from}
+		results = append(results, dres)
+		if v.Domain == "" {
+			v.Domain = from
+		}
 		rec, policy, err := lookupDMARC(from, lookupTXT)
 		switch {
 		case err != nil && dmarc.IsTempFail(err):
 			dres.Value, dres.Reason = authres.ResultTempError, "policy lookup failed"
+			continue
 		case err != nil || rec == nil:
-			// No policy: none.
-		default:
-			pass := Aligned(spfRes == spf.Pass, spfDomain, from, rec.SPFAlignment == dmarc.AlignmentStrict)
-			for _, d := range dkimPass {
-				pass = pass || Aligned(true, d, from, rec.DKIMAlignment == dmarc.AlignmentStrict)
-			}
-			if pass {
-				dres.Value = authres.ResultPass
-				break
-			}
-			dres.Value, dres.Reason = authres.ResultFail, "p="+string(policy)
-			if sampled(rec.Percent) {
-				v.Reject = policy == dmarc.PolicyReject
-				v.Quarantine = policy == dmarc.PolicyQuarantine
-			}
+			continue // no policy: none
 		}
+		pass := Aligned(spfRes == spf.Pass, spfDomain, from, rec.SPFAlignment == dmarc.AlignmentStrict)
+		for _, d := range dkimPass {
+			pass = pass || Aligned(true, d, from, rec.DKIMAlignment == dmarc.AlignmentStrict)
+		}
+		if pass {
+			dres.Value = authres.ResultPass
+			continue
+		}
+		dres.Value, dres.Reason = authres.ResultFail, "p="+string(policy)
+		reject, quarantine := policy == dmarc.PolicyReject, policy == dmarc.PolicyQuarantine
+		if !sampled(rec.Percent) {
+			// §6.6.4: outside pct=, the next policy down applies.
+			reject, quarantine = false, reject
+		}
+		if reject && !v.Reject {
+			v.Reject, v.Domain = true, from
+		}
+		if quarantine && !v.Reject && !v.Quarantine {
+			v.Quarantine, v.Domain = true, from
+		}
+	}
+	if len(results) == 0 || !hasDMARC(results) {
+		results = append(results, &authres.DMARCResult{Value: authres.ResultNone})
 	}
 	v.Header = "Authentication-Results: " + authres.Format(c.Hostname, results) + "\r\n"
 	return v
@@ -212,22 +226,68 @@ func domainOf(addr string) string {
 	return strings.ToLower(d)
 }
 
-// fromDomain returns the domain of the message's one From: address; none
-// when there is no From:, several, or it does not parse (DMARC has
-// nothing to say then, §6.6.1).
-func fromDomain(msg []byte) string {
-	m, err := mail.ReadMessage(bytes.NewReader(msg))
-	if err != nil {
-		return ""
+func hasDMARC(rs []authres.Result) bool {
+	for _, r := range rs {
+		if _, ok := r.(*authres.DMARCResult); ok {
+			return true
+		}
 	}
-	if len(m.Header["From"]) != 1 {
-		return ""
+	return false
+}
+
+// fromDomains returns the domains of the message's From: fields (RFC
+// 7489 §6.6.1), read leniently: the header's fields are unfolded by hand
+// (net/mail refuses a whole header for one bad line), each From: is
+// parsed as an address list, and one that does not parse gives whatever
+// looks like a domain after an @.
+func fromDomains(msg []byte) []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(d string) {
+		d = strings.ToLower(strings.TrimSuffix(strings.Trim(d, " \t<>;,\""), "."))
+		if d != "" && !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
 	}
-	addrs, err := mail.ParseAddressList(m.Header.Get("From"))
-	if err != nil || len(addrs) != 1 {
-		return ""
+	for _, f := range headerFields(msg) {
+		name, val, ok := strings.Cut(f, ":")
+		if !ok || !strings.EqualFold(strings.TrimSpace(name), "From") {
+			continue
+		}
+		if addrs, err := mail.ParseAddressList(val); err == nil {
+			for _, a := range addrs {
+				add(domainOf(a.Address))
+			}
+			continue
+		}
+		for _, part := range strings.Split(val, "@")[1:] {
+			end := strings.IndexAny(part, " \t>,;()\"")
+			if end < 0 {
+				end = len(part)
+			}
+			add(part[:end])
+		}
 	}
-	return domainOf(addrs[0].Address)
+	return out
+}
+
+// headerFields returns a message's header fields, unfolded; a message
+// without a blank line is all header.
+func headerFields(msg []byte) []string {
+	head := msg
+	if i := bytes.Index(msg, []byte("\r\n\r\n")); i >= 0 {
+		head = msg[:i]
+	}
+	var fields []string
+	for _, line := range strings.Split(string(head), "\r\n") {
+		if line != "" && (line[0] == ' ' || line[0] == '\t') && len(fields) > 0 {
+			fields[len(fields)-1] += " " + strings.TrimSpace(line)
+			continue
+		}
+		fields = append(fields, line)
+	}
+	return fields
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
@@ -238,9 +298,11 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 func StripOwnResults(msg []byte, authservID string) []byte {
 	end := bytes.Index(msg, []byte("\r\n\r\n"))
 	if end < 0 {
-		return msg
+		end = len(msg) // all header
+	} else {
+		end += 2
 	}
-	head := msg[:end+2]
+	head := msg[:end]
 	if !bytes.Contains(bytes.ToLower(head), []byte("authentication-results")) {
 		return msg
 	}
@@ -248,26 +310,59 @@ func StripOwnResults(msg []byte, authservID string) []byte {
 	sc := bufio.NewScanner(bytes.NewReader(head))
 	sc.Buffer(make([]byte, 0, 4096), len(head)+1)
 	sc.Split(splitCRLF)
-	drop := false
+	// Each field is gathered with its continuation lines, then kept or
+	// dropped whole.
+	var field []string
+	flush := func() {
+		if len(field) == 0 {
+			return
+		}
+		unfolded := strings.Join(field, " ")
+		name, val, _ := strings.Cut(unfolded, ":")
+		drop := strings.EqualFold(strings.TrimSpace(name), "Authentication-Results") && strings.EqualFold(authservIDOf(val), authservID)
+		if !drop {
+			for _, l := range field {
+				out.WriteString(l + "\r\n")
+			}
+		}
+		field = nil
+	}
 	for sc.Scan() {
 		line := sc.Text()
 		if line != "" && (line[0] == ' ' || line[0] == '\t') {
-			if !drop {
-				out.WriteString(line + "\r\n")
-			}
+			field = append(field, line)
 			continue
 		}
-		drop = false
-		if name, val, ok := strings.Cut(line, ":"); ok && strings.EqualFold(strings.TrimSpace(name), "Authentication-Results") {
-			id, _, _ := strings.Cut(strings.TrimSpace(val), ";")
-			drop = strings.EqualFold(strings.TrimSpace(id), authservID)
-		}
-		if !drop {
-			out.WriteString(line + "\r\n")
+		flush()
+		field = append(field, line)
+	}
+	flush()
+	out.Write(msg[end:])
+	return out.Bytes()
+}
+
+// authservIDOf returns the authserv-id an Authentication-Results value
+// starts with: comments (CFWS) removed, before the optional version and
+// the first ";" (RFC 8601 §2.2).
+func authservIDOf(val string) string {
+	var b strings.Builder
+	depth := 0
+	for _, r := range val {
+		switch {
+		case r == '(':
+			depth++
+		case r == ')' && depth > 0:
+			depth--
+		case depth == 0:
+			b.WriteRune(r)
 		}
 	}
-	out.Write(msg[end+2:])
-	return out.Bytes()
+	id, _, _ := strings.Cut(b.String(), ";")
+	f := strings.Fields(id)
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
 
 func splitCRLF(data []byte, atEOF bool) (int, []byte, error) {

@@ -122,3 +122,44 @@ func TestStripOwnResults(t *testing.T) {
 		t.Errorf("got\n%q\nwant\n%q", out, want)
 	}
 }
+
+// A second From:, or a header net/mail cannot read, does not take a
+// message past a reject policy (review of issue 12).
+func TestNoWayAroundThePolicy(t *testing.T) {
+	c := Checker{Resolver: zoneResolver(t, map[string]string{"_dmarc.bank.example": "v=DMARC1; p=reject"}), Hostname: "quill.test"}
+	ip := net.IPv4(192, 0, 2, 1)
+	for name, msg := range map[string]string{
+		"two From fields": "From: me@harmless.example\r\nFrom: boss@bank.example\r\nSubject: x\r\n\r\nx\r\n",
+		"a bad line":      "From: boss@bank.example\r\nnocolon\r\nSubject: x\r\n\r\nx\r\n",
+		"unparsable From": "From: Boss <boss@bank.example\r\nSubject: x\r\n\r\nx\r\n",
+	} {
+		if v := c.Check(context.Background(), ip, "h", "x@elsewhere.example", []byte(msg)); !v.Reject || v.Domain != "bank.example" {
+			t.Errorf("%s: %+v", name, v)
+		}
+	}
+}
+
+// Outside pct=, a failing message gets the next policy down (RFC 7489
+// §6.6.4): quarantine instead of reject.
+func TestPctZeroQuarantinesInsteadOfRejecting(t *testing.T) {
+	c := Checker{Resolver: zoneResolver(t, map[string]string{"_dmarc.good.example": "v=DMARC1; p=reject; pct=0"}), Hostname: "quill.test"}
+	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", []byte(body))
+	if v.Reject || !v.Quarantine {
+		t.Errorf("%+v", v)
+	}
+}
+
+func TestStripOwnResultsWithVersionCommentsAndNoBody(t *testing.T) {
+	for _, in := range []string{
+		"Authentication-Results: quill.test 1; dmarc=pass\r\nSubject: s\r\n\r\nb",
+		"Authentication-Results: (forged) quill.test; dmarc=pass\r\nSubject: s\r\n\r\nb",
+		"Authentication-Results:\r\n quill.test;\r\n dmarc=pass\r\nSubject: s\r\n\r\nb",
+	} {
+		if out := string(StripOwnResults([]byte(in), "quill.test")); out != "Subject: s\r\n\r\nb" {
+			t.Errorf("%q -> %q", in, out)
+		}
+	}
+	if out := string(StripOwnResults([]byte("Authentication-Results: quill.test; x=y\r\nSubject: s\r\n"), "quill.test")); out != "Subject: s\r\n" {
+		t.Errorf("header-only message: %q", out)
+	}
+}

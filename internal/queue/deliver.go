@@ -21,6 +21,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
@@ -108,7 +109,7 @@ func (d *Dialer) Hosts(ctx context.Context, domain string) ([]string, *Result) {
 		// has none either, the address resolution below says so.
 		return []string{domain}, nil
 	default:
-		return nil, &Result{Status: "4.4.3", Text: fmt.Sprintf("MX lookup of %s failed: %v", domain, err)}
+		return nil, &Result{Status: "4.4.3", Text: fmt.Sprintf("MX lookup of %s failed: %s", domain, why(err))}
 	}
 }
 
@@ -146,7 +147,7 @@ func (d *Dialer) Deliver(ctx context.Context, domain, from string, rcpts []strin
 			if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
 				unknown++
 			}
-			last = Result{Status: "4.4.3", Text: fmt.Sprintf("address lookup of %s failed: %v", host, err)}
+			last = Result{Status: "4.4.3", Text: fmt.Sprintf("address lookup of %s failed: %s", host, why(err))}
 			continue
 		}
 		for _, a := range addrs {
@@ -199,9 +200,11 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 	}
 	conn, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return []Result{{Status: "4.4.1", Text: fmt.Sprintf("connection to %s failed: %v", remote, err), Remote: remote}}, true
+		return []Result{{Status: "4.4.1", Text: fmt.Sprintf("connection to %s failed: %s", remote, why(err)), Remote: remote}}, true
 	}
-	// The context ends the session early (the node shuts down).
+	// What the server sends is bounded (textproto reads a reply line of
+	// any length), and the context ends the session early.
+	conn = &capped{Conn: conn, left: maxSessionRead}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	defer conn.Close()
@@ -209,7 +212,7 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 	switch {
 	case tlsErr != nil && mode == tlsVerify:
 		return []Result{{Status: "4.7.5", Remote: remote,
-			Text: fmt.Sprintf("TLS with %s, which the domain's MTA-STS policy requires, failed: %v", remote, tlsErr)}}, true
+			Text: fmt.Sprintf("TLS with %s, which the domain's MTA-STS policy requires, failed: %s", remote, why(tlsErr))}}, true
 	case tlsErr != nil:
 		// A server that offers STARTTLS and then fails the handshake
 		// gets the message in plain text (RFC 7435: better than none).
@@ -229,7 +232,7 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 		case errors.As(err, &te):
 			r.Code, r.Text, r.Permanent = te.Code, oneLine(te.Msg), te.Code >= 500
 		default:
-			r.Status, r.Text = "4.4.2", fmt.Sprintf("connection to %s broke: %v", remote, err)
+			r.Status, r.Text = "4.4.2", fmt.Sprintf("connection to %s broke: %s", remote, why(err))
 		}
 		return r
 	}
@@ -391,6 +394,75 @@ func needsUTF8(from string, rcpts []string) bool {
 		}
 	}
 	return false
+}
+
+// maxSessionRead bounds what one session reads from a server: replies
+// are a few KB; a server streaming an endless reply line is cut off
+// instead of filling memory.
+const maxSessionRead = 1 << 20
+
+// capped is a connection that fails reads past its budget.
+type capped struct {
+	net.Conn
+	left int64
+}
+
+var errTooMuch = errors.New("the server sent more than a session's replies can hold")
+
+func (c *capped) Read(b []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, errTooMuch
+	}
+	if int64(len(b)) > c.left {
+		b = b[:c.left]
+	}
+	n, err := c.Conn.Read(b)
+	c.left -= int64(n)
+	return n, err
+}
+
+// why says what went wrong with a lookup or a connection in words fit
+// for a DSN: the kind of failure, not the Go error, which names this
+// node's own addresses and its resolver.
+func why(err error) string {
+	var dnsErr *net.DNSError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &dnsErr):
+		if dnsErr.IsNotFound {
+			return "no such domain"
+		}
+		if dnsErr.IsTimeout {
+			return "DNS timed out"
+		}
+		return "DNS failure"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH):
+		return "no route to host"
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed by the server"
+	case errors.Is(err, errTooMuch):
+		return errTooMuch.Error()
+	case errors.Is(err, context.Canceled):
+		return "attempt cut short (node shutting down)"
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return "timed out"
+	}
+	var certErr *tls.CertificateVerificationError
+	if errors.As(err, &certErr) {
+		return oneLine(certErr.Err.Error())
+	}
+	var tlsAlert tls.AlertError
+	if errors.As(err, &tlsAlert) {
+		return "TLS alert: " + oneLine(tlsAlert.Error())
+	}
+	if errors.As(err, &netErr) {
+		return "connection failed"
+	}
+	return oneLine(err.Error())
 }
 
 // oneLine keeps a remote's reply to one printable line of at most 512

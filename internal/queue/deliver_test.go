@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -198,5 +199,35 @@ func TestSTSPolicyParseAndMatch(t *testing.T) {
 	}
 	if id := stsRecordID([]string{"v=STSv1; id=a", "v=STSv1; id=b"}); id != "" {
 		t.Errorf("two records: id %q, want none", id)
+	}
+}
+
+// A server that streams an endless greeting line is cut off after
+// maxSessionRead, not read into memory until the timeout.
+func TestEndlessReplyIsCutOff(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte("220 "))
+		junk := []byte(strings.Repeat("a", 64<<10))
+		for i := 0; i < 64; i++ { // 4 MB, past the budget
+			if _, err := c.Write(junk); err != nil {
+				return
+			}
+		}
+	}()
+	res := testDNS(t, map[string]string{"mx.flood.test": "127.0.0.1"}, map[string]string{"flood.test": "mx.flood.test"}, nil)
+	d := &Dialer{Resolver: res, Port: l.Addr().(*net.TCPAddr).Port, Hostname: "quill.test"}
+	r := d.Deliver(context.Background(), "flood.test", "a@quill.test", []string{"b@flood.test"}, []byte("x\r\n"))[0]
+	if r.Delivered || r.Permanent || !strings.Contains(r.Text, "more than a session's replies can hold") || len(r.Text) > 600 {
+		t.Fatalf("%+v", r)
 	}
 }

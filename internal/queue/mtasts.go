@@ -173,6 +173,9 @@ func (d *Dialer) fetchPolicy(ctx context.Context, domain string) (*stsPolicy, er
 			TLSClientConfig: &tls.Config{RootCAs: d.RootCAs, MinVersion: tls.VersionTLS12},
 			DialContext:     d.dialVia,
 			Proxy:           nil,
+			// One fetch per policy change: no idle connection kept (a
+			// policy server that never closes one would hold it).
+			DisableKeepAlives: true,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return errors.New("MTA-STS policy: redirects are not followed")

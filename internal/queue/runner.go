@@ -312,7 +312,10 @@ func (q *Queue) attempt(id string) {
 		domains, by := DueRecipients(e, now)
 		for _, d := range domains {
 			if ctx.Err() != nil {
-				return // shutting down: the entry stays as it was
+				// Shutting down, or the attempt ran out of time: what
+				// was delivered so far is saved below all the same, so
+				// it is not delivered again.
+				break
 			}
 			res := q.deliverDomain(ctx, e.From, d, by[d], body)
 			Step(e, res, time.Now(), q.Cfg.Retry, rand.Float64)
@@ -330,10 +333,9 @@ func (q *Queue) attempt(id string) {
 			}
 		}
 	}
-	q.report(ctx, e, body, now)
-	if ctx.Err() != nil && q.ctx.Err() != nil {
-		return
-	}
+	// The results' own times: a recipient refused just now is owed its
+	// report now, not at the next round.
+	q.report(ctx, e, body, time.Now())
 	q.save(e, begun)
 }
 

@@ -89,6 +89,10 @@ func (s *authSession) Auth(mech string) (sasl.Server, error) {
 	case s.user != "":
 		// RFC 4954 §4: AUTH is not permitted once authenticated.
 		return nil, &gosmtp.SMTPError{Code: 503, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "already authenticated"}
+	case s.session.inTx:
+		// RFC 4954 §4: nor during a mail transaction (a sender given
+		// before AUTH would escape the submission's sender check).
+		return nil, &gosmtp.SMTPError{Code: 503, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "AUTH is not permitted during a mail transaction: RSET first"}
 	case !s.mayAuth():
 		return nil, &gosmtp.SMTPError{Code: 538, EnhancedCode: gosmtp.EnhancedCode{5, 7, 11}, Message: "encryption required: use STARTTLS first"}
 	}

@@ -136,6 +136,8 @@ type session struct {
 	// remote are a submission's recipients in other domains: they go to
 	// the outbound queue.
 	remote []string
+	// inTx: MAIL was given (the null sender too) and no RSET since.
+	inTx bool
 	// authUser is the user authenticated by AUTH, if any (the Received
 	// line then says ESMTPSA, RFC 3848).
 	authUser string
@@ -149,7 +151,7 @@ func (s *session) command(d time.Duration) (context.Context, func()) {
 	return wctx, func() { stop(); cancel() }
 }
 
-func (s *session) Reset() { s.from, s.rcpts, s.remote = "", nil, nil }
+func (s *session) Reset() { s.from, s.rcpts, s.remote, s.inTx = "", nil, nil, false }
 
 func (s *session) Logout() error { return nil }
 
@@ -158,12 +160,18 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 		// RFC 1870 §6.1: a declared size over the limit is refused at MAIL.
 		return errTooLarge(s.b.cfg.MaxMessageBytes)
 	}
-	s.from = from
+	s.from, s.inTx = from, true
 	s.rcpts, s.remote = nil, nil
 	return nil
 }
 
 func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
+	if s.submitting() && !sameAddress(s.from, s.authUser) {
+		// Defence in depth: the sender was checked at MAIL, and AUTH is
+		// refused within a transaction.
+		return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(s.from), s.authUser)}
+	}
 	if max := s.b.cfg.SubmitRecipients; s.submitting() && max > 0 && len(s.rcpts)+len(s.remote) >= max {
 		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 5, 3},
 			Message: fmt.Sprintf("too many recipients: at most %d per submitted message", max)}
@@ -200,7 +208,7 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	}
 }
 
-func (s *session) Data(r io.Reader) error {
+func (s *session) Data(r io.Reader) (err error) {
 	if len(s.rcpts) == 0 && len(s.remote) == 0 {
 		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"}
 	}
@@ -245,25 +253,31 @@ func (s *session) Data(r io.Reader) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.DeliverTimeout)
 	defer cancel()
 	if len(s.remote) > 0 {
-		// The queue first: a failure there refuses the whole message
-		// before any local copy exists. What is relayed carries no
-		// Return-Path (RFC 5321 §4.4: final delivery adds it).
+		// One durable write decides the 250: the local recipients ride
+		// in the same queue entry (its runner delivers them here), so a
+		// failure cannot leave some recipients served and the client
+		// sending again to all. What is queued carries no Return-Path
+		// (RFC 5321 §4.4: final delivery adds it).
 		relay := raw[len(returnPath(s.from)):]
-		if err := s.b.cfg.Queue.Enqueue(ctx, s.authUser, s.from, s.remote, relay); err != nil {
+		all := append(slices.Clone(s.rcpts), s.remote...)
+		if err := s.b.cfg.Queue.Enqueue(ctx, s.authUser, s.from, all, relay); err != nil {
 			metrics.DeliveryFailures.Inc()
 			ref := reference()
-			s.b.cfg.Logger.Error("queueing failed", "from", s.from, "rcpts", s.remote, "err", err, "ref", ref)
+			s.b.cfg.Logger.Error("queueing failed", "from", s.from, "rcpts", all, "err", err, "ref", ref)
 			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
 				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)}
 		}
+		if s.b.cfg.Sends != nil {
+			s.b.cfg.Sends.Sent(s.authUser, time.Now())
+		}
+		return nil
 	}
 	if s.submitting() && s.b.cfg.Sends != nil {
-		// Counted whatever becomes of the local copies: the queued
-		// ones are on their way.
-		defer s.b.cfg.Sends.Sent(s.authUser, time.Now())
-	}
-	if len(s.rcpts) == 0 {
-		return nil
+		defer func() {
+			if err == nil {
+				s.b.cfg.Sends.Sent(s.authUser, time.Now())
+			}
+		}()
 	}
 	deliver := s.b.p.Deliver
 	if j, ok := s.b.p.(interface {

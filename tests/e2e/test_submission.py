@@ -5,6 +5,7 @@ Date and Message-ID are added when missing, local recipients get the mail
 
 from __future__ import annotations
 
+import base64
 import poplib
 import smtplib
 import ssl
@@ -125,3 +126,14 @@ def test_per_user_limits(quill_factory):
     s.sendmail(BOB, [ALICE], f"From: {BOB}\r\n\r\nfrom bob\r\n".encode())
     s.quit()
     assert len(messages(n, BOB)) == 2
+
+
+def test_auth_refused_inside_a_transaction(node):
+    """RFC 4954 §4: no AUTH during a mail transaction; otherwise a sender
+    named before AUTH would escape the submission's sender check."""
+    host, port = node.addrs["smtps"]
+    with smtplib.SMTP_SSL(host, port, timeout=TIMEOUT, context=tls_ctx()) as s:
+        s.ehlo("client.test")
+        assert s.mail("ceo@bank.example")[0] == 250  # unauthenticated mail for local users is allowed here
+        code, text = s.docmd("AUTH", "PLAIN " + base64.b64encode(f"\0{ALICE}\0{PW}".encode()).decode())
+        assert code == 503 and b"5.5.1" in text, text
