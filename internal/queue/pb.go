@@ -155,7 +155,10 @@ func (q *Queue) ListAll(ctx context.Context, id string) Listing {
 				return
 			}
 			for _, e := range es {
-				if cur := best[e.ID]; cur == nil || cur.Stamp.Less(e.Stamp) {
+				// A replica the repair moved away keeps a tombstone with
+				// the stamp of the move: at equal stamps the live state
+				// wins.
+				if cur := best[e.ID]; cur == nil || cur.Stamp.Less(e.Stamp) || (cur.Stamp == e.Stamp && cur.Deleted && !e.Deleted) {
 					best[e.ID] = e
 				}
 			}
