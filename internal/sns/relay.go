@@ -90,6 +90,10 @@ func (s *relayServer) Load(ctx context.Context, _ *nodepb.Empty) (*nodepb.Worker
 	return &nodepb.WorkerLoad{Pending: s.pending.Load(), Done: s.done.Load()}, nil
 }
 
+// gracefulWait bounds a worker's clean stop (its node kills it at
+// stopWait).
+const gracefulWait = 3 * time.Second
+
 // maxTask bounds a task's size on the socket: the largest message and
 // its envelope.
 const maxTask = 64 << 20
@@ -109,7 +113,11 @@ func ServeRelay(socket string, remote queue.Remote) error {
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-sig
+		// Tasks in progress may finish; a client that keeps its
+		// connection open does not hold the worker past gracefulWait.
+		t := time.AfterFunc(gracefulWait, srv.Stop)
 		srv.GracefulStop()
+		t.Stop()
 	}()
 	return srv.Serve(l)
 }

@@ -227,7 +227,12 @@ func (p *Pool) runOnce(w *worker, why string) error {
 	}
 	p.mu.Lock()
 	w.cmd, w.started = cmd, time.Now()
+	stopping := w.stopping || p.closed
 	p.mu.Unlock()
+	if stopping {
+		// Stopped while it was being started: Close did not see it.
+		terminate(cmd)
+	}
 	p.cfg.Log.Info("sns: worker started", "class", p.cfg.Class, "worker", w.id, "pid", cmd.Process.Pid, "why", why)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -465,6 +470,11 @@ func (p *Pool) Close() {
 		p.mu.Lock()
 		w.stopping = true
 		cmd := w.cmd
+		if w.conn != nil {
+			// The worker's graceful stop waits for its clients to go.
+			w.conn.Close()
+			w.conn, w.client = nil, nil
+		}
 		p.mu.Unlock()
 		terminate(cmd)
 	}
