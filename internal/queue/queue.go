@@ -334,6 +334,14 @@ func (s *Store) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []re
 			outs[i] = replica.Stale
 			continue
 		}
+		if cur != nil && cur.Deleted && len(cur.Replicas) == 0 && !e.Deleted {
+			// Done or deleted stays so: an attempt's outcome written
+			// after an operator's delete must not bring the entry back.
+			// (A tombstone left by a move, with its new replicas, may
+			// see the entry come back.)
+			outs[i] = replica.Stale
+			continue
+		}
 		data := u.Data
 		if !e.Deleted && slices.Contains(e.Replicas, s.self) {
 			switch {
@@ -349,8 +357,14 @@ func (s *Store) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []re
 			}
 		} else {
 			// Done, removed, or moved away from here: a tombstone keeps
-			// the stamp so an older state cannot come back.
-			e = &Entry{ID: e.ID, Stamp: e.Stamp, Deleted: true, Created: e.Created}
+			// the stamp so an older state cannot come back. One left by a
+			// move keeps the new replica set, so an attempt that was under
+			// way here can still hand its outcome over (Queue.save).
+			t := &Entry{ID: e.ID, Stamp: e.Stamp, Deleted: true, Created: e.Created}
+			if !e.Deleted {
+				t.Replicas = e.Replicas
+			}
+			e = t
 			if data, err = encode(e); err != nil {
 				s.mu.Unlock()
 				return nil, err

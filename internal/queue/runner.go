@@ -395,10 +395,25 @@ func (q *Queue) report(ctx context.Context, e *Entry, body []byte, now time.Time
 func (q *Queue) save(done, begun *Entry) {
 	cur, ok := q.Store.Get(done.ID)
 	if !ok {
-		return // deleted meanwhile
+		t, held := q.Store.lookup(done.ID)
+		if !held || len(t.Replicas) == 0 || slices.Contains(t.Replicas, q.Self) {
+			return // done or deleted meanwhile
+		}
+		// The repair moved the entry away during the attempt: the
+		// outcome goes to its new replicas, or the new leader would
+		// deliver again what was delivered here.
+		cur = done.Clone()
+		cur.Replicas = t.Replicas
+		q.Log.Info("queue: entry moved away during an attempt; outcome handed to its new replicas", "id", done.ID, "replicas", t.Replicas)
 	}
 	e := done
-	if cur.Stamp != begun.Stamp {
+	switch {
+	case cur.Stamp == begun.Stamp:
+	case !ok:
+		e = cur // the outcome, bound for the new replica set
+	default:
+		// Changed meanwhile (an operator's retry, a re-homing): the
+		// attempt's outcome goes onto the current state.
 		e = Merge(cur, begun, done)
 	}
 	var body []byte
