@@ -52,6 +52,8 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzPush -fuzztime=$(FUZZTIME) ./internal/replica/
 	$(GO) test -run='^$$' -fuzz=FuzzMessageRecord -fuzztime=$(FUZZTIME) ./internal/mailbox/
 	$(GO) test -run='^$$' -fuzz=FuzzExchange -fuzztime=$(FUZZTIME) ./internal/saslsrv/
+	$(GO) test -run='^$$' -fuzz=FuzzParseSTSPolicy -fuzztime=$(FUZZTIME) ./internal/queue/
+	$(GO) test -run='^$$' -fuzz=FuzzHeaderHandling -fuzztime=$(FUZZTIME) ./internal/mailauth/
 
 # The long fault runs under a delivery stream: SIGKILL and SIGSTOP of random
 # nodes on loopback; then (as root, else skipped) kill -9, SIGSTOP, network
