@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,9 +24,19 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// fakeRemote delivers nothing; QUILL_SNS_TEST_DELAY makes each task take
+// that long, one task at a time (a worker with a queue, the experiment's
+// service time).
 type fakeRemote struct{}
 
+var serviceMu sync.Mutex
+
 func (fakeRemote) Deliver(ctx context.Context, domain, from string, rcpts []string, body []byte) []queue.Result {
+	if d, err := time.ParseDuration(os.Getenv("QUILL_SNS_TEST_DELAY")); err == nil && d > 0 {
+		serviceMu.Lock()
+		time.Sleep(d)
+		serviceMu.Unlock()
+	}
 	out := make([]queue.Result, len(rcpts))
 	for i, r := range rcpts {
 		out[i] = queue.Result{Rcpt: r, Delivered: true, Code: 250, Text: "ok " + domain}
@@ -34,15 +45,23 @@ func (fakeRemote) Deliver(ctx context.Context, domain, from string, rcpts []stri
 }
 
 func testPool(t *testing.T, max int) *Pool {
+	return testPoolWith(t, Config{Max: max}, 0)
+}
+
+// testPoolWith starts a pool of test-binary workers whose tasks take
+// delay each.
+func testPoolWith(t *testing.T, cfg Config, delay time.Duration) *Pool {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := NewPool(Config{Class: RelayClass, Max: max, Dir: t.TempDir(), Command: func(socket string) *exec.Cmd {
+	cfg.Class, cfg.Dir = RelayClass, t.TempDir()
+	cfg.Command = func(socket string) *exec.Cmd {
 		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), "QUILL_SNS_TEST_SOCKET="+socket)
+		cmd.Env = append(os.Environ(), "QUILL_SNS_TEST_SOCKET="+socket, "QUILL_SNS_TEST_DELAY="+delay.String())
 		return cmd
-	}})
+	}
+	p := NewPool(cfg)
 	t.Cleanup(p.Close)
 	return p
 }

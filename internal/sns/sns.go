@@ -86,6 +86,12 @@ type Config struct {
 	// Dir holds the workers' sockets.
 	Dir string
 	Log *slog.Logger
+	// NoCorrection leaves out the correction of §3.3.2 (the experiment of
+	// docs/benchmarks.md compares with and without it).
+	NoCorrection bool
+	// ReportInterval overrides reportInterval (the experiment slows the
+	// reports down to make their staleness visible).
+	ReportInterval time.Duration
 }
 
 // worker is one worker process and the soft state about it.
@@ -299,7 +305,7 @@ func (p *Pool) reportLoop() {
 		select {
 		case <-p.stop:
 			return
-		case <-time.After(jitter(reportInterval, 0.2)):
+		case <-time.After(jitter(p.reportEvery(), 0.2)):
 		}
 		p.mu.Lock()
 		var ws []*worker
@@ -316,7 +322,7 @@ func (p *Pool) reportLoop() {
 			if c == nil {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), reportInterval)
+			ctx, cancel := context.WithTimeout(context.Background(), p.reportEvery())
 			rep, err := c.Load(ctx, &nodepb.Empty{})
 			cancel()
 			if err != nil {
@@ -331,6 +337,13 @@ func (p *Pool) reportLoop() {
 		}
 		p.reap()
 	}
+}
+
+func (p *Pool) reportEvery() time.Duration {
+	if p.cfg.ReportInterval > 0 {
+		return p.cfg.ReportInterval
+	}
+	return reportInterval
 }
 
 // reap stops workers idle for idleReap, keeping one.
@@ -391,7 +404,10 @@ func (p *Pool) choose(ctx context.Context) (*worker, error) {
 		loads := make([]int, len(live))
 		busy := len(live) > 0
 		for i, w := range live {
-			loads[i] = w.load + w.correction
+			loads[i] = w.load
+			if !p.cfg.NoCorrection {
+				loads[i] += w.correction
+			}
 			busy = busy && loads[i] >= p.cfg.Threshold
 		}
 		starting := len(p.workers) - len(live)
