@@ -18,6 +18,11 @@ import (
 // RelayClass is the class of the workers that deliver outbound mail.
 const RelayClass = "relay"
 
+// chooseTimeout bounds the wait for a worker (one being launched or
+// restarted): a worker that cannot start fails the task for now rather
+// than holding the queue's attempt.
+const chooseTimeout = 3 * launchTimeout
+
 // relayTimeout bounds one relay task: RFC 5321's timeouts of one
 // transaction, with room.
 const relayTimeout = 20 * time.Minute
@@ -37,7 +42,9 @@ func (r Relay) Deliver(ctx context.Context, domain, from string, rcpts []string,
 		}
 		return out
 	}
-	w, err := r.Pool.choose(ctx)
+	cctx, cancel := context.WithTimeout(ctx, chooseTimeout)
+	w, err := r.Pool.choose(cctx)
+	cancel()
 	if err != nil {
 		return fail(err)
 	}
@@ -47,9 +54,9 @@ func (r Relay) Deliver(ctx context.Context, domain, from string, rcpts []string,
 	if c == nil {
 		return fail(fmt.Errorf("worker %d ended before the task reached it", w.id))
 	}
-	ctx, cancel := context.WithTimeout(ctx, relayTimeout)
-	defer cancel()
-	rep, err := c.Relay(ctx, &nodepb.RelayTask{Domain: domain, From: from, Rcpts: rcpts, Body: body})
+	rctx, rcancel := context.WithTimeout(ctx, relayTimeout)
+	defer rcancel()
+	rep, err := c.Relay(rctx, &nodepb.RelayTask{Domain: domain, From: from, Rcpts: rcpts, Body: body})
 	if err != nil {
 		return fail(fmt.Errorf("worker %d ended mid-delivery (%v); tried again later", w.id, err))
 	}
