@@ -58,7 +58,10 @@ func (r Relay) Deliver(ctx context.Context, domain, from string, rcpts []string,
 	defer rcancel()
 	rep, err := c.Relay(rctx, &nodepb.RelayTask{Domain: domain, From: from, Rcpts: rcpts, Body: body})
 	if err != nil {
-		return fail(fmt.Errorf("worker %d ended mid-delivery (%v); tried again later", w.id, err))
+		// The cause (a gRPC error naming the socket) goes to the log,
+		// not into the entry and the sender's DSN.
+		r.Pool.cfg.Log.Warn("sns: relay task failed on its worker", "worker", w.id, "domain", domain, "err", err)
+		return fail(fmt.Errorf("worker %d ended mid-delivery; tried again later", w.id))
 	}
 	out := make([]queue.Result, 0, len(rep.Results))
 	for _, x := range rep.Results {
