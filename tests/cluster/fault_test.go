@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -287,6 +288,26 @@ func wipeSafe(nodes []*Node, victim *Node, since time.Time, full bool) (bool, st
 	return ok, strings.Join(parts, "; "), from, backlog
 }
 
+// stillCounted names a node that still counts one of the wiped ids as a
+// live member (failure detection has not caught up), or "".
+func stillCounted(nodes []*Node, wiped []string) string {
+	if len(wiped) == 0 {
+		return ""
+	}
+	for _, n := range nodes {
+		st, err := n.Status()
+		if err != nil {
+			return fmt.Sprintf("%s: status: %v", n.ID, err)
+		}
+		for _, m := range st.Members {
+			if slices.Contains(wiped, string(m.ID)) && m.State != "dead" && m.State != "left" {
+				return fmt.Sprintf("%s still counts wiped node %s as %s", n.ID, m.ID, m.State)
+			}
+		}
+	}
+	return ""
+}
+
 // setWritePolicy sets a user's write policy through the node.
 func (n *Node) setWritePolicy(t *testing.T, addr, policy string) {
 	t.Helper()
@@ -395,6 +416,8 @@ func TestFaultsNetns(t *testing.T) {
 	s.start(4, seed, true)
 	kinds := map[string]int{}
 	wiped := false
+	// wipedIDs are the old ids of wiped nodes: gone for good.
+	var wipedIDs []string
 	var wipeWatches []chan string
 	lowDisk := map[*Node]bool{}
 	var lastFault time.Time
@@ -413,8 +436,21 @@ func TestFaultsNetns(t *testing.T) {
 			// cluster is fully replicated again.
 			ok, st := false, ""
 			gate := time.Now()
-			for !ok && time.Since(gate) < wipeGateWait {
+			start := gate
+			for !ok && time.Since(start) < wipeGateWait {
 				var backlog int64
+				if ghost := stillCounted(nodes, wipedIDs); ghost != "" {
+					// A node that still counts an earlier wiped node's
+					// old id as alive reports copies on it as copies:
+					// its under_replicated says nothing yet. (Session 7's
+					// 1,000-fault run wiped a second node 6.5 s after a
+					// first one this way and lost every message whose two
+					// copies were on those two nodes.)
+					// Only repair scans begun after it is gone count.
+					st, gate = ghost, time.Now()
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
 				ok, st, safeFrom, backlog = wipeSafe(nodes, victim, gate, wiped)
 				if !ok && backlog > wipeGateBacklog {
 					// The repair cannot catch up within the wait: do not
@@ -429,7 +465,7 @@ func TestFaultsNetns(t *testing.T) {
 			if !ok {
 				kind = faultKinds[rnd.IntN(len(faultKinds)-1)]
 				rec.kind = kind
-				t.Logf("fault %d: no wipe, replication not there yet after %v (%s); %s instead", f, time.Since(gate).Round(100*time.Millisecond), st, kind)
+				t.Logf("fault %d: no wipe, replication not there yet after %v (%s); %s instead", f, time.Since(start).Round(100*time.Millisecond), st, kind)
 				// Try again a few faults on (or next, near the end).
 				for _, g := range []int{i + 3, i + 2, i + 1} {
 					if g < len(plan) && plan[g] != faultWipe {
@@ -465,6 +501,7 @@ func TestFaultsNetns(t *testing.T) {
 			s.oneWindows = append(s.oneWindows, oneWindow{from: safeFrom.Add(-time.Second), to: time.Now().Add(time.Second), fault: f})
 			s.mu.Unlock()
 			c.Wipe(victim)
+			wipedIDs = append(wipedIDs, old)
 			s.setDown(victim, false)
 			rec.note = " (back as " + victim.ID + ")"
 			rec.victim = old
