@@ -86,6 +86,15 @@ const (
 	diskFullBelow = 256 << 20
 	// diskCheckInterval is how often free space is read.
 	diskCheckInterval = 2 * time.Second
+	// The store refuses every write that would leave less than
+	// MinFree/floorShare free, and holds a ballast of MinFree/ballastShare
+	// it frees when that floor is reached (store.Reserve): room for what
+	// is already under way, since Pebble exits on a failed log write. The
+	// ballast is under half of MinFree less the floor, so freeing it never
+	// lifts the node out of its critical state.
+	floorShare   = 8
+	ballastShare = 4
+	ballastFile  = "ballast"
 )
 
 // aliveInterval is how often the node notes in its data directory that it
@@ -151,6 +160,9 @@ func (c *Core) checkDisk() {
 		return
 	}
 	free := int64(st.Bavail * uint64(st.Bsize))
+	if free >= c.Opts.MinFree {
+		c.DB.RestoreBallast(c.Opts.MinFree)
+	}
 	full := free < c.Opts.MinFree
 	critical := free < c.Opts.MinFree/2
 	fullChanged := full != c.full.Swap(full)
@@ -229,6 +241,8 @@ func New(o Options) (*Core, error) {
 	if err != nil {
 		return nil, err
 	}
+	db.SetReserve(store.Reserve{Floor: o.MinFree / floorShare, Ballast: o.MinFree / ballastShare,
+		BallastPath: filepath.Join(dataDir, ballastFile)}, o.MinFree)
 	c := &Core{Opts: o, ID: id, Boot: boot, DB: db, log: log, Loads: balance.NewTracker(), dataDir: dataDir}
 	c.checkDisk()
 	clock := hlc.NewSkewed(o.ClockSkew)

@@ -20,6 +20,7 @@ import (
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
+	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 	"github.com/quillmail/quill/internal/writer"
@@ -33,6 +34,13 @@ var (
 	// ErrTryLater is a temporary failure (SMTP 4xx, IMAP UNAVAILABLE).
 	ErrTryLater = errors.New("try again later")
 )
+
+// NoStorage reports whether a delivery failed for want of disk space here
+// (the store's reserve refused the write, or the node refuses content):
+// SMTP's 452 4.3.1, a temporary failure a sender retries later.
+func NoStorage(err error) bool {
+	return store.IsDiskFull(err) || errors.Is(err, replica.ErrNoRoom)
+}
 
 // storeAttempts bounds how many nodes a delivery tries before giving up
 // with a temporary failure: the first choice and, if it fails, others

@@ -289,6 +289,10 @@ func (s *session) Data(r io.Reader) (err error) {
 		metrics.DeliveryFailures.Inc()
 		ref := reference()
 		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
+		if proxy.NoStorage(err) {
+			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 3, 1},
+				Message: fmt.Sprintf("insufficient system storage, try again later (reference %s)", ref)}
+		}
 		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
 			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
 	}

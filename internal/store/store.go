@@ -14,6 +14,10 @@
 // panics, and Close waits for the operations already inside. No shutdown
 // ordering elsewhere has to be perfect for a late RPC or session to be
 // safe.
+//
+// Every write also passes the reserve (reserve.go): a write that would
+// leave the disk under its floor fails with a DiskFullError instead of
+// reaching Pebble, whose write-ahead log treats a full disk as fatal.
 package store
 
 import (
@@ -22,6 +26,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
@@ -63,6 +68,7 @@ type DB struct {
 	p   *pebble.DB
 	dir string
 	gate
+	res atomic.Pointer[reserve] // room kept back on the disk (reserve.go)
 }
 
 // Open opens (creating if needed) the database under dir/store.
@@ -129,6 +135,9 @@ func (d *DB) Set(key, value []byte, o *pebble.WriteOptions) error {
 		return err
 	}
 	defer d.exit()
+	if err := d.take(len(key) + len(value)); err != nil {
+		return err
+	}
 	return d.p.Set(key, value, o)
 }
 
@@ -200,6 +209,9 @@ func (b *Batch) Commit(o *pebble.WriteOptions) error {
 		return err
 	}
 	defer b.db.exit()
+	if err := b.db.take(b.b.Len()); err != nil {
+		return err
+	}
 	return b.b.Commit(o)
 }
 

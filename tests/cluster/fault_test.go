@@ -396,14 +396,20 @@ func TestFaultsNetns(t *testing.T) {
 	}
 
 	// The plan: every kind once (as far as the number of faults allows),
-	// one wipe per 20 faults, the rest kills, pauses, partitions and full
+	// one wipe per 20 faults (QUILL_WIPE_EVERY sets another share, to try
+	// the wipe gate hard), the rest kills, pauses, partitions and full
 	// disks; in random order.
+	wipeEvery := 20
+	if v, err := strconv.Atoi(os.Getenv("QUILL_WIPE_EVERY")); err == nil && v > 0 {
+		wipeEvery = v
+		t.Logf("one wipe per %d faults (QUILL_WIPE_EVERY)", v)
+	}
 	plan := append([]string(nil), faultKinds...)
 	rnd.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
 	if faults < len(plan) {
 		plan = plan[:faults]
 	}
-	for w := 1; w < faults/20 && len(plan) < faults; w++ {
+	for w := 1; w < faults/wipeEvery && len(plan) < faults; w++ {
 		plan = append(plan, faultWipe)
 	}
 	for len(plan) < faults {
@@ -461,6 +467,10 @@ func TestFaultsNetns(t *testing.T) {
 				if !ok {
 					time.Sleep(100 * time.Millisecond)
 				}
+			}
+			if ok {
+				// What the gate saw: the evidence a wipe went by.
+				t.Logf("fault %d: wipe gate passed after %v: %s", f, time.Since(start).Round(100*time.Millisecond), st)
 			}
 			if !ok {
 				kind = faultKinds[rnd.IntN(len(faultKinds)-1)]

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -307,8 +308,21 @@ type checkResult struct {
 	// pop3Only counts lost messages that POP3 still shows (the IMAP
 	// view hides them; still an error).
 	pop3Only int
-	// lostBy counts lost messages per user.
-	lostBy map[string]int
+	// lostBy counts lost messages per user; lostBefore per the first
+	// wipe after their acknowledgement (-1: none), which names the wipe
+	// that took them when losses are many.
+	lostBy     map[string]int
+	lostBefore map[int]int
+}
+
+// nextWipe is the number of the first wipe begun after t, or -1.
+func (s *stream) nextWipe(t time.Time) int {
+	for _, f := range s.faults {
+		if f.kind == faultWipe && f.start.After(t) {
+			return f.n
+		}
+	}
+	return -1
 }
 
 // inOneWindow reports whether a lost message of the user is one write
@@ -336,7 +350,7 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := checkResult{lostBy: map[string]int{}}
+	r := checkResult{lostBy: map[string]int{}, lostBefore: map[int]int{}}
 	for _, u := range s.users {
 		counts := make([]map[int]int, len(nodes))
 		for i, n := range nodes {
@@ -411,6 +425,7 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 			case len(missing) == len(nodes):
 				r.lost++
 				r.lostBy[u]++
+				r.lostBefore[s.nextWipe(a.at)]++
 				over := "not over POP3 either"
 				if pop3[k] {
 					r.pop3Only++
@@ -448,6 +463,12 @@ func (s *stream) check(t *testing.T, nodes []*Node, what string) checkResult {
 			}
 		}
 		errorf(t, "%s: %d acknowledged messages lost over IMAP (%s), %d of them still shown by POP3", what, r.lost, strings.Join(by, ", "), r.pop3Only)
+		var wipes []string
+		for f, n := range r.lostBefore {
+			wipes = append(wipes, fmt.Sprintf("before wipe %d: %d", f, n))
+		}
+		slices.Sort(wipes)
+		errorf(t, "%s: lost messages by the first wipe after their acknowledgement (-1: none): %s", what, strings.Join(wipes, ", "))
 	}
 	if r.partial > maxLostLogs {
 		errorf(t, "%s: %d more acknowledged messages missing through some nodes", what, r.partial-maxLostLogs)

@@ -50,6 +50,11 @@ func (n *Node) addUsers(t *testing.T, prefix string, count int, pw string) []str
 
 // send delivers one message through the node's SMTP listener.
 func (n *Node) send(rcpt, subject string) error {
+	return n.sendBody(rcpt, subject, subject+"\r\n")
+}
+
+// sendBody delivers a message with the given body through the node.
+func (n *Node) sendBody(rcpt, subject, body string) error {
 	conn, err := net.DialTimeout("tcp", n.Addrs["smtp"], ioTimeout)
 	if err != nil {
 		return err
@@ -57,7 +62,7 @@ func (n *Node) send(rcpt, subject string) error {
 	conn.SetDeadline(time.Now().Add(ioTimeout))
 	c := gosmtp.NewClient(conn)
 	defer c.Close()
-	msg := fmt.Sprintf("From: t@test.example\r\nTo: %s\r\nSubject: %s\r\n\r\n%s\r\n", rcpt, subject, subject)
+	msg := fmt.Sprintf("From: t@test.example\r\nTo: %s\r\nSubject: %s\r\n\r\n%s", rcpt, subject, body)
 	return c.SendMail("t@test.example", []string{rcpt}, strings.NewReader(msg))
 }
 
