@@ -72,6 +72,8 @@ type NodeInfo struct {
 	Replication func() ReplicationStatus
 	// Workers reports the node's SNS worker pools (nil: none).
 	Workers func() []sns.Status
+	// SNSManager is this node's view of the SNS manager (nil: none).
+	SNSManager func() *sns.ManagerStatus
 }
 
 // ReplicationStatus is the JSON of GET /api/replication: this node's update
@@ -121,6 +123,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("PUT /api/dkim/{domain}", s.setDKIM)
 	mux.HandleFunc("DELETE /api/dkim/{domain}", s.deleteDKIM)
 	mux.HandleFunc("GET /api/sns", s.workers)
+	mux.HandleFunc("GET /api/sns/manager", s.snsManager)
 	mux.HandleFunc("GET /api/queue", s.listQueue)
 	mux.HandleFunc("GET /api/queue/{id}", s.showQueued)
 	mux.HandleFunc("POST /api/queue/{id}/retry", s.actQueued("retry"))

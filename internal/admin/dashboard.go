@@ -46,8 +46,14 @@ update log: {{.Pending}} pending, {{.Waiting}} waiting for absent nodes, {{.Done
 {{range .TLS}}<tr><td>{{range .Names}}{{.}} {{end}}{{if .SelfSigned}}<b>(self-signed: clients will not trust it; give --tls-cert/--tls-key or quill tls set)</b>{{end}}</td>
 <td>{{.NotAfter.Format "2006-01-02"}}</td><td>{{if .Cluster}}cluster state {{.Cluster}} ({{.Source}}), served by every node{{else}}{{.CertFile}}{{end}}</td></tr>{{end}}
 </table>{{end}}
+{{with .SNS}}<h2>SNS manager</h2>
+<p>{{if .Manager}}{{if .Self}}<b>this node</b>{{else}}<span class="sw" title="{{.Manager}}" style="background:{{color .Manager}}"></span> {{.Manager}}{{end}} (term {{.Term}}){{else}}none heard yet{{end}} ·
+this node is {{if .Overflow}}an overflow node (workers only when the dedicated nodes are full){{else}}a dedicated node{{end}} · {{.Elections}} time(s) it stood for manager</p>
+{{if .Table}}<table><tr><th>node</th><th>class</th><th>workers</th><th>load (tasks)</th><th>pool</th></tr>
+{{range .Table}}<tr><td><span class="sw" title="{{.Node}}" style="background:{{color .Node}}"></span> {{.Node}}</td><td>{{.Class}}</td><td>{{.Workers}} of {{.Max}}</td>
+<td><span class="bar" style="width:{{.Pending}}0px"></span> {{.Pending}}</td><td>{{if .Overflow}}overflow{{else}}dedicated{{end}}</td></tr>{{end}}</table>{{end}}{{end}}
 {{range .Workers}}<h2>Workers on this node: {{.Class}}</h2>
-<p>SNS worker processes, at most {{.Max}} · {{.Launches}} launched · {{.Restarts}} restarted after dying</p>
+<p>SNS worker processes, at most {{.Max}} · {{.Launches}} launched · {{.Restarts}} restarted after dying · {{.Remote}} task(s) handed to other nodes' workers</p>
 {{if .Workers}}<table><tr><th>worker</th><th>pid</th><th>state</th><th>load (tasks)</th><th>started</th><th>restarts</th></tr>
 {{range .Workers}}<tr><td>{{.ID}}</td><td>{{.PID}}</td><td>{{if .Alive}}running{{else}}starting{{end}}</td>
 <td><span class="bar" style="width:{{.Load}}0px"></span> {{.Load}}</td><td>{{.Started.Format "15:04:05"}}</td><td>{{.Restarts}}</td></tr>{{end}}</table>
@@ -119,9 +125,13 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 		ClusterStatus
 		Queue   *queueView
 		Workers []sns.Status
+		SNS     *sns.ManagerStatus
 	}{ClusterStatus: s.status(r.Context()), Queue: s.queueView(r.Context())}
 	if s.Node.Workers != nil {
 		data.Workers = s.Node.Workers()
+	}
+	if s.Node.SNSManager != nil {
+		data.SNS = s.Node.SNSManager()
 	}
 	if err := dashboardTmpl.Execute(w, data); err != nil {
 		s.Logger.Error("dashboard", "err", err)

@@ -103,3 +103,13 @@ func (s *Server) workers(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// snsManager answers GET /api/sns/manager: the SNS manager as this node
+// sees it (who, its term, the launch table of load reports).
+func (s *Server) snsManager(w http.ResponseWriter, r *http.Request) {
+	if s.Node.SNSManager == nil {
+		writeJSON(w, http.StatusOK, nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.Node.SNSManager())
+}

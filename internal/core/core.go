@@ -37,6 +37,7 @@ import (
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 	"github.com/quillmail/quill/internal/writer"
+	"google.golang.org/grpc"
 )
 
 // LoadNodeID returns the node id kept in the data directory, generating it
@@ -195,6 +196,9 @@ type Options struct {
 	// ClockSkew shifts this node's clock, to test that skew loses no
 	// update (BLUEPRINT invariant 6).
 	ClockSkew time.Duration
+	// Register adds the node's own services (the SNS pools) to the RPC
+	// server before it serves.
+	Register func(grpc.ServiceRegistrar)
 	// AuditInterval is how often the writers' anti-entropy audit runs
 	// (usermgr/audit.go); 0 is usermgr.DefaultAuditInterval, negative
 	// turns it off (tests of what it would hide).
@@ -285,6 +289,9 @@ func New(o Options) (*Core, error) {
 	c.Boxes.Register(c.RPC.Registrar())
 	c.Repl.Register(c.RPC.Registrar())
 	c.Queue.Register(c.RPC.Registrar())
+	if o.Register != nil {
+		o.Register(c.RPC.Registrar())
+	}
 
 	rpcAddr := ""
 	if clusterAddr != "" {

@@ -119,6 +119,8 @@ type Config struct {
 	QueueWarn     time.Duration `flag:"queue-warn" help:"how long a message waits in the outbound queue before the sender is warned of the delay (0: never)"`
 	QueueRetry    time.Duration `flag:"queue-retry" help:"wait after a first failed delivery attempt; doubled after each further one, up to 12 times"`
 	QueueWorkers  int           `flag:"queue-workers" help:"outbound deliveries a node makes at once"`
+	// Overflow makes the node part of the SNS overflow pool.
+	Overflow bool `flag:"overflow" help:"SNS overflow node: it runs relay workers only when the dedicated nodes have their maximum, and gives them back first"`
 	// RelayWorkers bounds the SNS relay worker processes (internal/sns).
 	RelayWorkers int `flag:"relay-workers" help:"relay worker processes (SNS) a node may run for outbound delivery, launched on demand and restarted when they die; 0: the node delivers itself"`
 	// ClockSkew shifts this node's clock (tests).
@@ -182,9 +184,14 @@ type Node struct {
 	Guard *guard.Guard
 	// sends counts what each user submitted in the last hour.
 	sends sharedSends
-	// relays are the SNS relay workers (nil: the node delivers itself).
-	relays *sns.Pool
-	stop   context.CancelFunc // ends the certificate watcher
+	// relays are the SNS relay workers (nil: the node delivers itself);
+	// relaySvc serves them to the other nodes; snsMgr is this node's part
+	// in the SNS manager (sns/manager.go), stopped by snsStop.
+	relays   *sns.Pool
+	relaySvc *sns.NodeService
+	snsMgr   *sns.Manager
+	snsStop  chan struct{}
+	stop     context.CancelFunc // ends the certificate watcher
 
 	smtp  *gosmtp.Server
 	smtps *gosmtp.Server // implicit TLS (submissions), with AUTH
@@ -210,13 +217,15 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	relaySvc := &sns.NodeService{}
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
-		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval)})
+		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
+		Register: relaySvc.Register})
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Core: c, cfg: cfg, started: time.Now(), addrs: map[string]string{}}
+	n := &Node{Core: c, cfg: cfg, started: time.Now(), addrs: map[string]string{}, relaySvc: relaySvc}
 	if len(cfg.TLSCert) != len(cfg.TLSKey) {
 		n.Shutdown(context.Background())
 		return nil, fmt.Errorf("tls: %d --tls-cert file(s) but %d --tls-key file(s): give one key per certificate", len(cfg.TLSCert), len(cfg.TLSKey))
@@ -234,6 +243,11 @@ func Start(cfg Config) (*Node, error) {
 		RatePerIP: cfg.ConnRatePerIP, AuthFailDelay: cfg.AuthFailDelay, AuthMaxDelay: cfg.AuthMaxDelay, LockoutAfter: cfg.AuthLockoutAfter,
 		LockoutFor: cfg.AuthLockoutFor}, cfg.Logger)
 	n.sends = sharedSends{Sends: guard.NewSends(cfg.SubmitPerHour), n: n}
+	if cfg.RelayWorkers > 0 {
+		// Made before the notices are heard; it takes part once the
+		// queue starts (startSNSManager).
+		n.snsMgr = sns.NewManager(string(n.ID), cfg.Overflow, 0, time.Now())
+	}
 	n.shareNotices()
 	saslsrv.SetFakeKey(n.fakeSaltKey)
 	n.serveClusterCerts()
@@ -455,6 +469,13 @@ func (n *Node) startListeners() error {
 			}
 			return []sns.Status{n.relays.Status()}
 		},
+		SNSManager: func() *sns.ManagerStatus {
+			if n.snsMgr == nil {
+				return nil
+			}
+			st := n.snsMgr.Status(time.Now())
+			return &st
+		},
 	}}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
@@ -499,6 +520,10 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	// Deliveries in progress are cut short before the store closes:
 	// their entries stay as they were and are tried again.
 	n.Queue.Close()
+	if n.snsStop != nil {
+		close(n.snsStop)
+		n.snsStop = nil
+	}
 	if n.relays != nil {
 		n.relays.Close()
 	}

@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/sns"
+	"google.golang.org/grpc"
 )
 
 // dnsDialTimeout bounds reaching the --dns server for one lookup.
@@ -32,11 +34,15 @@ func (n *Node) startQueue() {
 			dir := filepath.Join(cfg.DataDir, "sns")
 			if err = os.MkdirAll(dir, 0o700); err == nil {
 				n.relays = sns.NewPool(sns.Config{Class: sns.RelayClass, Max: cfg.RelayWorkers, Dir: dir, Log: cfg.Logger,
+					Managed: true,
 					Command: func(socket string) *exec.Cmd {
 						return exec.Command(exe, "worker", "--class", sns.RelayClass, "--socket", socket, "--hostname", cfg.Hostname,
 							"--dns", cfg.DNS, "--outbound-port", strconv.Itoa(cfg.OutboundPort))
 					}})
-				q.Remote = sns.Relay{Pool: n.relays}
+				n.startSNSManager()
+				q.Remote = sns.NewClusterRelay(n.relays, n.snsMgr, func(node string) (grpc.ClientConnInterface, error) {
+					return n.Peers.Conn(cluster.NodeID(node))
+				}, cfg.Overflow)
 			}
 		}
 		if err != nil {
@@ -78,4 +84,48 @@ func (s queueSubmitter) Enqueue(ctx context.Context, user, from string, rcpts []
 	}
 	_, err = s.n.Queue.Add(ctx, user, from, rcpts, signed, p.Replicas, policy)
 	return err
+}
+
+// snsTick is how often the node advances its part in the SNS manager: well
+// under the beacon interval, so beacons and orders go out on time.
+const snsTick = 100 * time.Millisecond
+
+// startSNSManager starts this node's part in the SNS manager election: its
+// reports and (while it is manager) beacons go out on the gossip as
+// notices, and the orders for this node launch or reap its relay workers.
+func (n *Node) startSNSManager() {
+	n.relaySvc.SetPool(n.relays)
+	n.snsStop = make(chan struct{})
+	stop := n.snsStop
+	go func() {
+		t := time.NewTicker(snsTick)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				out, acts := n.snsMgr.Tick(now, []sns.Report{n.relays.Report()})
+				for _, msg := range out {
+					n.broadcast(notice{SNS: &msg}, "sns message", msg.From)
+				}
+				n.carryOut(acts)
+			}
+		}
+	}()
+}
+
+// carryOut applies the SNS manager's orders for this node.
+func (n *Node) carryOut(acts []sns.Action) {
+	pool := n.relaySvc.Pool()
+	for _, a := range acts {
+		if a.Class != sns.RelayClass || pool == nil {
+			continue
+		}
+		if a.Reap {
+			pool.ReapOne("the SNS manager gives back an overflow worker")
+		} else if pool.Launch("the SNS manager launches one: the cluster's workers are past the threshold") {
+			n.cfg.Logger.Info("sns: worker launched on the manager's order", "class", a.Class)
+		}
+	}
 }

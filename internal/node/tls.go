@@ -19,6 +19,7 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/nodepb"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/tlscert"
 	"google.golang.org/protobuf/proto"
 )
@@ -211,6 +212,9 @@ type notice struct {
 	// Sent shares a message a user submitted (guard.Sends), so that
 	// the hourly limit counts what they sent through every node.
 	Sent *sentNotice `json:"sent,omitempty"`
+	// SNS carries the SNS manager's beacons and the nodes' load reports
+	// (sns/manager.go).
+	SNS *sns.Message `json:"sns,omitempty"`
 }
 
 type sentNotice struct {
@@ -241,6 +245,9 @@ func (n *Node) shareNotices() {
 		}
 		if msg.Sent != nil {
 			n.sends.Note(msg.Sent.User, time.UnixMilli(msg.Sent.At))
+		}
+		if msg.SNS != nil && n.snsMgr != nil {
+			n.carryOut(n.snsMgr.Hear(*msg.SNS, time.Now()))
 		}
 	})
 }

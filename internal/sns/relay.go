@@ -3,9 +3,11 @@ package sns
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/quillmail/quill/internal/nodepb"
 	"github.com/quillmail/quill/internal/queue"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // RelayClass is the class of the workers that deliver outbound mail.
@@ -27,14 +31,119 @@ const chooseTimeout = 3 * launchTimeout
 // transaction, with room.
 const relayTimeout = 20 * time.Minute
 
-// Relay makes a pool of relay workers the outbound queue's way to other
-// domains' servers (queue.Remote).
-type Relay struct{ Pool *Pool }
+// Relay makes the relay workers the outbound queue's way to other
+// domains' servers (queue.Remote): this node's pool and, when the node
+// takes part in the SNS manager's table (Manager set), the other nodes'
+// pools too, reached over the node RPC (RegisterNode).
+type Relay struct {
+	Pool *Pool
+	// Manager, when set, holds the other nodes' load reports; Conn
+	// reaches a node's RPC. Overflow: this node takes tasks on its own
+	// workers only when it has some (launched by the manager) or no
+	// other node has any (SNS §3.3.4).
+	Manager  *Manager
+	Conn     func(node string) (grpc.ClientConnInterface, error)
+	Overflow bool
+	// inflight counts the tasks sent to each other node since its last
+	// report: the correction of §3.3.2 for remote workers.
+	inflight *inflight
+}
 
-// Deliver hands the delivery to a relay worker chosen by lottery. A worker
-// that dies or cannot be had fails the task for now: the queue tries it
-// again (SNS §3.4.2: tasks are restartable).
+type inflight struct {
+	mu sync.Mutex
+	n  map[string]int
+	at map[string]time.Time // the report the count runs from
+}
+
+// Deliver hands the delivery to a relay worker chosen by lottery: one of
+// this node's, or another node's through its RPC. A worker that dies or
+// cannot be had fails the task for now: the queue tries it again (SNS
+// §3.4.2: tasks are restartable).
 func (r Relay) Deliver(ctx context.Context, domain, from string, rcpts []string, body []byte) []queue.Result {
+	if node := r.pickNode(time.Now(), rand.Float64()); node != "" {
+		res, err := r.deliverRemote(ctx, node, &nodepb.RelayTask{Domain: domain, From: from, Rcpts: rcpts, Body: body})
+		if err == nil && len(res) == len(rcpts) {
+			r.Pool.mu.Lock()
+			r.Pool.remote++
+			r.Pool.mu.Unlock()
+			return res
+		}
+		// The other node's workers could not be had: this node's then.
+		r.Pool.cfg.Log.Warn("sns: relay task not taken by another node; delivering through this node's workers",
+			"node", node, "domain", domain, "err", err)
+	}
+	return r.deliverLocal(ctx, domain, from, rcpts, body)
+}
+
+// pickNode draws the node for a task by lottery over every worker of the
+// class the table knows ("" is this node): each worker holds tickets
+// inversely proportional to its node's load per worker, corrected by the
+// tasks sent there since its report.
+func (r Relay) pickNode(now time.Time, draw float64) string {
+	if r.Manager == nil || r.Conn == nil || r.inflight == nil {
+		return ""
+	}
+	rows := r.Manager.Remote(r.Pool.cfg.Class, now)
+	if len(rows) == 0 {
+		return ""
+	}
+	mine := r.Pool.Report()
+	var loads []int
+	var owner []string
+	if !r.Overflow || mine.Workers > 0 {
+		n := max(mine.Workers, 1)
+		for range n {
+			loads = append(loads, ceilDiv(mine.Pending, n))
+			owner = append(owner, "")
+		}
+	}
+	r.inflight.mu.Lock()
+	for _, row := range rows {
+		if !r.inflight.at[row.Node].Equal(row.At) {
+			r.inflight.at[row.Node], r.inflight.n[row.Node] = row.At, 0
+		}
+		l := ceilDiv(row.Pending+r.inflight.n[row.Node], row.Workers)
+		for range row.Workers {
+			loads = append(loads, l)
+			owner = append(owner, row.Node)
+		}
+	}
+	node := owner[Pick(loads, draw)]
+	if node != "" {
+		r.inflight.n[node]++
+	}
+	r.inflight.mu.Unlock()
+	return node
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / max(b, 1) }
+
+// deliverRemote hands the task to another node's pool.
+func (r Relay) deliverRemote(ctx context.Context, node string, t *nodepb.RelayTask) ([]queue.Result, error) {
+	conn, err := r.Conn(node)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, relayTimeout)
+	defer cancel()
+	rep, err := nodepb.NewWorkerClient(conn).Relay(rctx, t)
+	if err != nil {
+		return nil, err
+	}
+	return results(rep), nil
+}
+
+func results(rep *nodepb.RelayResults) []queue.Result {
+	out := make([]queue.Result, 0, len(rep.Results))
+	for _, x := range rep.Results {
+		out = append(out, queue.Result{Rcpt: x.Rcpt, Delivered: x.Delivered, Permanent: x.Permanent, Code: int(x.Code),
+			Status: x.Status, Text: x.Text, Remote: x.Remote})
+	}
+	return out
+}
+
+// deliverLocal hands the delivery to one of this node's workers.
+func (r Relay) deliverLocal(ctx context.Context, domain, from string, rcpts []string, body []byte) []queue.Result {
 	fail := func(err error) []queue.Result {
 		out := make([]queue.Result, len(rcpts))
 		for i, rc := range rcpts {
@@ -63,15 +172,62 @@ func (r Relay) Deliver(ctx context.Context, domain, from string, rcpts []string,
 		r.Pool.cfg.Log.Warn("sns: relay task failed on its worker", "worker", w.id, "domain", domain, "err", err)
 		return fail(fmt.Errorf("worker %d ended mid-delivery; tried again later", w.id))
 	}
-	out := make([]queue.Result, 0, len(rep.Results))
-	for _, x := range rep.Results {
-		out = append(out, queue.Result{Rcpt: x.Rcpt, Delivered: x.Delivered, Permanent: x.Permanent, Code: int(x.Code),
-			Status: x.Status, Text: x.Text, Remote: x.Remote})
-	}
+	out := results(rep)
 	if len(out) != len(rcpts) {
 		return fail(fmt.Errorf("worker %d answered for %d of %d recipients", w.id, len(out), len(rcpts)))
 	}
 	return out
+}
+
+// NewClusterRelay is a Relay over this node's pool and the other nodes'
+// that the manager's table knows.
+func NewClusterRelay(pool *Pool, m *Manager, conn func(node string) (grpc.ClientConnInterface, error), overflow bool) Relay {
+	return Relay{Pool: pool, Manager: m, Conn: conn, Overflow: overflow,
+		inflight: &inflight{n: map[string]int{}, at: map[string]time.Time{}}}
+}
+
+// NodeService serves this node's pool to the other nodes on the node's
+// RPC server: a task that arrives there goes to this node's workers only.
+// It is registered when the RPC server is made and given its pool when the
+// node starts its queue; until then it answers Unavailable.
+type NodeService struct{ pool atomic.Pointer[Pool] }
+
+// Register adds the service to the node's RPC server.
+func (s *NodeService) Register(reg grpc.ServiceRegistrar) {
+	nodepb.RegisterWorkerServer(reg, nodeServer{s: s})
+}
+
+// SetPool gives the service its pool.
+func (s *NodeService) SetPool(p *Pool) { s.pool.Store(p) }
+
+// Pool returns the service's pool (nil until SetPool).
+func (s *NodeService) Pool() *Pool { return s.pool.Load() }
+
+type nodeServer struct {
+	nodepb.UnimplementedWorkerServer
+	s *NodeService
+}
+
+func (n nodeServer) Relay(ctx context.Context, t *nodepb.RelayTask) (*nodepb.RelayResults, error) {
+	p := n.s.pool.Load()
+	if p == nil {
+		return nil, status.Error(codes.Unavailable, "no relay workers on this node")
+	}
+	res := Relay{Pool: p}.deliverLocal(ctx, t.Domain, t.From, t.Rcpts, t.Body)
+	out := &nodepb.RelayResults{}
+	for _, r := range res {
+		out.Results = append(out.Results, &nodepb.RelayResult{Rcpt: r.Rcpt, Delivered: r.Delivered, Permanent: r.Permanent,
+			Code: int32(r.Code), Status: r.Status, Text: r.Text, Remote: r.Remote})
+	}
+	return out, nil
+}
+
+func (n nodeServer) Load(ctx context.Context, _ *nodepb.Empty) (*nodepb.WorkerLoad, error) {
+	p := n.s.pool.Load()
+	if p == nil {
+		return &nodepb.WorkerLoad{}, nil
+	}
+	return &nodepb.WorkerLoad{Pending: int32(p.Report().Pending)}, nil
 }
 
 // worker side

@@ -4,29 +4,38 @@
 // separate worker processes (`quill worker --class NAME`) that the node
 // launches, balances and restarts by itself.
 //
-// What is built of the paper, per node:
-//   - on-demand launch (§3.2): a class's first task starts its first
-//     worker; auto-launch (§3.3.3) starts another when every worker's
-//     load has passed a threshold, then holds off further launches for a
-//     while so the load can settle; idle workers are reaped;
-//   - load balancing by lottery scheduling (§3.3.2): each worker holds
-//     tickets inversely proportional to its load (its pending tasks, as
-//     its last report said) plus a correction for the tasks dispatched
-//     to it since that report, which the next report resets;
-//   - starfish fault tolerance for workers (§3.4.2): the node supervises
-//     its workers and restarts a dead one after a short randomized delay;
-//     a task in flight on a worker that died fails with a temporary error
-//     and the queue tries it again (tasks are restartable);
-//   - randomized timers (§3.5) for load reports and restarts.
+// What is built of the paper:
+//   - the SNS manager (§3.1–3.3, manager.go): one node, elected by
+//     beacons on the cluster's gossip, holds the launch table of the
+//     nodes' load reports, orders launches where the cluster needs
+//     workers (dedicated nodes first, the overflow pool of --overflow
+//     nodes last) and reaps overflow workers first;
+//   - on-demand launch (§3.2): a class's first task on a node starts its
+//     first worker; without a manager, auto-launch (§3.3.3) starts another
+//     when every worker's load has passed a threshold, then holds off
+//     further launches for a while so the load can settle; idle workers
+//     are reaped;
+//   - load balancing by lottery scheduling (§3.3.2) over every worker of
+//     the class in the cluster: each holds tickets inversely proportional
+//     to its load (its pending tasks, as its last report said) plus a
+//     correction for the tasks dispatched to it since that report, which
+//     the next report resets; another node's workers are reached through
+//     its RPC (relay.go);
+//   - starfish fault tolerance (§3.4.2): the node supervises its workers
+//     and restarts a dead one after a short randomized delay; a dead
+//     manager is replaced by the next node to stand; a task in flight on
+//     a worker that died fails with a temporary error and the queue tries
+//     it again (tasks are restartable);
+//   - randomized timers (§3.5) for reports, beacons, elections and
+//     restarts.
 //
-// Not yet built (issue 12 goes on): the SNS manager elected among the
-// nodes with beacons on the gossip layer, the cluster-wide launch table
-// and load aggregation, the overflow pool, and the filter class. Each
-// node is its own manager for its own workers until then.
+// Not yet built (issue 12 goes on): the filter class.
 //
-// Written by hand: the supervisor and the lottery are the paper's
-// mechanisms and a few dozen lines over os/exec and gRPC; no library
-// implements them.
+// Written by hand: the supervisor, the manager election and the lottery
+// are the paper's mechanisms and a few hundred lines over os/exec, gRPC
+// and the gossip layer's broadcasts; no library implements them (a Raft
+// library would elect a leader, but SNS's manager is soft state that any
+// node may rebuild, and the paper's beacons are what it describes).
 package sns
 
 import (
@@ -92,6 +101,9 @@ type Config struct {
 	// ReportInterval overrides reportInterval (the experiment slows the
 	// reports down to make their staleness visible).
 	ReportInterval time.Duration
+	// Managed leaves launches past the first worker to the SNS manager
+	// (manager.go): the node does not auto-launch on its own.
+	Managed bool
 }
 
 // worker is one worker process and the soft state about it.
@@ -126,6 +138,7 @@ type Pool struct {
 	lastLaunch time.Time
 	launches   int
 	restarts   int
+	remote     int // tasks handed to other nodes' workers (relay.go)
 	closed     bool
 
 	stop chan struct{}
@@ -350,12 +363,7 @@ func (p *Pool) reportEvery() time.Duration {
 func (p *Pool) reap() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	live := 0
-	for _, w := range p.workers {
-		if !w.stopping {
-			live++
-		}
-	}
+	live := p.keptLocked()
 	for _, w := range p.workers {
 		if live <= 1 {
 			return
@@ -367,6 +375,17 @@ func (p *Pool) reap() {
 			go terminate(w.cmd)
 		}
 	}
+}
+
+// keptLocked counts the workers not being stopped; p.mu is held.
+func (p *Pool) keptLocked() int {
+	n := 0
+	for _, w := range p.workers {
+		if !w.stopping {
+			n++
+		}
+	}
+	return n
 }
 
 // terminate asks a worker to stop (SIGTERM: it finishes its tasks) and
@@ -411,7 +430,8 @@ func (p *Pool) choose(ctx context.Context) (*worker, error) {
 			busy = busy && loads[i] >= p.cfg.Threshold
 		}
 		starting := len(p.workers) - len(live)
-		if len(p.workers) == 0 || (busy && starting == 0 && len(p.workers) < p.cfg.Max && time.Since(p.lastLaunch) > holdOff) {
+		auto := busy && starting == 0 && len(p.workers) < p.cfg.Max && time.Since(p.lastLaunch) > holdOff && !p.cfg.Managed
+		if len(p.workers) == 0 || auto {
 			why := "on demand"
 			if len(p.workers) > 0 {
 				why = fmt.Sprintf("auto launch: every worker has %d or more tasks", p.cfg.Threshold)
@@ -437,13 +457,77 @@ func (p *Pool) choose(ctx context.Context) (*worker, error) {
 	}
 }
 
+// Launch starts another worker if the pool has room for one (an order of
+// the SNS manager); it reports whether it did.
+func (p *Pool) Launch(why string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.keptLocked() >= p.cfg.Max {
+		return false
+	}
+	p.launchLocked(why)
+	return true
+}
+
+// ReapOne stops the least loaded worker, even the last (an order of the
+// SNS manager to an overflow node); it reports whether there was one.
+func (p *Pool) ReapOne(why string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var pick *worker
+	for _, w := range p.workers {
+		if !w.stopping && (pick == nil || w.load+w.correction < pick.load+pick.correction) {
+			pick = w
+		}
+	}
+	if pick == nil || p.closed {
+		return false
+	}
+	pick.stopping = true
+	p.cfg.Log.Info("sns: reaping a worker", "class", p.cfg.Class, "worker", pick.id, "why", why)
+	go terminate(pick.cmd)
+	return true
+}
+
+// Report is the pool's load for the SNS manager: its workers (those
+// starting count: a launch is under way), its maximum, and the tasks its
+// live workers hold.
+func (p *Pool) Report() Report {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := Report{Class: p.cfg.Class, Max: p.cfg.Max}
+	for _, w := range p.workers {
+		if w.stopping {
+			continue
+		}
+		r.Workers++
+		r.Pending += w.load + w.correction
+	}
+	return r
+}
+
+// Live reports whether the pool has a worker that answers.
+func (p *Pool) Live() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.workers {
+		if w.alive && !w.stopping {
+			return true
+		}
+	}
+	return false
+}
+
 // Status is what the admin API shows of a pool.
 type Status struct {
-	Class    string         `json:"class"`
-	Max      int            `json:"max"`
-	Launches int            `json:"launches"`
-	Restarts int            `json:"restarts"`
-	Workers  []WorkerStatus `json:"workers"`
+	Class    string `json:"class"`
+	Max      int    `json:"max"`
+	Launches int    `json:"launches"`
+	Restarts int    `json:"restarts"`
+	// Remote counts the tasks of this node handed to other nodes'
+	// workers.
+	Remote  int            `json:"sent_to_other_nodes"`
+	Workers []WorkerStatus `json:"workers"`
 }
 
 // WorkerStatus is one worker as the admin API shows it.
@@ -460,7 +544,7 @@ type WorkerStatus struct {
 func (p *Pool) Status() Status {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := Status{Class: p.cfg.Class, Max: p.cfg.Max, Launches: p.launches, Restarts: p.restarts}
+	st := Status{Class: p.cfg.Class, Max: p.cfg.Max, Launches: p.launches, Restarts: p.restarts, Remote: p.remote}
 	for _, w := range p.workers {
 		ws := WorkerStatus{ID: w.id, Alive: w.alive, Load: w.load + w.correction, Started: w.started, Restarts: w.restarts}
 		if w.cmd != nil && w.cmd.Process != nil {
