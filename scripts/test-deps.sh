@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks, openssl,
-# fetchmail, Postfix, dnsmasq and neomutt from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
+# fetchmail, Postfix, dnsmasq, neomutt and rspamd from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
 # ACME test CA.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail swaks openssl protobuf-compiler postfix dnsmasq-base neomutt; do
+for pkg in curl isync fetchmail swaks openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -10,18 +10,21 @@ import (
 )
 
 func init() {
-	var class, socket, hostname, dns string
+	var class, socket, hostname, dns, rspamd string
 	var port int
 	cmd := &cobra.Command{
-		Use:    "worker --class relay --socket PATH",
+		Use:    "worker --class relay|filter --socket PATH",
 		Short:  "Run one SNS worker process (started and supervised by quill serve, not by hand)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if class != sns.RelayClass {
-				return fmt.Errorf("worker class %q: the classes are %s", class, sns.RelayClass)
+			switch class {
+			case sns.RelayClass:
+				return sns.ServeRelay(socket, &queue.Dialer{Resolver: node.Resolver(dns), Port: port, Hostname: hostname})
+			case sns.FilterClass:
+				return sns.ServeFilter(socket, node.InboundChecker(dns, hostname, rspamd, nil))
 			}
-			return sns.ServeRelay(socket, &queue.Dialer{Resolver: node.Resolver(dns), Port: port, Hostname: hostname})
+			return fmt.Errorf("worker class %q: the classes are %s and %s", class, sns.RelayClass, sns.FilterClass)
 		},
 	}
 	cmd.Flags().StringVar(&class, "class", sns.RelayClass, "worker class")
@@ -29,6 +32,7 @@ func init() {
 	cmd.Flags().StringVar(&hostname, "hostname", "localhost", "host name in EHLO")
 	cmd.Flags().StringVar(&dns, "dns", "", "DNS server (host:port); empty: the system's")
 	cmd.Flags().IntVar(&port, "outbound-port", 25, "port of other domains' mail servers")
+	cmd.Flags().StringVar(&rspamd, "rspamd", "", "rspamd's base URL for spam scores (class filter); empty: none")
 	cmd.MarkFlagRequired("socket")
 	rootCmd.AddCommand(cmd)
 }

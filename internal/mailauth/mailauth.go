@@ -13,7 +13,9 @@
 // domain, from golang.org/x/net/publicsuffix), the policy lookup that
 // falls back to the organizational domain (§6.6.3), and removing
 // Authentication-Results headers that claim to be ours (RFC 8601 §5).
-// Not in any paper: a mail server's duty (issue 12).
+// A spam score comes from a real rspamd over its HTTP protocol when one is
+// configured (rspamd.go). Not in any paper: a mail server's duty (issue
+// 12); in a node the checks run in SNS filter workers (internal/sns).
 package mailauth
 
 import (
@@ -56,6 +58,11 @@ type Checker struct {
 	Resolver *net.Resolver
 	// Hostname is the authserv-id of the header (RFC 8601 §2.5).
 	Hostname string
+	// Rspamd, when set, scores the message for spam (rspamd.go); when it
+	// cannot be reached the message goes on without a score.
+	Rspamd *Rspamd
+	// Log hears what went wrong with rspamd (nil: nothing).
+	Log func(msg string, args ...any)
 
 	once  sync.Once
 	cache *txtCache
@@ -72,6 +79,11 @@ type Verdict struct {
 	Quarantine bool
 	// Domain is the From: domain the DMARC verdict is about.
 	Domain string
+	// Spam: rspamd's action is reject; Defer: it asks for a later try
+	// (soft reject, greylist); Score is its score (rspamd.go).
+	Spam  bool
+	Defer bool
+	Score float64
 }
 
 func (c *Checker) resolver() *txtCache {
@@ -87,7 +99,7 @@ func (c *Checker) resolver() *txtCache {
 
 // Check runs SPF for ip and the envelope (helo, mailFrom), verifies the
 // message's DKIM signatures, and applies the From: domain's DMARC policy.
-func (c *Checker) Check(ctx context.Context, ip net.IP, helo, mailFrom string, msg []byte) Verdict {
+func (c *Checker) Check(ctx context.Context, ip net.IP, helo, mailFrom string, rcpts []string, msg []byte) Verdict {
 	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	lookupTXT := func(name string) ([]string, error) { return c.resolver().LookupTXT(ctx, name) }
@@ -166,6 +178,16 @@ func (c *Checker) Check(ctx context.Context, ip net.IP, helo, mailFrom string, m
 		results = append(results, &authres.DMARCResult{Value: authres.ResultNone})
 	}
 	v.Header = "Authentication-Results: " + authres.Format(c.Hostname, results) + "\r\n"
+	if c.Rspamd != nil {
+		res, err := c.Rspamd.Check(ctx, ip, helo, mailFrom, rcpts, msg)
+		if err != nil {
+			if c.Log != nil {
+				c.Log("spam check skipped: rspamd did not answer", "err", err)
+			}
+		} else {
+			v.applySpam(res)
+		}
+	}
 	return v
 }
 

@@ -44,7 +44,7 @@ func TestSignedMailFromAnAllowedAddressPasses(t *testing.T) {
 		t.Fatalf("%d signatures, want 2 (rsa and ed25519)", n)
 	}
 	c := Checker{Resolver: r, Hostname: "quill.test"}
-	v := c.Check(context.Background(), net.IPv4(127, 0, 0, 1), "mx.good.example", "alice@good.example", signed)
+	v := c.Check(context.Background(), net.IPv4(127, 0, 0, 1), "mx.good.example", "alice@good.example", nil, signed)
 	if strings.Count(v.Header, "dkim=pass") != 2 {
 		t.Errorf("both signatures should pass: %s", v.Header)
 	}
@@ -60,7 +60,7 @@ func TestSignedMailFromAnAllowedAddressPasses(t *testing.T) {
 	// The same message changed after signing, from an address SPF does
 	// not allow: DKIM and SPF fail, and p=reject refuses it.
 	tampered := []byte(strings.Replace(string(signed), "hello", "send money", 1))
-	v = c.Check(context.Background(), net.IPv4(192, 0, 2, 9), "evil.example", "alice@good.example", tampered)
+	v = c.Check(context.Background(), net.IPv4(192, 0, 2, 9), "evil.example", "alice@good.example", nil, tampered)
 	if !v.Reject || v.Domain != "good.example" || !strings.Contains(v.Header, "dkim=fail") ||
 		!strings.Contains(v.Header, "spf=fail") || !strings.Contains(v.Header, "dmarc=fail") {
 		t.Errorf("tampered message: %+v", v)
@@ -78,18 +78,18 @@ func TestSPFPassMustAlignWithFrom(t *testing.T) {
 	c := Checker{Resolver: r, Hostname: "quill.test"}
 	ip := net.IPv4(127, 0, 0, 1)
 	// SPF passes for another organization's domain: not aligned.
-	v := c.Check(context.Background(), ip, "h", "bounce@bulk.example", []byte(body))
+	v := c.Check(context.Background(), ip, "h", "bounce@bulk.example", nil, []byte(body))
 	if !v.Quarantine || v.Reject || !strings.Contains(v.Header, "spf=pass") || !strings.Contains(v.Header, "dmarc=fail") {
 		t.Errorf("unaligned SPF pass: %+v", v)
 	}
 	// A subdomain of the From: domain aligns in relaxed mode.
-	v = c.Check(context.Background(), ip, "h", "bounce@news.good.example", []byte(body))
+	v = c.Check(context.Background(), ip, "h", "bounce@news.good.example", nil, []byte(body))
 	if v.Quarantine || !strings.Contains(v.Header, "dmarc=pass") {
 		t.Errorf("relaxed alignment: %+v", v)
 	}
 	// Not in strict mode.
 	strict := strings.Replace(body, "alice@good.example", "alice@strict.example", 1)
-	v = c.Check(context.Background(), ip, "h", "b@mail.strict.example", []byte(strict))
+	v = c.Check(context.Background(), ip, "h", "b@mail.strict.example", nil, []byte(strict))
 	if !v.Reject {
 		t.Errorf("strict alignment: %+v", v)
 	}
@@ -99,7 +99,7 @@ func TestSubdomainUsesTheOrganizationsSubdomainPolicy(t *testing.T) {
 	r := zoneResolver(t, map[string]string{"_dmarc.good.example": "v=DMARC1; p=none; sp=reject"})
 	c := Checker{Resolver: r, Hostname: "quill.test"}
 	sub := strings.Replace(body, "alice@good.example", "alice@shop.good.example", 1)
-	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", []byte(sub))
+	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", nil, []byte(sub))
 	if !v.Reject || v.Domain != "shop.good.example" {
 		t.Errorf("sp=reject of the organizational domain not applied: %+v", v)
 	}
@@ -107,7 +107,7 @@ func TestSubdomainUsesTheOrganizationsSubdomainPolicy(t *testing.T) {
 
 func TestNoPolicyNoVerdict(t *testing.T) {
 	c := Checker{Resolver: zoneResolver(t, nil), Hostname: "quill.test"}
-	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "alice@good.example", []byte(body))
+	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "alice@good.example", nil, []byte(body))
 	if v.Reject || v.Quarantine || !strings.Contains(v.Header, "dmarc=none") || !strings.Contains(v.Header, "spf=none") {
 		t.Errorf("%+v", v)
 	}
@@ -133,7 +133,7 @@ func TestNoWayAroundThePolicy(t *testing.T) {
 		"a bad line":      "From: boss@bank.example\r\nnocolon\r\nSubject: x\r\n\r\nx\r\n",
 		"unparsable From": "From: Boss <boss@bank.example\r\nSubject: x\r\n\r\nx\r\n",
 	} {
-		if v := c.Check(context.Background(), ip, "h", "x@elsewhere.example", []byte(msg)); !v.Reject || v.Domain != "bank.example" {
+		if v := c.Check(context.Background(), ip, "h", "x@elsewhere.example", nil, []byte(msg)); !v.Reject || v.Domain != "bank.example" {
 			t.Errorf("%s: %+v", name, v)
 		}
 	}
@@ -143,7 +143,7 @@ func TestNoWayAroundThePolicy(t *testing.T) {
 // §6.6.4): quarantine instead of reject.
 func TestPctZeroQuarantinesInsteadOfRejecting(t *testing.T) {
 	c := Checker{Resolver: zoneResolver(t, map[string]string{"_dmarc.good.example": "v=DMARC1; p=reject; pct=0"}), Hostname: "quill.test"}
-	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", []byte(body))
+	v := c.Check(context.Background(), net.IPv4(192, 0, 2, 1), "h", "x@elsewhere.example", nil, []byte(body))
 	if v.Reject || !v.Quarantine {
 		t.Errorf("%+v", v)
 	}

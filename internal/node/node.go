@@ -23,7 +23,6 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
-	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/queue"
@@ -119,6 +118,10 @@ type Config struct {
 	QueueWarn     time.Duration `flag:"queue-warn" help:"how long a message waits in the outbound queue before the sender is warned of the delay (0: never)"`
 	QueueRetry    time.Duration `flag:"queue-retry" help:"wait after a first failed delivery attempt; doubled after each further one, up to 12 times"`
 	QueueWorkers  int           `flag:"queue-workers" help:"outbound deliveries a node makes at once"`
+	// FilterWorkers bounds the SNS filter worker processes.
+	FilterWorkers int `flag:"filter-workers" help:"filter worker processes (SNS) a node may run for the inbound checks (SPF, DKIM, DMARC, rspamd), launched on demand and restarted when they die; 0: the node checks itself"`
+	// Rspamd is the base URL of an rspamd normal worker.
+	Rspamd string `flag:"rspamd" help:"base URL of an rspamd worker (http://127.0.0.1:11333) that scores inbound mail for spam: reject refuses, soft reject defers, add header sends to Junk; empty: no spam scoring"`
 	// Overflow makes the node part of the SNS overflow pool.
 	Overflow bool `flag:"overflow" help:"SNS overflow node: it runs relay workers only when the dedicated nodes have their maximum, and gives them back first"`
 	// RelayWorkers bounds the SNS relay worker processes (internal/sns).
@@ -168,6 +171,7 @@ func DefaultConfig() Config {
 		QueueRetry:       queue.DefaultRetry,
 		QueueWorkers:     queue.DefaultWorkers,
 		RelayWorkers:     2,
+		FilterWorkers:    2,
 		Logger:           slog.Default(),
 	}
 }
@@ -188,6 +192,7 @@ type Node struct {
 	// relaySvc serves them to the other nodes; snsMgr is this node's part
 	// in the SNS manager (sns/manager.go), stopped by snsStop.
 	relays   *sns.Pool
+	filters  *sns.Pool // the SNS filter workers (nil: the node checks itself)
 	relaySvc *sns.NodeService
 	snsMgr   *sns.Manager
 	snsStop  chan struct{}
@@ -398,7 +403,7 @@ func (n *Node) startListeners() error {
 	sc.Logger = cfg.Logger
 	sc.TLSConfig = n.Certs.Config()
 	if cfg.CheckInbound {
-		sc.Checker = &mailauth.Checker{Resolver: Resolver(cfg.DNS), Hostname: cfg.Hostname}
+		sc.Checker = n.originChecker()
 	}
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
@@ -464,10 +469,13 @@ func (n *Node) startListeners() error {
 				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats()}
 		},
 		Workers: func() []sns.Status {
-			if n.relays == nil {
-				return nil
+			var out []sns.Status
+			for _, p := range []*sns.Pool{n.relays, n.filters} {
+				if p != nil {
+					out = append(out, p.Status())
+				}
 			}
-			return []sns.Status{n.relays.Status()}
+			return out
 		},
 		SNSManager: func() *sns.ManagerStatus {
 			if n.snsMgr == nil {
@@ -523,6 +531,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if n.snsStop != nil {
 		close(n.snsStop)
 		n.snsStop = nil
+	}
+	if n.filters != nil {
+		n.filters.Close()
 	}
 	if n.relays != nil {
 		n.relays.Close()

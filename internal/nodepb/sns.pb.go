@@ -24,6 +24,174 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FilterTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ip            []byte                 `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"` // the sending server's address (4 or 16 bytes)
+	Helo          string                 `protobuf:"bytes,2,opt,name=helo,proto3" json:"helo,omitempty"`
+	MailFrom      string                 `protobuf:"bytes,3,opt,name=mail_from,json=mailFrom,proto3" json:"mail_from,omitempty"`
+	Rcpts         []string               `protobuf:"bytes,4,rep,name=rcpts,proto3" json:"rcpts,omitempty"`
+	Message       []byte                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"` // without this server's trace fields
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FilterTask) Reset() {
+	*x = FilterTask{}
+	mi := &file_quill_v1_sns_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FilterTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FilterTask) ProtoMessage() {}
+
+func (x *FilterTask) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_sns_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FilterTask.ProtoReflect.Descriptor instead.
+func (*FilterTask) Descriptor() ([]byte, []int) {
+	return file_quill_v1_sns_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FilterTask) GetIp() []byte {
+	if x != nil {
+		return x.Ip
+	}
+	return nil
+}
+
+func (x *FilterTask) GetHelo() string {
+	if x != nil {
+		return x.Helo
+	}
+	return ""
+}
+
+func (x *FilterTask) GetMailFrom() string {
+	if x != nil {
+		return x.MailFrom
+	}
+	return ""
+}
+
+func (x *FilterTask) GetRcpts() []string {
+	if x != nil {
+		return x.Rcpts
+	}
+	return nil
+}
+
+func (x *FilterTask) GetMessage() []byte {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+type FilterVerdict struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        string                 `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`          // header fields to add, CRLF-terminated
+	Reject        bool                   `protobuf:"varint,2,opt,name=reject,proto3" json:"reject,omitempty"`         // refuse for good (DMARC p=reject, or spam)
+	Quarantine    bool                   `protobuf:"varint,3,opt,name=quarantine,proto3" json:"quarantine,omitempty"` // deliver to Junk
+	Domain        string                 `protobuf:"bytes,4,opt,name=domain,proto3" json:"domain,omitempty"`          // the From: domain the DMARC verdict is about
+	Spam          bool                   `protobuf:"varint,5,opt,name=spam,proto3" json:"spam,omitempty"`             // rspamd's action refuses it
+	Defer         bool                   `protobuf:"varint,6,opt,name=defer,proto3" json:"defer,omitempty"`           // rspamd asks for a later try (soft reject, greylist)
+	Score         float64                `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`          // rspamd's score (0 without rspamd)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FilterVerdict) Reset() {
+	*x = FilterVerdict{}
+	mi := &file_quill_v1_sns_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FilterVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FilterVerdict) ProtoMessage() {}
+
+func (x *FilterVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_sns_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FilterVerdict.ProtoReflect.Descriptor instead.
+func (*FilterVerdict) Descriptor() ([]byte, []int) {
+	return file_quill_v1_sns_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FilterVerdict) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *FilterVerdict) GetReject() bool {
+	if x != nil {
+		return x.Reject
+	}
+	return false
+}
+
+func (x *FilterVerdict) GetQuarantine() bool {
+	if x != nil {
+		return x.Quarantine
+	}
+	return false
+}
+
+func (x *FilterVerdict) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *FilterVerdict) GetSpam() bool {
+	if x != nil {
+		return x.Spam
+	}
+	return false
+}
+
+func (x *FilterVerdict) GetDefer() bool {
+	if x != nil {
+		return x.Defer
+	}
+	return false
+}
+
+func (x *FilterVerdict) GetScore() float64 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
 type RelayTask struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
@@ -36,7 +204,7 @@ type RelayTask struct {
 
 func (x *RelayTask) Reset() {
 	*x = RelayTask{}
-	mi := &file_quill_v1_sns_proto_msgTypes[0]
+	mi := &file_quill_v1_sns_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -48,7 +216,7 @@ func (x *RelayTask) String() string {
 func (*RelayTask) ProtoMessage() {}
 
 func (x *RelayTask) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_sns_proto_msgTypes[0]
+	mi := &file_quill_v1_sns_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -61,7 +229,7 @@ func (x *RelayTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayTask.ProtoReflect.Descriptor instead.
 func (*RelayTask) Descriptor() ([]byte, []int) {
-	return file_quill_v1_sns_proto_rawDescGZIP(), []int{0}
+	return file_quill_v1_sns_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RelayTask) GetDomain() string {
@@ -107,7 +275,7 @@ type RelayResult struct {
 
 func (x *RelayResult) Reset() {
 	*x = RelayResult{}
-	mi := &file_quill_v1_sns_proto_msgTypes[1]
+	mi := &file_quill_v1_sns_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -119,7 +287,7 @@ func (x *RelayResult) String() string {
 func (*RelayResult) ProtoMessage() {}
 
 func (x *RelayResult) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_sns_proto_msgTypes[1]
+	mi := &file_quill_v1_sns_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -132,7 +300,7 @@ func (x *RelayResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResult.ProtoReflect.Descriptor instead.
 func (*RelayResult) Descriptor() ([]byte, []int) {
-	return file_quill_v1_sns_proto_rawDescGZIP(), []int{1}
+	return file_quill_v1_sns_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RelayResult) GetRcpt() string {
@@ -193,7 +361,7 @@ type RelayResults struct {
 
 func (x *RelayResults) Reset() {
 	*x = RelayResults{}
-	mi := &file_quill_v1_sns_proto_msgTypes[2]
+	mi := &file_quill_v1_sns_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +373,7 @@ func (x *RelayResults) String() string {
 func (*RelayResults) ProtoMessage() {}
 
 func (x *RelayResults) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_sns_proto_msgTypes[2]
+	mi := &file_quill_v1_sns_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +386,7 @@ func (x *RelayResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayResults.ProtoReflect.Descriptor instead.
 func (*RelayResults) Descriptor() ([]byte, []int) {
-	return file_quill_v1_sns_proto_rawDescGZIP(), []int{2}
+	return file_quill_v1_sns_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RelayResults) GetResults() []*RelayResult {
@@ -238,7 +406,7 @@ type WorkerLoad struct {
 
 func (x *WorkerLoad) Reset() {
 	*x = WorkerLoad{}
-	mi := &file_quill_v1_sns_proto_msgTypes[3]
+	mi := &file_quill_v1_sns_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +418,7 @@ func (x *WorkerLoad) String() string {
 func (*WorkerLoad) ProtoMessage() {}
 
 func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_sns_proto_msgTypes[3]
+	mi := &file_quill_v1_sns_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +431,7 @@ func (x *WorkerLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerLoad.ProtoReflect.Descriptor instead.
 func (*WorkerLoad) Descriptor() ([]byte, []int) {
-	return file_quill_v1_sns_proto_rawDescGZIP(), []int{3}
+	return file_quill_v1_sns_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorkerLoad) GetPending() int32 {
@@ -284,7 +452,24 @@ var File_quill_v1_sns_proto protoreflect.FileDescriptor
 
 const file_quill_v1_sns_proto_rawDesc = "" +
 	"\n" +
-	"\x12quill/v1/sns.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"a\n" +
+	"\x12quill/v1/sns.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"}\n" +
+	"\n" +
+	"FilterTask\x12\x0e\n" +
+	"\x02ip\x18\x01 \x01(\fR\x02ip\x12\x12\n" +
+	"\x04helo\x18\x02 \x01(\tR\x04helo\x12\x1b\n" +
+	"\tmail_from\x18\x03 \x01(\tR\bmailFrom\x12\x14\n" +
+	"\x05rcpts\x18\x04 \x03(\tR\x05rcpts\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\fR\amessage\"\xb7\x01\n" +
+	"\rFilterVerdict\x12\x16\n" +
+	"\x06header\x18\x01 \x01(\tR\x06header\x12\x16\n" +
+	"\x06reject\x18\x02 \x01(\bR\x06reject\x12\x1e\n" +
+	"\n" +
+	"quarantine\x18\x03 \x01(\bR\n" +
+	"quarantine\x12\x16\n" +
+	"\x06domain\x18\x04 \x01(\tR\x06domain\x12\x12\n" +
+	"\x04spam\x18\x05 \x01(\bR\x04spam\x12\x14\n" +
+	"\x05defer\x18\x06 \x01(\bR\x05defer\x12\x14\n" +
+	"\x05score\x18\a \x01(\x01R\x05score\"a\n" +
 	"\tRelayTask\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x14\n" +
@@ -303,10 +488,11 @@ const file_quill_v1_sns_proto_rawDesc = "" +
 	"\n" +
 	"WorkerLoad\x12\x18\n" +
 	"\apending\x18\x01 \x01(\x05R\apending\x12\x12\n" +
-	"\x04done\x18\x02 \x01(\x03R\x04done2m\n" +
+	"\x04done\x18\x02 \x01(\x03R\x04done2\xa6\x01\n" +
 	"\x06Worker\x124\n" +
 	"\x05Relay\x12\x13.quill.v1.RelayTask\x1a\x16.quill.v1.RelayResults\x12-\n" +
-	"\x04Load\x12\x0f.quill.v1.Empty\x1a\x14.quill.v1.WorkerLoadB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
+	"\x04Load\x12\x0f.quill.v1.Empty\x1a\x14.quill.v1.WorkerLoad\x127\n" +
+	"\x06Filter\x12\x14.quill.v1.FilterTask\x1a\x17.quill.v1.FilterVerdictB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
 
 var (
 	file_quill_v1_sns_proto_rawDescOnce sync.Once
@@ -320,22 +506,26 @@ func file_quill_v1_sns_proto_rawDescGZIP() []byte {
 	return file_quill_v1_sns_proto_rawDescData
 }
 
-var file_quill_v1_sns_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_quill_v1_sns_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_quill_v1_sns_proto_goTypes = []any{
-	(*RelayTask)(nil),    // 0: quill.v1.RelayTask
-	(*RelayResult)(nil),  // 1: quill.v1.RelayResult
-	(*RelayResults)(nil), // 2: quill.v1.RelayResults
-	(*WorkerLoad)(nil),   // 3: quill.v1.WorkerLoad
-	(*Empty)(nil),        // 4: quill.v1.Empty
+	(*FilterTask)(nil),    // 0: quill.v1.FilterTask
+	(*FilterVerdict)(nil), // 1: quill.v1.FilterVerdict
+	(*RelayTask)(nil),     // 2: quill.v1.RelayTask
+	(*RelayResult)(nil),   // 3: quill.v1.RelayResult
+	(*RelayResults)(nil),  // 4: quill.v1.RelayResults
+	(*WorkerLoad)(nil),    // 5: quill.v1.WorkerLoad
+	(*Empty)(nil),         // 6: quill.v1.Empty
 }
 var file_quill_v1_sns_proto_depIdxs = []int32{
-	1, // 0: quill.v1.RelayResults.results:type_name -> quill.v1.RelayResult
-	0, // 1: quill.v1.Worker.Relay:input_type -> quill.v1.RelayTask
-	4, // 2: quill.v1.Worker.Load:input_type -> quill.v1.Empty
-	2, // 3: quill.v1.Worker.Relay:output_type -> quill.v1.RelayResults
-	3, // 4: quill.v1.Worker.Load:output_type -> quill.v1.WorkerLoad
-	3, // [3:5] is the sub-list for method output_type
-	1, // [1:3] is the sub-list for method input_type
+	3, // 0: quill.v1.RelayResults.results:type_name -> quill.v1.RelayResult
+	2, // 1: quill.v1.Worker.Relay:input_type -> quill.v1.RelayTask
+	6, // 2: quill.v1.Worker.Load:input_type -> quill.v1.Empty
+	0, // 3: quill.v1.Worker.Filter:input_type -> quill.v1.FilterTask
+	4, // 4: quill.v1.Worker.Relay:output_type -> quill.v1.RelayResults
+	5, // 5: quill.v1.Worker.Load:output_type -> quill.v1.WorkerLoad
+	1, // 6: quill.v1.Worker.Filter:output_type -> quill.v1.FilterVerdict
+	4, // [4:7] is the sub-list for method output_type
+	1, // [1:4] is the sub-list for method input_type
 	1, // [1:1] is the sub-list for extension type_name
 	1, // [1:1] is the sub-list for extension extendee
 	0, // [0:1] is the sub-list for field type_name
@@ -353,7 +543,7 @@ func file_quill_v1_sns_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quill_v1_sns_proto_rawDesc), len(file_quill_v1_sns_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

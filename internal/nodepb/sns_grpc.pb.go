@@ -22,8 +22,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Worker_Relay_FullMethodName = "/quill.v1.Worker/Relay"
-	Worker_Load_FullMethodName  = "/quill.v1.Worker/Load"
+	Worker_Relay_FullMethodName  = "/quill.v1.Worker/Relay"
+	Worker_Load_FullMethodName   = "/quill.v1.Worker/Load"
+	Worker_Filter_FullMethodName = "/quill.v1.Worker/Filter"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -34,6 +35,9 @@ type WorkerClient interface {
 	Relay(ctx context.Context, in *RelayTask, opts ...grpc.CallOption) (*RelayResults, error)
 	// Load reports the worker's pending tasks.
 	Load(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*WorkerLoad, error)
+	// Filter checks one inbound message (class filter): SPF, DKIM, DMARC
+	// and, when configured, a spam score from rspamd.
+	Filter(ctx context.Context, in *FilterTask, opts ...grpc.CallOption) (*FilterVerdict, error)
 }
 
 type workerClient struct {
@@ -64,6 +68,16 @@ func (c *workerClient) Load(ctx context.Context, in *Empty, opts ...grpc.CallOpt
 	return out, nil
 }
 
+func (c *workerClient) Filter(ctx context.Context, in *FilterTask, opts ...grpc.CallOption) (*FilterVerdict, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FilterVerdict)
+	err := c.cc.Invoke(ctx, Worker_Filter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -72,6 +86,9 @@ type WorkerServer interface {
 	Relay(context.Context, *RelayTask) (*RelayResults, error)
 	// Load reports the worker's pending tasks.
 	Load(context.Context, *Empty) (*WorkerLoad, error)
+	// Filter checks one inbound message (class filter): SPF, DKIM, DMARC
+	// and, when configured, a spam score from rspamd.
+	Filter(context.Context, *FilterTask) (*FilterVerdict, error)
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -87,6 +104,9 @@ func (UnimplementedWorkerServer) Relay(context.Context, *RelayTask) (*RelayResul
 }
 func (UnimplementedWorkerServer) Load(context.Context, *Empty) (*WorkerLoad, error) {
 	return nil, status.Error(codes.Unimplemented, "method Load not implemented")
+}
+func (UnimplementedWorkerServer) Filter(context.Context, *FilterTask) (*FilterVerdict, error) {
+	return nil, status.Error(codes.Unimplemented, "method Filter not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -145,6 +165,24 @@ func _Worker_Load_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_Filter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FilterTask)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).Filter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_Filter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).Filter(ctx, req.(*FilterTask))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -159,6 +197,10 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Load",
 			Handler:    _Worker_Load_Handler,
+		},
+		{
+			MethodName: "Filter",
+			Handler:    _Worker_Filter_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -53,9 +53,10 @@ type Config struct {
 	// Queue takes a submission's recipients in other domains (the
 	// outbound queue); nil refuses them.
 	Queue Queuer
-	// Checker, if set, checks SPF, DKIM and DMARC of mail that is not
-	// from an authenticated user (internal/mailauth).
-	Checker *mailauth.Checker
+	// Checker, if set, checks SPF, DKIM and DMARC (and a spam score) of
+	// mail that is not from an authenticated user: a mailauth.Checker in
+	// the node, or SNS filter workers (sns.Filter).
+	Checker OriginChecker
 	// SubmitRecipients bounds the recipients of one submitted message
 	// (0: only MaxRecipients); Sends, if set, bounds the messages a user
 	// submits per hour.
@@ -329,6 +330,11 @@ func servesDomain(p Deliverer, domain string) bool {
 	return true
 }
 
+// OriginChecker checks an inbound message's origin (mailauth.Checker).
+type OriginChecker interface {
+	Check(ctx context.Context, ip net.IP, helo, mailFrom string, rcpts []string, msg []byte) mailauth.Verdict
+}
+
 // checkOrigin checks where a message from another server comes from
 // (SPF, DKIM, DMARC) and records the results after the trace headers,
 // without any Authentication-Results that claims to be this server's; a
@@ -340,7 +346,17 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 	if a, ok := s.conn.Conn().RemoteAddr().(*net.TCPAddr); ok {
 		ip = a.IP
 	}
-	v := s.b.cfg.Checker.Check(context.Background(), ip, s.conn.Hostname(), s.from, body)
+	v := s.b.cfg.Checker.Check(context.Background(), ip, s.conn.Hostname(), s.from, s.rcpts, body)
+	if v.Spam {
+		s.b.cfg.Logger.Info("refused as spam", "from", s.from, "ip", ip, "score", v.Score)
+		return nil, false, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: "message refused: it is spam by this server's filter"}
+	}
+	if v.Defer {
+		s.b.cfg.Logger.Info("deferred by the spam filter", "from", s.from, "ip", ip, "score", v.Score)
+		return nil, false, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
+			Message: "message deferred by this server's filter: try again later"}
+	}
 	if v.Reject {
 		s.b.cfg.Logger.Info("refused by the sender's DMARC policy", "from", s.from, "domain", v.Domain, "ip", ip, "results", strings.TrimSpace(v.Header))
 		return nil, false, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},

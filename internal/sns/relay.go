@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/nodepb"
 	"github.com/quillmail/quill/internal/queue"
 	"google.golang.org/grpc"
@@ -116,6 +117,8 @@ func (r Relay) pickNode(now time.Time, draw float64) string {
 	return node
 }
 
+func errWorkerGone(id int) error { return fmt.Errorf("worker %d ended before the task reached it", id) }
+
 func ceilDiv(a, b int) int { return (a + b - 1) / max(b, 1) }
 
 // deliverRemote hands the task to another node's pool.
@@ -161,7 +164,7 @@ func (r Relay) deliverLocal(ctx context.Context, domain, from string, rcpts []st
 	c := w.client
 	r.Pool.mu.Unlock()
 	if c == nil {
-		return fail(fmt.Errorf("worker %d ended before the task reached it", w.id))
+		return fail(errWorkerGone(w.id))
 	}
 	rctx, rcancel := context.WithTimeout(ctx, relayTimeout)
 	defer rcancel()
@@ -234,12 +237,16 @@ func (n nodeServer) Load(ctx context.Context, _ *nodepb.Empty) (*nodepb.WorkerLo
 
 type relayServer struct {
 	nodepb.UnimplementedWorkerServer
-	remote  queue.Remote
+	remote  queue.Remote      // class relay
+	checker *mailauth.Checker // class filter
 	pending atomic.Int32
 	done    atomic.Int64
 }
 
 func (s *relayServer) Relay(ctx context.Context, t *nodepb.RelayTask) (*nodepb.RelayResults, error) {
+	if s.remote == nil {
+		return nil, status.Error(codes.Unimplemented, "not a relay worker")
+	}
 	s.pending.Add(1)
 	defer s.pending.Add(-1)
 	defer s.done.Add(1)
@@ -250,6 +257,18 @@ func (s *relayServer) Relay(ctx context.Context, t *nodepb.RelayTask) (*nodepb.R
 			Code: int32(r.Code), Status: r.Status, Text: r.Text, Remote: r.Remote})
 	}
 	return out, nil
+}
+
+func (s *relayServer) Filter(ctx context.Context, t *nodepb.FilterTask) (*nodepb.FilterVerdict, error) {
+	if s.checker == nil {
+		return nil, status.Error(codes.Unimplemented, "not a filter worker")
+	}
+	s.pending.Add(1)
+	defer s.pending.Add(-1)
+	defer s.done.Add(1)
+	v := s.checker.Check(ctx, net.IP(t.Ip), t.Helo, t.MailFrom, t.Rcpts, t.Message)
+	return &nodepb.FilterVerdict{Header: v.Header, Reject: v.Reject, Quarantine: v.Quarantine, Domain: v.Domain,
+		Spam: v.Spam, Defer: v.Defer, Score: v.Score}, nil
 }
 
 func (s *relayServer) Load(ctx context.Context, _ *nodepb.Empty) (*nodepb.WorkerLoad, error) {
@@ -268,13 +287,23 @@ const maxTask = 64 << 20
 // socket until SIGTERM (finishing the tasks in progress) or its node's
 // death (the kernel kills it: Pdeathsig).
 func ServeRelay(socket string, remote queue.Remote) error {
+	return serveWorker(socket, &relayServer{remote: remote}, RelayClass)
+}
+
+// ServeFilter is `quill worker --class filter`: it checks inbound
+// messages (SPF, DKIM, DMARC, rspamd) on the socket, as ServeRelay.
+func ServeFilter(socket string, checker *mailauth.Checker) error {
+	return serveWorker(socket, &relayServer{checker: checker}, FilterClass)
+}
+
+func serveWorker(socket string, ws *relayServer, class string) error {
 	os.Remove(socket)
 	l, err := net.Listen("unix", socket)
 	if err != nil {
-		return fmt.Errorf("relay worker: listen on %s: %w", socket, err)
+		return fmt.Errorf("%s worker: listen on %s: %w", class, socket, err)
 	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxTask))
-	nodepb.RegisterWorkerServer(srv, &relayServer{remote: remote})
+	nodepb.RegisterWorkerServer(srv, ws)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
