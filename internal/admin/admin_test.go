@@ -12,6 +12,7 @@ import (
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/sns"
 )
 
 func newServer(t *testing.T, token string) *httptest.Server {
@@ -22,7 +23,15 @@ func newServer(t *testing.T, token string) *httptest.Server {
 	t.Cleanup(func() { c.Close() })
 	s := &admin.Server{Users: c.Users, Token: token, Logger: slog.New(slog.DiscardHandler), Node: admin.NodeInfo{
 		ID: c.ID, Started: time.Now(), Load: c.Boxes.Pending, UserMap: c.Members.UserMap,
-		Members: c.Members.Members}}
+		Members: c.Members.Members,
+		Workers: func() []sns.Status {
+			return []sns.Status{{Class: sns.RelayClass, Max: 2, Launches: 1, Workers: []sns.WorkerStatus{{ID: 1, PID: 42, Alive: true}}}}
+		},
+		SNSManager: func() *sns.ManagerStatus {
+			return &sns.ManagerStatus{Manager: "n-other", Term: 3, Table: []sns.NodeLoad{
+				{Node: "n-other", Class: sns.RelayClass, Workers: 1, Max: 2, Pending: 3},
+				{Node: string(c.ID), Class: sns.RelayClass, Workers: 1, Max: 2, Overflow: true}}}
+		}}}
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 	return ts
@@ -100,8 +109,12 @@ func TestTokenAndViews(t *testing.T) {
 	if c != 200 || json.Unmarshal([]byte(b), &st) != nil || len(st.Buckets) != cluster.Buckets || st.Members[0].Buckets != cluster.Buckets {
 		t.Fatalf("cluster: %d %s", c, b)
 	}
-	if c, b := call(t, "GET", ts.URL+"/", "sekrit", ""); c != 200 || !strings.Contains(b, "bucket 255") {
-		t.Fatalf("dashboard: %d", c)
+	if c, b := call(t, "GET", ts.URL+"/", "sekrit", ""); c != 200 || !strings.Contains(b, "bucket 255") ||
+		!strings.Contains(b, "SNS manager") || !strings.Contains(b, "n-other</td>") || !strings.Contains(b, "</html>") {
+		t.Fatalf("dashboard (the whole page, with the SNS manager's table): %d\n%s", c, b)
+	}
+	if c, b := call(t, "GET", ts.URL+"/api/sns/manager", "sekrit", ""); c != 200 || !strings.Contains(b, `"manager": "n-other"`) {
+		t.Fatalf("/api/sns/manager: %d %s", c, b)
 	}
 	if c, b := call(t, "GET", ts.URL+"/metrics", "sekrit", ""); c != 200 || !strings.Contains(b, "quill_messages_delivered_total") {
 		t.Fatalf("metrics: %d", c)

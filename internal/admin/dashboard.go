@@ -69,9 +69,9 @@ this node is {{if .Overflow}}an overflow node (workers only when the dedicated n
 <p><a href="/cluster">JSON</a> · <a href="/metrics">metrics</a></p>
 </body></html>`))
 
-func nodeColor(id cluster.NodeID) template.CSS {
+func nodeColor(id any) template.CSS {
 	h := fnv.New32a()
-	h.Write([]byte(id))
+	h.Write([]byte(fmt.Sprint(id)))
 	return template.CSS(fmt.Sprintf("hsl(%d,55%%,45%%)", h.Sum32()%360))
 }
 

@@ -96,11 +96,20 @@ type Action struct {
 	Reap  bool
 }
 
-// NodeLoad is one node's row of the launch table.
+// NodeLoad is one node's row of the launch table: its report of a class,
+// and when it was heard.
 type NodeLoad struct {
-	Node string `json:"node"`
-	Report
-	At time.Time `json:"at"`
+	Node     string    `json:"node"`
+	Class    string    `json:"class"`
+	Workers  int       `json:"workers"`
+	Max      int       `json:"max"`
+	Pending  int       `json:"pending"`
+	Overflow bool      `json:"overflow"`
+	At       time.Time `json:"at"`
+}
+
+func rowOf(node string, r Report, at time.Time) NodeLoad {
+	return NodeLoad{Node: node, Class: r.Class, Workers: r.Workers, Max: r.Max, Pending: r.Pending, Overflow: r.Overflow, At: at}
 }
 
 // Manager is one node's part in the manager election and, while it is the
@@ -152,7 +161,7 @@ func (m *Manager) Hear(msg Message, now time.Time) []Action {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if msg.Report != nil {
-		m.table[msg.From+"/"+msg.Report.Class] = NodeLoad{Node: msg.From, Report: *msg.Report, At: now}
+		m.table[msg.From+"/"+msg.Report.Class] = rowOf(msg.From, *msg.Report, now)
 	}
 	if msg.Beacon == nil {
 		return nil

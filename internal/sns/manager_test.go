@@ -148,7 +148,7 @@ func TestManagerLaunchesOverflowLastAndReapsItFirst(t *testing.T) {
 
 func TestPlan(t *testing.T) {
 	row := func(n string, w, x, p int, over bool) NodeLoad {
-		return NodeLoad{Node: n, Report: Report{Class: "relay", Workers: w, Max: x, Pending: p, Overflow: over}}
+		return NodeLoad{Node: n, Class: "relay", Workers: w, Max: x, Pending: p, Overflow: over}
 	}
 	cases := []struct {
 		rows []NodeLoad

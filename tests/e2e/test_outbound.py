@@ -306,8 +306,9 @@ def test_dkim_signed_mail_passes_dmarc_and_a_forgery_is_refused(node, peer):
 
 
 def dkim_records(node, base: str) -> list[str]:
-    """`quill dkim add` for LOCAL; the dnsmasq arguments that publish it."""
-    out = node.cli("dkim", "add", LOCAL, "--selector", base).stdout
+    """`quill domain dkim` (the same as `quill dkim add`) for LOCAL; the
+    dnsmasq arguments that publish it."""
+    out = node.cli("domain", "dkim", LOCAL, "--selector", base).stdout
     args = []
     for line in out.splitlines():
         if "._domainkey." in line:
