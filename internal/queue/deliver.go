@@ -208,7 +208,7 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	defer conn.Close()
-	c, tlsErr, err := d.open(ctx, conn, host, mode)
+	c, cc, tlsErr, err := d.open(ctx, conn, host, mode)
 	switch {
 	case tlsErr != nil && mode == tlsVerify:
 		return []Result{{Status: "4.7.5", Remote: remote,
@@ -248,6 +248,11 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 			return each(rcpts, Result{Permanent: true, Status: "5.6.7", Remote: remote,
 				Text: fmt.Sprintf("%s does not take internationalized addresses (no SMTPUTF8)", remote)}), false
 		}
+	}
+	if ok, _ := c.Extension("PIPELINING"); ok {
+		// RFC 2920: MAIL, every RCPT and DATA in one write, their
+		// replies read in order; one round trip instead of 2+n.
+		return d.pipelined(cc, remote, from, opts, c, rcpts, body, fail), false
 	}
 	if err := c.Mail(from, opts); err != nil {
 		return each(rcpts, fail(err)), false
@@ -299,17 +304,17 @@ func (d *Dialer) session(ctx context.Context, host, addr, from string, rcpts []s
 // the client is handed the connection as if it had just been greeted.
 // tlsErr reports a failed STARTTLS or handshake (or, under tlsVerify,
 // none offered); err a refused greeting or a broken connection.
-func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, mode tlsMode) (c *gosmtp.Client, tlsErr, err error) {
+func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, mode tlsMode) (c *gosmtp.Client, cc net.Conn, tlsErr, err error) {
 	conn.SetDeadline(time.Now().Add(commandTimeout))
 	tp := textproto.NewConn(conn)
 	if _, _, err := tp.ReadResponse(220); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var rd io.Reader = tp.R
 	if mode != tlsNone {
 		id, err := tp.Cmd("EHLO %s", d.Hostname)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		tp.StartResponse(id)
 		_, msg, err := tp.ReadResponse(250)
@@ -321,20 +326,21 @@ func (d *Dialer) open(ctx context.Context, conn net.Conn, host string, mode tlsM
 			cfg := &tls.Config{ServerName: host, InsecureSkipVerify: mode == tlsTry, RootCAs: d.RootCAs, MinVersion: tls.VersionTLS12}
 			tc, err := startTLS(ctx, conn, tp, cfg)
 			if err != nil {
-				return nil, err, nil
+				return nil, nil, err, nil
 			}
 			conn, rd = tc, tc
 		case mode == tlsVerify:
-			return nil, errors.New("the server does not offer STARTTLS"), nil
+			return nil, nil, errors.New("the server does not offer STARTTLS"), nil
 		}
 	}
 	conn.SetDeadline(time.Time{})
-	c = gosmtp.NewClient(greeted{Conn: conn, r: io.MultiReader(strings.NewReader("220 "+host+"\r\n"), rd)})
+	cc = greeted{Conn: conn, r: io.MultiReader(strings.NewReader("220 "+host+"\r\n"), rd)}
+	c = gosmtp.NewClient(cc)
 	c.CommandTimeout, c.SubmissionTimeout = commandTimeout, dataTimeout
 	if err := c.Hello(d.Hostname); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return c, nil, nil
+	return c, cc, nil, nil
 }
 
 // startTLS sends STARTTLS and makes the handshake.
@@ -481,4 +487,121 @@ func oneLine(s string) string {
 		s = s[:512]
 	}
 	return s
+}
+
+// pipelined runs the transaction with PIPELINING (RFC 2920) on the
+// connection the go-smtp client has greeted and introduced (it has
+// nothing buffered: the server says nothing until asked): MAIL, the
+// RCPTs and DATA go out in one write, and their replies are read in
+// order. go-smtp (v0.25.1) has no pipelining, so this part of the session
+// is written here over net/textproto. The MAIL parameters are what go-smtp
+// sends: BODY=8BITMIME and SIZE where offered, SMTPUTF8 when needed.
+func (d *Dialer) pipelined(conn net.Conn, remote, from string, opts *gosmtp.MailOptions, c *gosmtp.Client,
+	rcpts []string, body []byte, fail func(error) Result) []Result {
+	tp := textproto.NewConn(conn)
+	var cmds strings.Builder
+	fmt.Fprintf(&cmds, "MAIL FROM:<%s>", from)
+	if ok, _ := c.Extension("8BITMIME"); ok {
+		cmds.WriteString(" BODY=8BITMIME")
+	}
+	if ok, _ := c.Extension("SIZE"); ok {
+		fmt.Fprintf(&cmds, " SIZE=%d", opts.Size)
+	}
+	if opts.UTF8 {
+		cmds.WriteString(" SMTPUTF8")
+	}
+	cmds.WriteString("\r\n")
+	for _, rc := range rcpts {
+		fmt.Fprintf(&cmds, "RCPT TO:<%s>\r\n", rc)
+	}
+	cmds.WriteString("DATA\r\n")
+	conn.SetDeadline(time.Now().Add(commandTimeout))
+	if _, err := io.WriteString(conn, cmds.String()); err != nil {
+		return each(rcpts, fail(err))
+	}
+	reply := func(want int) error {
+		_, _, err := tp.ReadResponse(want)
+		return replyErr(err)
+	}
+	out := make([]Result, len(rcpts))
+	mailErr := reply(250)
+	var accepted []int
+	for i, rc := range rcpts {
+		err := reply(25)
+		switch {
+		case mailErr != nil:
+			out[i] = fail(mailErr)
+		case err != nil:
+			out[i] = fail(err)
+		default:
+			accepted = append(accepted, i)
+		}
+		out[i].Rcpt = rc
+	}
+	dataErr := reply(354)
+	if isBroken(mailErr) || isBroken(dataErr) {
+		err := mailErr
+		if err == nil {
+			err = dataErr
+		}
+		return each(rcpts, fail(err))
+	}
+	if dataErr == nil && len(accepted) == 0 {
+		// §3.1: a server that took DATA with no recipient gets an empty
+		// message, which it cannot deliver to anyone.
+		io.WriteString(conn, ".\r\n")
+		reply(250)
+	}
+	if dataErr != nil || len(accepted) == 0 {
+		tp.PrintfLine("QUIT")
+		return out
+	}
+	conn.SetDeadline(time.Now().Add(dataTimeout))
+	final := Result{Delivered: true, Code: 250, Remote: remote}
+	w := tp.DotWriter()
+	_, err := w.Write(body)
+	if err == nil {
+		err = w.Close()
+	}
+	if err == nil {
+		var msg string
+		_, msg, err = tp.ReadResponse(250)
+		err = replyErr(err)
+		final.Text = oneLine(msg)
+	}
+	if err != nil {
+		final = fail(err)
+	}
+	for _, i := range accepted {
+		out[i] = final
+		out[i].Rcpt = rcpts[i]
+	}
+	conn.SetDeadline(time.Now().Add(commandTimeout))
+	tp.PrintfLine("QUIT")
+	tp.ReadResponse(221)
+	return out
+}
+
+// replyErr makes a server's refusal an SMTPError (with its enhanced status
+// code, RFC 3463, when the text starts with one), as go-smtp's client
+// does; other errors (a broken connection) stay as they are.
+func replyErr(err error) error {
+	var te *textproto.Error
+	if !errors.As(err, &te) {
+		return err
+	}
+	se := &gosmtp.SMTPError{Code: te.Code, EnhancedCode: gosmtp.NoEnhancedCode, Message: te.Msg}
+	if f := strings.SplitN(te.Msg, " ", 2); len(f) == 2 {
+		var a, b, c int
+		if n, _ := fmt.Sscanf(f[0], "%d.%d.%d", &a, &b, &c); n == 3 && f[0] == fmt.Sprintf("%d.%d.%d", a, b, c) {
+			se.EnhancedCode, se.Message = gosmtp.EnhancedCode{a, b, c}, f[1]
+		}
+	}
+	return se
+}
+
+// isBroken: the connection failed (not a refusal the server replied).
+func isBroken(err error) bool {
+	var se *gosmtp.SMTPError
+	return err != nil && !errors.As(err, &se)
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/textproto"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -229,5 +230,75 @@ func TestEndlessReplyIsCutOff(t *testing.T) {
 	r := d.Deliver(context.Background(), "flood.test", "a@quill.test", []string{"b@flood.test"}, []byte("x\r\n"))[0]
 	if r.Delivered || r.Permanent || !strings.Contains(r.Text, "more than a session's replies can hold") || len(r.Text) > 600 {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// A server that offers PIPELINING gets MAIL, every RCPT and DATA in one
+// go before it has replied to any (RFC 2920); a refused recipient gets its
+// own permanent result with the enhanced code, the others the message.
+func TestPipelinedTransaction(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	type seen struct {
+		group []string // the lines read before the server's first reply
+		body  string
+	}
+	done := make(chan seen, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		tp := textproto.NewConn(c)
+		tp.PrintfLine("220 mx.pipe.test ESMTP")
+		var s seen
+		for {
+			line, err := tp.ReadLine()
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(line, "EHLO ") {
+				// The client says EHLO twice (once to look for STARTTLS).
+				tp.PrintfLine("250-mx.pipe.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 SIZE 1000000")
+				continue
+			}
+			s.group = append(s.group, line)
+			if line == "DATA" {
+				break
+			}
+		}
+		tp.PrintfLine("250 2.1.0 ok")
+		tp.PrintfLine("250 2.1.5 ok")
+		tp.PrintfLine("550 5.1.1 no such user")
+		tp.PrintfLine("250 2.1.5 ok")
+		tp.PrintfLine("354 go ahead")
+		b, _ := tp.ReadDotBytes()
+		s.body = string(b)
+		tp.PrintfLine("250 2.0.0 queued as 42")
+		tp.ReadLine() // QUIT
+		tp.PrintfLine("221 bye")
+		done <- s
+	}()
+	res := testDNS(t, map[string]string{"mx.pipe.test": "127.0.0.1"}, map[string]string{"pipe.test": "mx.pipe.test"}, nil)
+	d := &Dialer{Resolver: res, Port: l.Addr().(*net.TCPAddr).Port, Hostname: "quill.test"}
+	msg := "Subject: p\r\n\r\n.leading dot\r\nbody\r\n"
+	out := d.Deliver(context.Background(), "pipe.test", "a@quill.test", []string{"b@pipe.test", "nobody@pipe.test", "c@pipe.test"}, []byte(msg))
+	s := <-done
+	if len(s.group) != 5 || s.group[4] != "DATA" || !strings.HasPrefix(s.group[0], "MAIL FROM:<a@quill.test> BODY=8BITMIME SIZE=") ||
+		s.group[1] != "RCPT TO:<b@pipe.test>" || s.group[3] != "RCPT TO:<c@pipe.test>" {
+		t.Fatalf("commands before the first reply: %q; want MAIL, three RCPT and DATA in one group", s.group)
+	}
+	if s.body != "Subject: p\n\n.leading dot\nbody\n" {
+		t.Errorf("body as received (dot-unstuffed): %q", s.body)
+	}
+	if !out[0].Delivered || !out[2].Delivered || out[0].Text != "2.0.0 queued as 42" && !strings.Contains(out[0].Text, "queued as 42") {
+		t.Errorf("accepted recipients: %+v, %+v", out[0], out[2])
+	}
+	if r := out[1]; r.Delivered || !r.Permanent || r.Code != 550 || r.Status != "5.1.1" || r.Rcpt != "nobody@pipe.test" {
+		t.Errorf("refused recipient: %+v", r)
 	}
 }

@@ -153,16 +153,7 @@ func TestFilterWorkersCheckInboundMailWithRspamd(t *testing.T) {
 	}
 	check("plain")
 
-	pool := func() sns.Status {
-		var st []sns.Status
-		n.get("/api/sns", &st)
-		for _, p := range st {
-			if p.Class == sns.FilterClass {
-				return p
-			}
-		}
-		return sns.Status{}
-	}
+	pool := func() sns.Status { return poolOf(n, sns.FilterClass) }
 	st := pool()
 	if st.Launches == 0 || len(st.Workers) == 0 || st.Workers[0].PID == 0 {
 		fatalf(t, "filter pool %+v: want a worker that did the checks", st)

@@ -331,20 +331,17 @@ func TestRelayWorkerKilledMidDelivery(t *testing.T) {
 		defer sk.mu.Unlock()
 		return sk.inData > 0
 	})
-	pool := func() (st []sns.Status) {
-		n.get("/api/sns", &st)
-		return st
-	}
+	pool := func() sns.Status { return poolOf(n, sns.RelayClass) }
 	st := pool()
-	if len(st) != 1 || len(st[0].Workers) == 0 || st[0].Workers[0].PID == 0 {
-		fatalf(t, "worker pool %+v, want a relay worker running", st)
+	if len(st.Workers) == 0 || st.Workers[0].PID == 0 {
+		fatalf(t, "relay pool %+v, want a relay worker running", st)
 	}
-	victim := st[0].Workers[0]
+	victim := st.Workers[0]
 	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
 		fatalf(t, "kill worker %d: %v", victim.PID, err)
 	}
 	took := waitFor(t, "the worker to be restarted", 10*time.Second, func() bool {
-		for _, w := range pool()[0].Workers {
+		for _, w := range pool().Workers {
 			if w.ID == victim.ID && w.Alive && w.PID != victim.PID {
 				return true
 			}
@@ -357,7 +354,7 @@ func TestRelayWorkerKilledMidDelivery(t *testing.T) {
 	}
 	close(sk.hold)
 	waitFor(t, "the message to arrive after the restart", 30*time.Second, func() bool { return sk.count(marker) > 0 })
-	if st := pool()[0]; st.Restarts < 1 {
+	if st := pool(); st.Restarts < 1 {
 		errorf(t, "pool counts %d restarts", st.Restarts)
 	}
 }
