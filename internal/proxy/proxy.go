@@ -112,6 +112,16 @@ func (p *Proxy) ServesDomain(domain string) bool { return p.Users.ServesDomain(d
 // only once the message is durable for every recipient.
 func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 	start := time.Now()
+	users := uniqueUsers(rcpts)
+	if _, err := p.place(ctx, users, mailbox.Inbox, nil, raw, start); err != nil {
+		return err
+	}
+	delivered(start, len(users))
+	return nil
+}
+
+// uniqueUsers normalizes the recipients and drops repeats, in order.
+func uniqueUsers(rcpts []string) []string {
 	var users []string
 	seen := map[string]bool{}
 	for _, r := range rcpts {
@@ -120,12 +130,13 @@ func (p *Proxy) Deliver(ctx context.Context, rcpts []string, raw []byte) error {
 			users = append(users, u)
 		}
 	}
-	if _, err := p.place(ctx, users, mailbox.Inbox, nil, raw, start); err != nil {
-		return err
-	}
+	return users
+}
+
+// delivered counts a delivery begun at start to n users.
+func delivered(start time.Time, n int) {
 	metrics.DeliverySeconds.Observe(time.Since(start).Seconds())
-	metrics.Delivered.Add(float64(len(users)))
-	return nil
+	metrics.Delivered.Add(float64(n))
 }
 
 // DeliverJunk stores a message the sender's DMARC policy asks to
@@ -136,13 +147,8 @@ func (p *Proxy) DeliverJunk(ctx context.Context, rcpts []string, raw []byte) err
 	start := time.Now()
 	byBox := map[string][]string{}
 	var order []string
-	seen := map[string]bool{}
-	for _, r := range rcpts {
-		u := userdb.Normalize(r)
-		if seen[u] {
-			continue
-		}
-		seen[u] = true
+	users := uniqueUsers(rcpts)
+	for _, u := range users {
 		name := mailbox.Inbox
 		lctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
 		rep, err := p.Writers.For(u).Mailboxes(lctx, &writer.MailboxRequest{User: u})
@@ -166,8 +172,7 @@ func (p *Proxy) DeliverJunk(ctx context.Context, rcpts []string, raw []byte) err
 			return err
 		}
 	}
-	metrics.DeliverySeconds.Observe(time.Since(start).Seconds())
-	metrics.Delivered.Add(float64(len(seen)))
+	delivered(start, len(users))
 	return nil
 }
 

@@ -292,6 +292,48 @@ func (s *Store) Body(id string) ([]byte, error) {
 
 // List returns copies of the entries held here, tombstones left out,
 // oldest first.
+// Due returns the entries (not clones) that pick chooses, oldest first:
+// the runner's walk each second, which must not copy every entry held.
+// pick runs under the store's lock and must not change the entry.
+func (s *Store) Due(pick func(e *Entry) bool) []string {
+	type cand struct {
+		created time.Time
+		id      string
+	}
+	var out []cand
+	s.mu.Lock()
+	for _, e := range s.entries {
+		if !e.Deleted && pick(e) {
+			out = append(out, cand{e.Created, e.ID})
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].created.Equal(out[j].created) {
+			return out[i].created.Before(out[j].created)
+		}
+		return out[i].id < out[j].id
+	})
+	ids := make([]string, len(out))
+	for i, c := range out {
+		ids[i] = c.id
+	}
+	return ids
+}
+
+// Len counts the entries held (not deleted).
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.entries {
+		if !e.Deleted {
+			n++
+		}
+	}
+	return n
+}
+
 func (s *Store) List() []*Entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -220,23 +220,22 @@ func (q *Queue) dispatch() {
 	alive := q.aliveSet()
 	now := time.Now()
 	var running int
-	held := q.Store.List()
-	metrics.QueueEntries.Set(float64(len(held)))
-	for _, e := range held {
+	metrics.QueueEntries.Set(float64(q.Store.Len()))
+	ids := q.Store.Due(func(e *Entry) bool {
 		if Leader(e.Replicas, alive) != q.Self {
-			continue
+			return false
 		}
 		due, ok := Due(e)
-		if ok && due.After(now) {
-			continue
-		}
+		return !ok || !due.After(now)
+	})
+	for _, id := range ids {
 		q.mu.Lock()
 		running = len(q.inflight)
-		if q.inflight[e.ID] || running >= q.Cfg.Workers {
+		if q.inflight[id] || running >= q.Cfg.Workers {
 			q.mu.Unlock()
 			continue
 		}
-		q.inflight[e.ID] = true
+		q.inflight[id] = true
 		q.mu.Unlock()
 		q.wg.Add(1)
 		go func(id string) {
@@ -247,7 +246,7 @@ func (q *Queue) dispatch() {
 				q.mu.Unlock()
 			}()
 			q.attempt(id)
-		}(e.ID)
+		}(id)
 	}
 }
 
