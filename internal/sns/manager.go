@@ -377,9 +377,18 @@ type ManagerStatus struct {
 	Term      uint64     `json:"term"`
 	Self      bool       `json:"self"`
 	Overflow  bool       `json:"overflow"`
-	Elections int        `json:"elections"`
-	Aggregate []Aggreg   `json:"aggregate"`
-	Table     []NodeLoad `json:"table"`
+	Elections int         `json:"elections"`
+	Aggregate []ClassLoad `json:"aggregate"`
+	Table     []NodeLoad  `json:"table"`
+}
+
+// ClassLoad is a class's load over the cluster as the admin API shows it
+// (Aggreg, in the gossip's short names, is what the beacons carry).
+type ClassLoad struct {
+	Class   string `json:"class"`
+	Workers int    `json:"workers"`
+	Pending int    `json:"pending"`
+	Nodes   int    `json:"nodes"`
 }
 
 // Status returns the manager state as this node sees it.
@@ -387,7 +396,10 @@ func (m *Manager) Status(now time.Time) ManagerStatus {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st := ManagerStatus{Manager: m.manager, Term: m.term, Self: m.manager == m.Self, Overflow: m.Overflow,
-		Elections: m.elections, Aggregate: m.aggregate}
+		Elections: m.elections}
+	for _, a := range m.aggregate {
+		st.Aggregate = append(st.Aggregate, ClassLoad(a))
+	}
 	for _, r := range m.table {
 		if now.Sub(r.At) <= reportStale {
 			st.Table = append(st.Table, r)
