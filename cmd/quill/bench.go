@@ -28,6 +28,9 @@ func newBenchCmd() *cobra.Command {
 		concurrency, nUsers, createPar            int
 		probeStart, probeMax                      int
 		mix, imapMix                              float64
+		remoteDomain                              string
+		rcpts                                     int
+		noAuth                                    bool
 		seed                                      uint64
 		probe, noCreate, jsonOut, quiet           bool
 		useTLS, tlsResume                         bool
@@ -49,6 +52,10 @@ FETCH BODY[] of one random message and UID STORE +FLAGS (\Seen) on it, LOGOUT;
 each step has its own deadline. A user has at most one POP3 or IMAP session at
 a time. --workload imap is short for --mix-imap 0.5 --mix 1: half SMTP
 deliveries that keep the mailboxes filling, half IMAP sessions, no POP3.
+--workload submission makes every session a submission: the user logs in
+(AUTH PLAIN) and sends one message from their address to --rcpts addresses
+of --remote-domain, which the server queues and relays; give --smtp the
+submission port (and --tls for implicit TLS, port 465).
 
 With --concurrency N it runs N closed-loop workers for --duration. With --probe it
 starts with a few workers and raises their number step by step (--step each)
@@ -94,7 +101,11 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				}
 			}
 
+			var submit *bench.Submit
 			switch workload {
+			case "submission":
+				mix, imapMix = 1, 0
+				submit = &bench.Submit{RemoteDomain: remoteDomain, Rcpts: rcpts, NoAuth: noAuth}
 			case "porcupine":
 			case "imap":
 				if !cmd.Flags().Changed("mix-imap") {
@@ -104,7 +115,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 					mix = 1
 				}
 			default:
-				return fmt.Errorf("--workload: want porcupine or imap, not %q", workload)
+				return fmt.Errorf("--workload: want porcupine, imap or submission, not %q", workload)
 			}
 			if imapMix < 0 || imapMix > 1 {
 				return fmt.Errorf("--mix-imap must be within [0, 1]")
@@ -123,6 +134,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				Seed:        seed,
 				Step:        step,
 				ServerPIDs:  serverPIDs,
+				Submit:      submit,
 			}
 			if useTLS {
 				// A bench measures the cost of TLS, not trust in the
@@ -190,7 +202,10 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 		"fraction of the non-IMAP requests that are SMTP deliveries (the rest are POP3 sessions)")
 	f.Float64Var(&imapMix, "mix-imap", 0, "fraction of requests that are IMAP sessions (0: the Porcupine workload)")
 	f.StringVar(&workload, "workload", "porcupine",
-		"porcupine, or imap: 50% SMTP deliveries and 50% IMAP sessions (--mix 1 --mix-imap 0.5)")
+		"porcupine; imap: 50% SMTP deliveries and 50% IMAP sessions (--mix 1 --mix-imap 0.5); submission: every session a user logs in (AUTH PLAIN) and sends to --rcpts addresses of --remote-domain (give --smtp the submission address, --tls for implicit TLS)")
+	f.StringVar(&remoteDomain, "remote-domain", "remote.test", "domain the submission workload sends to (the server must relay it)")
+	f.IntVar(&rcpts, "rcpts", 1, "recipients per submitted message")
+	f.BoolVar(&noAuth, "no-auth", false, "submission workload without AUTH (a peer that relays for its network)")
 	f.IntVar(&nUsers, "users", 1000, "number of bench users")
 	f.StringVar(&domain, "domain", "bench.example", "domain of the bench users")
 	f.StringVar(&password, "password", "benchpass", "password of every bench user")

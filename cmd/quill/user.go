@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/admin"
+	"github.com/quillmail/quill/internal/userdb"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 )
@@ -176,6 +177,26 @@ func init() {
 	}
 	passwd.Flags().StringVar(&password, "password", "", "the new password (default: read from stdin or prompt)")
 
+	var hashPW string
+	hash := &cobra.Command{
+		Use:   "hash",
+		Short: "Print a password's hash as Quill stores it (argon2id, PHC string), for a users file or another server's passdb",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pw, err := readPassword(hashPW, false)
+			if err != nil {
+				return err
+			}
+			h, err := userdb.HashPassword(pw)
+			if err != nil {
+				return err
+			}
+			fmt.Println(h)
+			return nil
+		},
+	}
+	hash.Flags().StringVar(&hashPW, "password", "", "the password (default: read from stdin or prompt)")
+
 	del := &cobra.Command{
 		Use: "del ADDRESS", Short: "Delete a user and all their mail", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -207,7 +228,7 @@ func init() {
 			return w.Flush()
 		},
 	}
-	cmd.AddCommand(add, passwd, set, del, list)
+	cmd.AddCommand(add, passwd, set, del, list, hash)
 	rootCmd.AddCommand(cmd)
 }
 

@@ -13,9 +13,12 @@ import (
 type Report struct {
 	Mode     string `json:"mode"` // "fixed" or "probe"
 	SMTPAddr string `json:"smtp_addr"`
-	POP3Addr string `json:"pop3_addr"`
-	IMAPAddr string `json:"imap_addr,omitempty"`
-	Users    int    `json:"users"`
+	// Submission names the remote domain of the submission workload
+	// ("" for the Porcupine workload).
+	Submission string `json:"submission_to,omitempty"`
+	POP3Addr   string `json:"pop3_addr"`
+	IMAPAddr   string `json:"imap_addr,omitempty"`
+	Users      int    `json:"users"`
 	// Mix, POPMix and IMAPMix are the shares of the requests that are
 	// SMTP, POP3 and IMAP sessions.
 	Mix         float64 `json:"smtp_fraction"`
@@ -178,10 +181,18 @@ func BestStep(steps []StepReport) int {
 	return best
 }
 
+func submissionTo(s *Submit) string {
+	if s == nil {
+		return ""
+	}
+	return s.RemoteDomain
+}
+
 func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport) *Report {
 	r := &Report{
 		Mode:        "fixed",
 		SMTPAddr:    cfg.SMTPAddr,
+		Submission:  submissionTo(cfg.Submit),
 		POP3Addr:    cfg.POP3Addr,
 		IMAPAddr:    cfg.IMAPAddr,
 		Users:       len(cfg.Users),
@@ -292,6 +303,10 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 		}
 		fmt.Fprintf(&b, "  %s\n", strings.Join(addrs, "   "))
+	} else if r.Submission != "" {
+		fmt.Fprintf(&b, "quill bench: submission workload (users log in and send to %s), %s mode, %d users, deadline %.0f ms, %.1f s\n",
+			r.Submission, r.Mode, r.Users, r.DeadlineMS, r.ElapsedS)
+		fmt.Fprintf(&b, "  submission %s\n", r.SMTPAddr)
 	} else {
 		fmt.Fprintf(&b, "quill bench: Porcupine workload, %s mode, %d users, %.0f%% SMTP, deadline %.0f ms, %.1f s\n",
 			r.Mode, r.Users, r.Mix*100, r.DeadlineMS, r.ElapsedS)

@@ -65,6 +65,20 @@ type Config struct {
 	// are then SMTPS, POP3S and IMAPS ports). Its ClientSessionCache, if
 	// set, lets a returning client resume its session.
 	TLS *tls.Config
+	// Submit, if set, makes every SMTP session a submission (RFC 6409):
+	// a user, drawn by Zipf, logs in (AUTH PLAIN) and sends one message
+	// from their own address to Rcpts addresses at RemoteDomain, which
+	// the server must relay (the submission workload of issue 12).
+	Submit *Submit
+}
+
+// Submit shapes the submission workload.
+type Submit struct {
+	RemoteDomain string
+	Rcpts        int
+	// NoAuth leaves out the login (a peer that relays for its network
+	// without SASL).
+	NoAuth bool
 }
 
 func (cfg *Config) check() error {
@@ -205,16 +219,27 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 		case OpSMTP:
 			u := rn.cfg.Users[users.Next()]
 			seq := rn.seq.Add(1)
+			t := smtpTarget{addr: rn.cfg.SMTPAddr, tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain, from: from, to: []string{u.Address}}
+			if sub := rn.cfg.Submit; sub != nil {
+				// The user sends, to addresses of the remote domain.
+				t.from, t.to = u.Address, nil
+				for i := range max(sub.Rcpts, 1) {
+					t.to = append(t.to, fmt.Sprintf("rcpt%d-%d@%s", seq, i, sub.RemoteDomain))
+				}
+				if !sub.NoAuth {
+					t.user, t.pass = u.Address, u.Password
+				}
+			}
 			buf = AppendMessage(buf[:0], rng, MessageSpec{
-				From:      from,
-				To:        u.Address,
+				From:      t.from,
+				To:        t.to[0],
 				Subject:   "bench message " + strconv.FormatUint(seq, 10),
 				MessageID: rn.runID + "." + strconv.FormatUint(seq, 10) + "@" + rn.cfg.Domain,
 				Date:      time.Now(),
 				Size:      rn.cfg.Sizes.Sample(rng),
 			})
-			res, err = deliver(rn.abort, smtpTarget{addr: rn.cfg.SMTPAddr, tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain,
-				from: from, to: u.Address, msg: buf})
+			t.msg = buf
+			res, err = deliver(rn.abort, t)
 		case OpPOP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]

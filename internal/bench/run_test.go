@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 )
 
@@ -367,5 +369,83 @@ func TestRunCutsOffAHungServer(t *testing.T) {
 	}
 	if !rep.Interrupted || rep.Total.Aborted != 4 || rep.Total.Requests != 0 {
 		t.Errorf("interrupted %v, aborted %d, requests %d", rep.Interrupted, rep.Total.Aborted, rep.Total.Requests)
+	}
+}
+
+// subSession is a submission server's session: it records who logged in
+// and where each message went.
+type subSession struct {
+	mu    *sync.Mutex
+	user  string
+	from  string
+	rcpts []string
+	got   *[]string // "user from rcpt,rcpt"
+}
+
+func (s *subSession) AuthMechanisms() []string { return []string{sasl.Plain} }
+func (s *subSession) Auth(string) (sasl.Server, error) {
+	return sasl.NewPlainServer(func(_, user, pass string) error {
+		if pass != "pw" {
+			return errors.New("bad password")
+		}
+		s.user = user
+		return nil
+	}), nil
+}
+func (s *subSession) Reset()        {}
+func (s *subSession) Logout() error { return nil }
+func (s *subSession) Mail(from string, _ *smtp.MailOptions) error {
+	if s.user == "" {
+		return &smtp.SMTPError{Code: 530, Message: "authentication required"}
+	}
+	s.from = from
+	return nil
+}
+func (s *subSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	s.rcpts = append(s.rcpts, to)
+	return nil
+}
+func (s *subSession) Data(r io.Reader) error {
+	io.Copy(io.Discard, r)
+	s.mu.Lock()
+	*s.got = append(*s.got, s.user+" "+s.from+" "+strings.Join(s.rcpts, ","))
+	s.mu.Unlock()
+	s.rcpts = nil
+	return nil
+}
+
+// The submission workload logs in as the user it draws, sends from that
+// user's address, and addresses the remote domain.
+func TestSubmissionWorkload(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
+		return &subSession{mu: &mu, got: &got}, nil
+	}))
+	srv.Domain, srv.AllowInsecureAuth = "localhost", true
+	go srv.Serve(l)
+	defer srv.Close()
+	users := GenerateUsers(5, "bench.example", "pw")
+	rep, err := Run(context.Background(), Config{SMTPAddr: l.Addr().String(), Users: users, Duration: 500 * time.Millisecond,
+		Deadline: DefaultDeadline, Concurrency: 2, Mix: 1, Seed: 7, Domain: "bench.example",
+		Submit: &Submit{RemoteDomain: "far.example", Rcpts: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if rep.Total.Delivered == 0 || int64(len(got)) != rep.Total.Delivered {
+		t.Fatalf("report %d submitted, server %d", rep.Total.Delivered, len(got))
+	}
+	for _, g := range got {
+		f := strings.Fields(g)
+		if len(f) != 3 || f[0] != f[1] || !strings.HasSuffix(f[0], "@bench.example") ||
+			strings.Count(f[2], "@far.example") != 2 {
+			t.Fatalf("submission %q: want the logged-in user as sender and two far.example recipients", g)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 )
 
@@ -163,15 +164,18 @@ func dialFailed(abort context.Context, res Result, err error) Result {
 
 // smtpTarget is what one SMTP session needs.
 type smtpTarget struct {
-	addr     string
-	tls      *tls.Config // implicit TLS (submissions port) when set
-	helo     string
-	from, to string
-	msg      []byte
+	addr string
+	tls  *tls.Config // implicit TLS (submissions port) when set
+	helo string
+	from string
+	to   []string
+	msg  []byte
+	// user and pass, when set, log in first (AUTH PLAIN: submission).
+	user, pass string
 }
 
-// deliver runs one SMTP session (RFC 5321 §3.3): EHLO, MAIL, RCPT, DATA
-// with one message, QUIT.
+// deliver runs one SMTP session (RFC 5321 §3.3): EHLO, AUTH for a
+// submission, MAIL, RCPT, DATA with one message, QUIT.
 func deliver(abort context.Context, t smtpTarget) (res Result, err error) {
 	res.Op = OpSMTP
 	start := time.Now()
@@ -194,11 +198,18 @@ func deliver(abort context.Context, t smtpTarget) (res Result, err error) {
 	if err := c.Hello(t.helo); err != nil {
 		return res, err
 	}
+	if t.user != "" {
+		if err := c.Auth(sasl.NewPlainClient("", t.user, t.pass)); err != nil {
+			return res, err
+		}
+	}
 	if err := c.Mail(t.from, nil); err != nil {
 		return res, err
 	}
-	if err := c.Rcpt(t.to, nil); err != nil {
-		return res, err
+	for _, to := range t.to {
+		if err := c.Rcpt(to, nil); err != nil {
+			return res, err
+		}
 	}
 	w, err := c.Data()
 	if err != nil {
