@@ -373,10 +373,10 @@ func (m *Manager) Remote(class string, now time.Time) []NodeLoad {
 
 // ManagerStatus is what the admin API shows of the manager.
 type ManagerStatus struct {
-	Manager   string     `json:"manager"`
-	Term      uint64     `json:"term"`
-	Self      bool       `json:"self"`
-	Overflow  bool       `json:"overflow"`
+	Manager   string      `json:"manager"`
+	Term      uint64      `json:"term"`
+	Self      bool        `json:"self"`
+	Overflow  bool        `json:"overflow"`
 	Elections int         `json:"elections"`
 	Aggregate []ClassLoad `json:"aggregate"`
 	Table     []NodeLoad  `json:"table"`
