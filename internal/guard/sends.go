@@ -39,6 +39,41 @@ func (s *Sends) Allow(user string, now time.Time) (bool, int) {
 	return n < s.limit, n
 }
 
+// Take counts a message user is about to submit at now, if the limit
+// allows one more, and reports whether it did and how many they sent in
+// the window before it. Check and count are one step, so sessions of the
+// same user in parallel cannot all pass a check made before any of them
+// counted; Undo takes the count back if the message is not accepted.
+func (s *Sends) Take(user string, now time.Time) (bool, int) {
+	if s.limit <= 0 {
+		return true, 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.prune(user, now))
+	if n >= s.limit {
+		return false, n
+	}
+	s.noteLocked(user, now)
+	return true, n
+}
+
+// Undo takes back a count Take made at at.
+func (s *Sends) Undo(user string, at time.Time) {
+	if s.limit <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := s.at[user]
+	for i := len(ts) - 1; i >= 0; i-- {
+		if ts[i].Equal(at) {
+			s.at[user] = append(ts[:i:i], ts[i+1:]...)
+			return
+		}
+	}
+}
+
 // Note records a message user submitted at a time (here or on another
 // node).
 func (s *Sends) Note(user string, at time.Time) {
@@ -47,6 +82,10 @@ func (s *Sends) Note(user string, at time.Time) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.noteLocked(user, at)
+}
+
+func (s *Sends) noteLocked(user string, at time.Time) {
 	ts := s.prune(user, time.Now())
 	i := len(ts)
 	for i > 0 && ts[i-1].After(at) {

@@ -266,9 +266,9 @@ type sharedSends struct {
 	n *Node
 }
 
-// Sent implements smtp.SendLimit.
+// Sent implements smtp.SendLimit: the message, counted here by Take, is
+// told to the other nodes.
 func (s sharedSends) Sent(user string, at time.Time) {
-	s.Note(user, at)
 	if s.Limit() > 0 {
 		s.n.broadcast(notice{Sent: &sentNotice{User: user, At: at.UnixMilli()}}, "sending count", user)
 	}

@@ -253,6 +253,22 @@ func (s *session) Data(r io.Reader) (err error) {
 	// short would turn its 250 into a 451.
 	ctx, cancel := context.WithTimeout(context.Background(), s.b.cfg.DeliverTimeout)
 	defer cancel()
+	if l := s.b.cfg.Sends; s.submitting() && l != nil {
+		// Counted now, before the message is stored, so that parallel
+		// sessions of one user cannot all pass the check made at MAIL.
+		at := time.Now()
+		if ok, n := l.Take(s.authUser, at); !ok {
+			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
+				Message: fmt.Sprintf("%s sent %d messages in the last hour, the limit is %d: try again later", s.authUser, n, l.Limit())}
+		}
+		defer func() {
+			if err != nil {
+				l.Undo(s.authUser, at)
+			} else {
+				l.Sent(s.authUser, at)
+			}
+		}()
+	}
 	if len(s.remote) > 0 {
 		// One durable write decides the 250: the local recipients ride
 		// in the same queue entry (its runner delivers them here), so a
@@ -268,17 +284,7 @@ func (s *session) Data(r io.Reader) (err error) {
 			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
 				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)}
 		}
-		if s.b.cfg.Sends != nil {
-			s.b.cfg.Sends.Sent(s.authUser, time.Now())
-		}
 		return nil
-	}
-	if s.submitting() && s.b.cfg.Sends != nil {
-		defer func() {
-			if err == nil {
-				s.b.cfg.Sends.Sent(s.authUser, time.Now())
-			}
-		}()
 	}
 	deliver := s.b.p.Deliver
 	if j, ok := s.b.p.(interface {

@@ -117,9 +117,15 @@ func sanitizeText(s string) string {
 // cluster (node.Node shares the counts).
 type SendLimit interface {
 	// Allow says whether user may submit another message now, and how
-	// many they submitted in the last hour.
+	// many they submitted in the last hour (a check at MAIL).
 	Allow(user string, now time.Time) (bool, int)
-	// Sent records a message user submitted.
+	// Take counts a message about to be accepted if the limit allows it
+	// (check and count in one step, at DATA); Undo takes the count back
+	// when the message is not accepted after all.
+	Take(user string, at time.Time) (bool, int)
+	Undo(user string, at time.Time)
+	// Sent tells the cluster of a message user submitted (counted here
+	// by Take).
 	Sent(user string, at time.Time)
 	Limit() int
 }
