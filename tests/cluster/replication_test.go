@@ -201,6 +201,47 @@ func TestWipedNodeIsRefilled(t *testing.T) {
 	checkNumbered(t, nodes, u, 30, "after the wipe")
 }
 
+// wipe kills the node, empties its data directory (keeping its logs) and
+// starts it again: it comes back as a new node.
+func wipe(t *testing.T, n *Node) {
+	t.Helper()
+	old := n.ID
+	n.Kill9()
+	entries, _ := os.ReadDir(n.Data)
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "stderr-") {
+			os.RemoveAll(filepath.Join(n.Data, e.Name()))
+		}
+	}
+	n.Restart()
+	if n.ID == old {
+		fatalf(t, "a wiped node kept its id")
+	}
+}
+
+// Three wipes one after another, each of a different node and each only
+// once every message is back at two copies, lose nothing: the copies
+// repair makes are themselves repaired when their node is wiped in turn
+// (their records keep how many copies they want). Every node of the three
+// is wiped once, so every message ends up on copies repair made.
+func TestWipesOneAfterAnotherLoseNothing(t *testing.T) {
+	nodes := startReplicated(t, 3, "--replace-after", "5s")
+	u := "wipes@repl.example"
+	nodes[0].addUser(t, u, "pw")
+	sendNumbered(t, nodes, u, 60)
+	waitReplicated(t, nodes, 30*time.Second)
+	var gone []string
+	for round, victim := range []*Node{nodes[0], nodes[1], nodes[2], nodes[0]} {
+		gone = append(gone, victim.ID)
+		wipe(t, victim)
+		waitFor(t, "the cluster with the new node", 30*time.Second, func() bool { return ready(nodes) })
+		waitFor(t, "every node to count the wiped ids as gone", 30*time.Second, func() bool { return stillCounted(nodes, gone) == "" })
+		took := waitReplicated(t, nodes, 120*time.Second)
+		t.Logf("wipe %d: every message back at 2 copies %v after the node rejoined", round+1, took)
+		checkNumbered(t, nodes, u, 60, fmt.Sprintf("after wipe %d", round+1))
+	}
+}
+
 func setPassword(n *Node, addr, pw string) error {
 	body, _ := json.Marshal(map[string]string{"password": pw})
 	req, _ := http.NewRequest(http.MethodPut, "http://"+n.HTTP+"/api/users/"+addr+"/password", bytes.NewReader(body))
