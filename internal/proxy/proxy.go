@@ -19,8 +19,8 @@ import (
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/retry"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/saslsrv"
-	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 	"github.com/quillmail/quill/internal/writer"
@@ -35,12 +35,11 @@ var (
 	ErrTryLater = errors.New("try again later")
 )
 
-// NoStorage reports whether a delivery failed for want of disk space here
-// (the store's reserve refused the write, or the node refuses content):
-// SMTP's 452 4.3.1, a temporary failure a sender retries later.
-func NoStorage(err error) bool {
-	return store.IsDiskFull(err) || errors.Is(err, replica.ErrNoRoom)
-}
+// NoStorage reports whether a delivery failed for want of disk space on
+// a node (a store's reserve refused the write, or a replica refuses
+// content; the meaning crosses RPC as rpc.ErrNoSpace): SMTP's 452 4.3.1, a
+// temporary failure a sender retries later.
+func NoStorage(err error) bool { return errors.Is(err, rpc.ErrNoSpace) }
 
 // storeAttempts bounds how many nodes a delivery tries before giving up
 // with a temporary failure: the first choice and, if it fails, others

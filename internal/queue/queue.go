@@ -292,10 +292,11 @@ func (s *Store) Body(id string) ([]byte, error) {
 
 // List returns copies of the entries held here, tombstones left out,
 // oldest first.
-// Due returns the entries (not clones) that pick chooses, oldest first:
-// the runner's walk each second, which must not copy every entry held.
-// pick runs under the store's lock and must not change the entry.
-func (s *Store) Due(pick func(e *Entry) bool) []string {
+// Due returns the ids of the entries pick chooses, oldest first, and how
+// many entries are held: the runner's walk each second, which must not
+// copy every entry held. pick runs under the store's lock and must not
+// change the entry.
+func (s *Store) Due(pick func(e *Entry) bool) (ids []string, held int) {
 	type cand struct {
 		created time.Time
 		id      string
@@ -303,7 +304,11 @@ func (s *Store) Due(pick func(e *Entry) bool) []string {
 	var out []cand
 	s.mu.Lock()
 	for _, e := range s.entries {
-		if !e.Deleted && pick(e) {
+		if e.Deleted {
+			continue
+		}
+		held++
+		if pick(e) {
 			out = append(out, cand{e.Created, e.ID})
 		}
 	}
@@ -314,24 +319,11 @@ func (s *Store) Due(pick func(e *Entry) bool) []string {
 		}
 		return out[i].id < out[j].id
 	})
-	ids := make([]string, len(out))
+	ids = make([]string, len(out))
 	for i, c := range out {
 		ids[i] = c.id
 	}
-	return ids
-}
-
-// Len counts the entries held (not deleted).
-func (s *Store) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, e := range s.entries {
-		if !e.Deleted {
-			n++
-		}
-	}
-	return n
+	return ids, held
 }
 
 func (s *Store) List() []*Entry {

@@ -220,14 +220,14 @@ func (q *Queue) dispatch() {
 	alive := q.aliveSet()
 	now := time.Now()
 	var running int
-	metrics.QueueEntries.Set(float64(q.Store.Len()))
-	ids := q.Store.Due(func(e *Entry) bool {
+	ids, held := q.Store.Due(func(e *Entry) bool {
 		if Leader(e.Replicas, alive) != q.Self {
 			return false
 		}
 		due, ok := Due(e)
 		return !ok || !due.After(now)
 	})
+	metrics.QueueEntries.Set(float64(held))
 	for _, id := range ids {
 		q.mu.Lock()
 		running = len(q.inflight)

@@ -376,7 +376,7 @@ func without(set []cluster.NodeID, drop ...cluster.NodeID) []cluster.NodeID {
 var ErrPolicy = errors.New("write policy not met")
 
 // ErrNoRoom refuses new content on a node whose disk is nearly full.
-var ErrNoRoom = errors.New("disk nearly full: no new content taken")
+var ErrNoRoom = fmt.Errorf("disk nearly full: no new content taken: %w", rpc.ErrNoSpace)
 
 // WriteRequest is an update sent to its coordinator.
 type WriteRequest struct {

@@ -154,6 +154,10 @@ var (
 	ErrNotFound    = errors.New("not found")
 	ErrNotManager  = errors.New("not the manager of this bucket")
 	ErrUnavailable = errors.New("node unavailable")
+	// ErrNoSpace: the node has no disk space for the write (its store's
+	// reserve, or a replica refusing content); SMTP says 452 4.3.1 for it
+	// on whichever node the client reached.
+	ErrNoSpace = errors.New("no disk space")
 )
 
 func codeOf(err error) codes.Code {
@@ -164,6 +168,8 @@ func codeOf(err error) codes.Code {
 		return codes.FailedPrecondition
 	case errors.Is(err, ErrUnavailable):
 		return codes.Unavailable
+	case errors.Is(err, ErrNoSpace):
+		return codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
@@ -251,6 +257,8 @@ func fromStatus(err error) error {
 		return fmt.Errorf("%s: %w", st.Message(), ErrNotManager)
 	case codes.Unavailable:
 		return fmt.Errorf("%s: %w", st.Message(), ErrUnavailable)
+	case codes.ResourceExhausted:
+		return fmt.Errorf("%s: %w", st.Message(), ErrNoSpace)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("%s: %w", st.Message(), context.DeadlineExceeded)
 	case codes.Canceled:

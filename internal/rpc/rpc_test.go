@@ -21,6 +21,8 @@ func (bodies) Body(ctx context.Context, r *nodepb.BodyRequest) (*nodepb.BodyRepl
 	switch r.Id {
 	case "hi":
 		return &nodepb.BodyReply{Raw: []byte("echo " + r.User)}, nil
+	case "full":
+		return nil, fmt.Errorf("store: disk full: %w", ErrNoSpace)
 	case "slow":
 		select {
 		case <-time.After(5 * time.Second):
@@ -62,6 +64,10 @@ func TestCallCarriesLoadAndErrors(t *testing.T) {
 	}
 	if want := "rpc Fragment.Body to " + l.Addr().String(); err == nil || len(err.Error()) < len(want) || err.Error()[:len(want)] != want {
 		t.Fatalf("error %q does not name the method and the node", err)
+	}
+	// A node out of disk space says so across the wire (SMTP's 452).
+	if _, err = fc.Body(context.Background(), &nodepb.BodyRequest{Id: "full"}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("no space across the wire: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()

@@ -35,17 +35,9 @@ func (f Filter) Check(ctx context.Context, ip net.IP, helo, mailFrom string, rcp
 }
 
 func (f Filter) onWorker(ctx context.Context, t *nodepb.FilterTask) (mailauth.Verdict, error) {
-	cctx, cancel := context.WithTimeout(ctx, chooseTimeout)
-	w, err := f.Pool.choose(cctx)
-	cancel()
+	_, c, err := f.Pool.acquire(ctx)
 	if err != nil {
 		return mailauth.Verdict{}, err
-	}
-	f.Pool.mu.Lock()
-	c := w.client
-	f.Pool.mu.Unlock()
-	if c == nil {
-		return mailauth.Verdict{}, errWorkerGone(w.id)
 	}
 	rep, err := c.Filter(ctx, t)
 	if err != nil {

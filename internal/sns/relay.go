@@ -117,7 +117,23 @@ func (r Relay) pickNode(now time.Time, draw float64) string {
 	return node
 }
 
-func errWorkerGone(id int) error { return fmt.Errorf("worker %d ended before the task reached it", id) }
+// acquire picks a worker for a task (waiting at most chooseTimeout for
+// one being launched or restarted) and returns it with its client.
+func (p *Pool) acquire(ctx context.Context) (*worker, nodepb.WorkerClient, error) {
+	cctx, cancel := context.WithTimeout(ctx, chooseTimeout)
+	w, err := p.choose(cctx)
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	p.mu.Lock()
+	c := w.client
+	p.mu.Unlock()
+	if c == nil {
+		return nil, nil, fmt.Errorf("worker %d ended before the task reached it", w.id)
+	}
+	return w, c, nil
+}
 
 func ceilDiv(a, b int) int { return (a + b - 1) / max(b, 1) }
 
@@ -154,17 +170,9 @@ func (r Relay) deliverLocal(ctx context.Context, domain, from string, rcpts []st
 		}
 		return out
 	}
-	cctx, cancel := context.WithTimeout(ctx, chooseTimeout)
-	w, err := r.Pool.choose(cctx)
-	cancel()
+	w, c, err := r.Pool.acquire(ctx)
 	if err != nil {
 		return fail(err)
-	}
-	r.Pool.mu.Lock()
-	c := w.client
-	r.Pool.mu.Unlock()
-	if c == nil {
-		return fail(errWorkerGone(w.id))
 	}
 	rctx, rcancel := context.WithTimeout(ctx, relayTimeout)
 	defer rcancel()
@@ -216,13 +224,17 @@ func (n nodeServer) Relay(ctx context.Context, t *nodepb.RelayTask) (*nodepb.Rel
 	if p == nil {
 		return nil, status.Error(codes.Unavailable, "no relay workers on this node")
 	}
-	res := Relay{Pool: p}.deliverLocal(ctx, t.Domain, t.From, t.Rcpts, t.Body)
+	return resultsPB(Relay{Pool: p}.deliverLocal(ctx, t.Domain, t.From, t.Rcpts, t.Body)), nil
+}
+
+// resultsPB is the wire form of results (the inverse of results).
+func resultsPB(res []queue.Result) *nodepb.RelayResults {
 	out := &nodepb.RelayResults{}
 	for _, r := range res {
 		out.Results = append(out.Results, &nodepb.RelayResult{Rcpt: r.Rcpt, Delivered: r.Delivered, Permanent: r.Permanent,
 			Code: int32(r.Code), Status: r.Status, Text: r.Text, Remote: r.Remote})
 	}
-	return out, nil
+	return out
 }
 
 func (n nodeServer) Load(ctx context.Context, _ *nodepb.Empty) (*nodepb.WorkerLoad, error) {
@@ -250,13 +262,7 @@ func (s *relayServer) Relay(ctx context.Context, t *nodepb.RelayTask) (*nodepb.R
 	s.pending.Add(1)
 	defer s.pending.Add(-1)
 	defer s.done.Add(1)
-	res := s.remote.Deliver(ctx, t.Domain, t.From, t.Rcpts, t.Body)
-	out := &nodepb.RelayResults{}
-	for _, r := range res {
-		out.Results = append(out.Results, &nodepb.RelayResult{Rcpt: r.Rcpt, Delivered: r.Delivered, Permanent: r.Permanent,
-			Code: int32(r.Code), Status: r.Status, Text: r.Text, Remote: r.Remote})
-	}
-	return out, nil
+	return resultsPB(s.remote.Deliver(ctx, t.Domain, t.From, t.Rcpts, t.Body)), nil
 }
 
 func (s *relayServer) Filter(ctx context.Context, t *nodepb.FilterTask) (*nodepb.FilterVerdict, error) {

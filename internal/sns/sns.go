@@ -1,6 +1,7 @@
 // Package sns is the worker substrate of SNS (Chawathe and Brewer, §2–3):
-// work that can fail or stall on its own — today the delivery of
-// outbound mail to other domains' servers, class "relay" — runs in
+// work that can fail or stall on its own — the delivery of outbound mail
+// to other domains' servers (class "relay") and the checks of inbound
+// mail (class "filter") — runs in
 // separate worker processes (`quill worker --class NAME`) that the node
 // launches, balances and restarts by itself.
 //
@@ -29,7 +30,8 @@
 //   - randomized timers (§3.5) for reports, beacons, elections and
 //     restarts.
 //
-// Not yet built (issue 12 goes on): the filter class.
+// Two classes: relay (outbound delivery, relay.go) and filter (the
+// inbound checks of internal/mailauth, filter.go).
 //
 // Written by hand: the supervisor, the manager election and the lottery
 // are the paper's mechanisms and a few hundred lines over os/exec, gRPC

@@ -1,12 +1,13 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/quillmail/quill/internal/rpc"
 )
 
 // A full disk must never stop a node. Pebble treats a failed write to its
@@ -48,11 +49,9 @@ func (e *DiskFullError) Error() string {
 	return fmt.Sprintf("store %s: disk full: %d bytes free, the write and the room kept back need %d: refused so the store never fills its disk", e.Dir, e.Free, e.Need)
 }
 
-// IsDiskFull reports whether err is (or wraps) a DiskFullError.
-func IsDiskFull(err error) bool {
-	var d *DiskFullError
-	return errors.As(err, &d)
-}
+// Is makes a refused write an rpc.ErrNoSpace, a meaning that crosses the
+// wire to the node the client reached.
+func (e *DiskFullError) Is(target error) bool { return target == rpc.ErrNoSpace }
 
 // reserveReadEvery is how long a reading of free space is trusted, less
 // what the store wrote since: a statfs costs about a microsecond, but

@@ -2,11 +2,14 @@ package store
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/quillmail/quill/internal/rpc"
 )
 
 // The reserve refuses a write that would leave the disk under its floor,
@@ -38,7 +41,7 @@ func TestReserveRefusesUnderTheFloor(t *testing.T) {
 	free.Store(3 << 20)
 	time.Sleep(2 * reserveReadEvery) // the store's last reading goes stale
 	err = d.Set([]byte("b"), bytes.Repeat([]byte("x"), 2<<20), Sync)
-	if !IsDiskFull(err) {
+	if !isDiskFull(err) {
 		t.Fatalf("write under the floor: got %v, want a disk-full refusal", err)
 	}
 	t.Logf("refused: %v", err)
@@ -49,7 +52,7 @@ func TestReserveRefusesUnderTheFloor(t *testing.T) {
 	free.Add(ballast)
 	b := d.NewBatch()
 	b.Set([]byte("c"), []byte("small"))
-	if err := b.Commit(Sync); !IsDiskFull(err) {
+	if err := b.Commit(Sync); !isDiskFull(err) {
 		t.Fatalf("small write in the ballast's room: got %v, want a refusal", err)
 	}
 	b.Close()
@@ -86,4 +89,10 @@ func TestNoReserveWrites(t *testing.T) {
 	if err := d.Set([]byte("k"), []byte("v"), Sync); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// isDiskFull: err is a refusal of the reserve, and says so across RPC.
+func isDiskFull(err error) bool {
+	var d *DiskFullError
+	return errors.As(err, &d) && errors.Is(err, rpc.ErrNoSpace)
 }

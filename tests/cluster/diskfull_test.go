@@ -70,6 +70,7 @@ func TestFullDiskNodeStaysUp(t *testing.T) {
 	var (
 		mu        sync.Mutex
 		acked     = map[string][]string{}
+		replies   = map[string]int{} // the deferrals, by reply
 		refused   atomic.Int64
 		permanent atomic.Int64
 		stop      = make(chan struct{})
@@ -101,6 +102,13 @@ func TestFullDiskNodeStaysUp(t *testing.T) {
 						permanent.Add(1)
 						t.Logf("refused for good: %v", err)
 					}
+					reply := "no reply (" + err.Error() + ")"
+					if se != nil {
+						reply = fmt.Sprintf("%d %d.%d.%d", se.Code, se.EnhancedCode[0], se.EnhancedCode[1], se.EnhancedCode[2])
+					}
+					mu.Lock()
+					replies[reply]++
+					mu.Unlock()
 					refused.Add(1)
 					time.Sleep(50 * time.Millisecond)
 				}
@@ -174,7 +182,7 @@ func TestFullDiskNodeStaysUp(t *testing.T) {
 		}
 		t.Logf("%s: %d acknowledged, all readable through both nodes", u, len(acked[u]))
 	}
-	t.Logf("%d deliveries deferred while the disk was full", refused.Load())
+	t.Logf("%d deliveries deferred while the disk was full, by reply: %v", refused.Load(), replies)
 	if strings.Contains(victim.Stderr(), "pebble: fatal") {
 		errorf(t, "Pebble reported a fatal error:\n%s", tail(victim.Stderr(), 20))
 	}

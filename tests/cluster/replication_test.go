@@ -175,18 +175,7 @@ func TestWipedNodeIsRefilled(t *testing.T) {
 	if victim == nil {
 		fatalf(t, "no node reports holding the messages")
 	}
-	old := victim.ID
-	victim.Kill9()
-	entries, _ := os.ReadDir(victim.Data)
-	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "stderr-") {
-			os.RemoveAll(filepath.Join(victim.Data, e.Name()))
-		}
-	}
-	victim.Restart()
-	if victim.ID == old {
-		fatalf(t, "a wiped node kept its id")
-	}
+	wipe(t, victim)
 	waitFor(t, "the cluster with the new node", 30*time.Second, func() bool { return ready(nodes) })
 	took := waitReplicated(t, nodes, 90*time.Second)
 	t.Logf("every message back at 2 copies %v after the wiped node rejoined", took)
