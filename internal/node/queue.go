@@ -42,7 +42,7 @@ func (n *Node) startQueue() {
 				n.startSNSManager()
 				q.Remote = sns.NewClusterRelay(n.relays, n.snsMgr, func(node string) (grpc.ClientConnInterface, error) {
 					return n.Peers.Conn(cluster.NodeID(node))
-				}, cfg.Overflow)
+				})
 			}
 		}
 		if err != nil {

@@ -3,6 +3,8 @@ package sns
 import (
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 )
 
 // sim is a cluster of managers whose messages reach every node not cut
@@ -169,6 +171,43 @@ func TestPlan(t *testing.T) {
 		node, reap := Plan(c.rows, "relay", 4)
 		if node != c.node || reap != c.reap {
 			t.Errorf("case %d: Plan = %q, %v; want %q, %v", i, node, reap, c.node, c.reap)
+		}
+	}
+}
+
+// Dispatch across nodes: the lottery counts the tasks sent to another
+// node since its last report (the correction of §3.3.2), a new report
+// resets the count, and an overflow node without workers of its own sends
+// every task away.
+func TestPickNodeCorrectsForTasksSent(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	m := NewManager("a", false, 4, now)
+	m.Hear(Message{From: "b", Report: &Report{Class: RelayClass, Workers: 1, Max: 2}}, now)
+	pool := NewPool(Config{Class: RelayClass})
+	defer pool.Close()
+	conn := func(string) (grpc.ClientConnInterface, error) { return nil, nil }
+	r := NewClusterRelay(pool, m, conn)
+	// Tickets 1 (this node, on demand) and 1 (b): a draw of 0.6 is b's.
+	if got := r.pickNode(now, 0.6); got != "b" {
+		t.Fatalf("first task went to %q, want b", got)
+	}
+	// b now counts one task: tickets 1 and 1/2, the same draw is ours.
+	if got := r.pickNode(now, 0.6); got != "" {
+		t.Fatalf("second task went to %q, want this node (b holds one already)", got)
+	}
+	// b's next report says it is idle again: the correction is reset.
+	later := now.Add(time.Second)
+	m.Hear(Message{From: "b", Report: &Report{Class: RelayClass, Workers: 1, Max: 2}}, later)
+	if got := r.pickNode(later, 0.6); got != "b" {
+		t.Fatalf("after b's new report the task went to %q, want b", got)
+	}
+	// An overflow node with no worker of its own sends everything away.
+	o := NewManager("o", true, 4, now)
+	o.Hear(Message{From: "b", Report: &Report{Class: RelayClass, Workers: 1, Max: 2, Pending: 50}}, now)
+	ro := NewClusterRelay(pool, o, conn)
+	for _, draw := range []float64{0, 0.5, 0.99} {
+		if got := ro.pickNode(now, draw); got != "b" {
+			t.Fatalf("overflow node, draw %v: task went to %q, want b", draw, got)
 		}
 	}
 }

@@ -39,12 +39,11 @@ const relayTimeout = 20 * time.Minute
 type Relay struct {
 	Pool *Pool
 	// Manager, when set, holds the other nodes' load reports; Conn
-	// reaches a node's RPC. Overflow: this node takes tasks on its own
-	// workers only when it has some (launched by the manager) or no
-	// other node has any (SNS §3.3.4).
-	Manager  *Manager
-	Conn     func(node string) (grpc.ClientConnInterface, error)
-	Overflow bool
+	// reaches a node's RPC. An overflow node (Manager.Overflow) takes
+	// tasks on its own workers only when it has some (launched by the
+	// manager) or no other node has any (SNS §3.3.4).
+	Manager *Manager
+	Conn    func(node string) (grpc.ClientConnInterface, error)
 	// inflight counts the tasks sent to each other node since its last
 	// report: the correction of §3.3.2 for remote workers.
 	inflight *inflight
@@ -91,7 +90,7 @@ func (r Relay) pickNode(now time.Time, draw float64) string {
 	mine := r.Pool.Report()
 	var loads []int
 	var owner []string
-	if !r.Overflow || mine.Workers > 0 {
+	if !r.Manager.Overflow || mine.Workers > 0 {
 		n := max(mine.Workers, 1)
 		for range n {
 			loads = append(loads, ceilDiv(mine.Pending, n))
@@ -192,8 +191,8 @@ func (r Relay) deliverLocal(ctx context.Context, domain, from string, rcpts []st
 
 // NewClusterRelay is a Relay over this node's pool and the other nodes'
 // that the manager's table knows.
-func NewClusterRelay(pool *Pool, m *Manager, conn func(node string) (grpc.ClientConnInterface, error), overflow bool) Relay {
-	return Relay{Pool: pool, Manager: m, Conn: conn, Overflow: overflow,
+func NewClusterRelay(pool *Pool, m *Manager, conn func(node string) (grpc.ClientConnInterface, error)) Relay {
+	return Relay{Pool: pool, Manager: m, Conn: conn,
 		inflight: &inflight{n: map[string]int{}, at: map[string]time.Time{}}}
 }
 
