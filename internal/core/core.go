@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/quillmail/quill/internal/balance"
@@ -156,11 +155,10 @@ type Core struct {
 func (c *Core) DiskFull() bool { return c.full.Load() }
 
 func (c *Core) checkDisk() {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(c.dataDir, &st); err != nil {
+	free, err := store.FreeBytes(c.dataDir)
+	if err != nil {
 		return
 	}
-	free := int64(st.Bavail * uint64(st.Bsize))
 	if free >= c.Opts.MinFree {
 		c.DB.RestoreBallast(c.Opts.MinFree)
 	}
