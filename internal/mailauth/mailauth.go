@@ -13,7 +13,8 @@
 // domain, from golang.org/x/net/publicsuffix), the policy lookup that
 // falls back to the organizational domain (§6.6.3), and removing
 // Authentication-Results headers that claim to be ours (RFC 8601 §5).
-// A spam score comes from a real rspamd over its HTTP protocol when one is
+// ARC chains (RFC 8617) are verified and sealed in arc.go, by hand: no
+// library here has them. A spam score comes from a real rspamd over its HTTP protocol when one is
 // configured (rspamd.go). Not in any paper: a mail server's duty (issue
 // 12); in a node the checks run in SNS filter workers (internal/sns).
 package mailauth
@@ -84,6 +85,16 @@ type Verdict struct {
 	Spam  bool
 	Defer bool
 	Score float64
+	// ARC is what the message's Authenticated Received Chain came to
+	// (arc.go); a seal added here goes after it.
+	ARC ARCResult
+}
+
+// Results is the value of the Authentication-Results field: what an ARC
+// set records as this server's findings.
+func (v Verdict) Results() string {
+	_, val, _ := strings.Cut(strings.TrimSpace(v.Header), ":")
+	return strings.TrimSpace(val)
 }
 
 func (c *Checker) resolver() *txtCache {
@@ -134,11 +145,18 @@ func (c *Checker) Check(ctx context.Context, ip net.IP, helo, mailFrom string, r
 		results = append(results, r)
 	}
 
+	// ARC (RFC 8617): reported, not yet a reason to override DMARC.
+	v := Verdict{ARC: VerifyARC(msg, lookupTXT)}
+	ipText := ""
+	if ip != nil {
+		ipText = ip.String()
+	}
+	results = append(results, arcResult(v.ARC, ipText))
+
 	// DMARC (RFC 7489) of the From: domain. A message with several From:
 	// fields, or one that does not parse, is judged by every domain in
 	// them (§6.6.1): the strictest verdict stands, so a second From: or
 	// a garbled header cannot slip past a policy.
-	v := Verdict{}
 	for _, from := range fromDomains(msg) {
 		dres := &authres.DMARCResult{Value: authres.ResultNone, From: from}
 		results = append(results, dres)

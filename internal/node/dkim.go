@@ -77,13 +77,47 @@ func infos(keys []mailauth.Key) ([]mailauth.KeyInfo, error) {
 // dkimSign signs a message with the keys of its sender's domain, if that
 // domain has some.
 func (n *Node) dkimSign(msg []byte, from string) ([]byte, error) {
-	o, ok := n.Wide.Get(dkimPrefix + userdb.Domain(from))
+	keys, err := n.domainKeys(userdb.Domain(from))
+	if err != nil || keys == nil {
+		return msg, err
+	}
+	return mailauth.Sign(msg, keys)
+}
+
+// domainKeys returns a domain's signing keys; nil when it has none.
+func (n *Node) domainKeys(domain string) ([]mailauth.Key, error) {
+	o, ok := n.Wide.Get(dkimPrefix + domain)
 	if !ok {
-		return msg, nil
+		return nil, nil
 	}
 	var keys []mailauth.Key
 	if err := json.Unmarshal(o.Data, &keys); err != nil {
 		return nil, fmt.Errorf("DKIM keys %s: %w", o.Name, err)
 	}
-	return mailauth.Sign(msg, keys)
+	return keys, nil
+}
+
+// SealARC adds an ARC set (RFC 8617 §5.1) to mail from another server,
+// made with the keys of the first recipient domain that has some, so
+// that what this server found (SPF, DKIM, DMARC) travels with the
+// message if a user or an alias sends it on. A seal that cannot be made
+// is logged and the message goes on without it: it is worth less than
+// the mail.
+func (n *Node) SealARC(msg []byte, rcpts []string, v mailauth.Verdict) []byte {
+	for _, r := range rcpts {
+		d := userdb.Domain(r)
+		keys, err := n.domainKeys(d)
+		if err == nil && keys == nil {
+			continue
+		}
+		if err == nil {
+			var out []byte
+			if out, err = mailauth.Seal(msg, keys, v.Results(), v.ARC, time.Now()); err == nil {
+				return out
+			}
+		}
+		n.cfg.Logger.Warn("ARC seal not added", "domain", d, "err", err)
+		return msg
+	}
+	return msg
 }

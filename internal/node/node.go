@@ -404,6 +404,7 @@ func (n *Node) startListeners() error {
 	sc.TLSConfig = n.Certs.Config()
 	if cfg.CheckInbound {
 		sc.Checker = n.originChecker()
+		sc.Sealer = n
 	}
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {

@@ -101,16 +101,19 @@ func (x *FilterTask) GetMessage() []byte {
 }
 
 type FilterVerdict struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Header        string                 `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`          // header fields to add, CRLF-terminated
-	Reject        bool                   `protobuf:"varint,2,opt,name=reject,proto3" json:"reject,omitempty"`         // refuse for good (DMARC p=reject, or spam)
-	Quarantine    bool                   `protobuf:"varint,3,opt,name=quarantine,proto3" json:"quarantine,omitempty"` // deliver to Junk
-	Domain        string                 `protobuf:"bytes,4,opt,name=domain,proto3" json:"domain,omitempty"`          // the From: domain the DMARC verdict is about
-	Spam          bool                   `protobuf:"varint,5,opt,name=spam,proto3" json:"spam,omitempty"`             // rspamd's action refuses it
-	Defer         bool                   `protobuf:"varint,6,opt,name=defer,proto3" json:"defer,omitempty"`           // rspamd asks for a later try (soft reject, greylist)
-	Score         float64                `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`          // rspamd's score (0 without rspamd)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Header          string                 `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`                                              // header fields to add, CRLF-terminated
+	Reject          bool                   `protobuf:"varint,2,opt,name=reject,proto3" json:"reject,omitempty"`                                             // refuse for good (DMARC p=reject, or spam)
+	Quarantine      bool                   `protobuf:"varint,3,opt,name=quarantine,proto3" json:"quarantine,omitempty"`                                     // deliver to Junk
+	Domain          string                 `protobuf:"bytes,4,opt,name=domain,proto3" json:"domain,omitempty"`                                              // the From: domain the DMARC verdict is about
+	Spam            bool                   `protobuf:"varint,5,opt,name=spam,proto3" json:"spam,omitempty"`                                                 // rspamd's action refuses it
+	Defer           bool                   `protobuf:"varint,6,opt,name=defer,proto3" json:"defer,omitempty"`                                               // rspamd asks for a later try (soft reject, greylist)
+	Score           float64                `protobuf:"fixed64,7,opt,name=score,proto3" json:"score,omitempty"`                                              // rspamd's score (0 without rspamd)
+	ArcValue        string                 `protobuf:"bytes,8,opt,name=arc_value,json=arcValue,proto3" json:"arc_value,omitempty"`                          // the ARC chain: none, pass or fail (RFC 8617)
+	ArcSets         int32                  `protobuf:"varint,9,opt,name=arc_sets,json=arcSets,proto3" json:"arc_sets,omitempty"`                            // the ARC sets it holds; a new seal is number arc_sets+1
+	ArcLatestFailed bool                   `protobuf:"varint,10,opt,name=arc_latest_failed,json=arcLatestFailed,proto3" json:"arc_latest_failed,omitempty"` // its newest seal says cv=fail: never sealed again
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *FilterVerdict) Reset() {
@@ -190,6 +193,27 @@ func (x *FilterVerdict) GetScore() float64 {
 		return x.Score
 	}
 	return 0
+}
+
+func (x *FilterVerdict) GetArcValue() string {
+	if x != nil {
+		return x.ArcValue
+	}
+	return ""
+}
+
+func (x *FilterVerdict) GetArcSets() int32 {
+	if x != nil {
+		return x.ArcSets
+	}
+	return 0
+}
+
+func (x *FilterVerdict) GetArcLatestFailed() bool {
+	if x != nil {
+		return x.ArcLatestFailed
+	}
+	return false
 }
 
 type RelayTask struct {
@@ -459,7 +483,7 @@ const file_quill_v1_sns_proto_rawDesc = "" +
 	"\x04helo\x18\x02 \x01(\tR\x04helo\x12\x1b\n" +
 	"\tmail_from\x18\x03 \x01(\tR\bmailFrom\x12\x14\n" +
 	"\x05rcpts\x18\x04 \x03(\tR\x05rcpts\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\fR\amessage\"\xb7\x01\n" +
+	"\amessage\x18\x05 \x01(\fR\amessage\"\x9b\x02\n" +
 	"\rFilterVerdict\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\tR\x06header\x12\x16\n" +
 	"\x06reject\x18\x02 \x01(\bR\x06reject\x12\x1e\n" +
@@ -469,7 +493,11 @@ const file_quill_v1_sns_proto_rawDesc = "" +
 	"\x06domain\x18\x04 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04spam\x18\x05 \x01(\bR\x04spam\x12\x14\n" +
 	"\x05defer\x18\x06 \x01(\bR\x05defer\x12\x14\n" +
-	"\x05score\x18\a \x01(\x01R\x05score\"a\n" +
+	"\x05score\x18\a \x01(\x01R\x05score\x12\x1b\n" +
+	"\tarc_value\x18\b \x01(\tR\barcValue\x12\x19\n" +
+	"\barc_sets\x18\t \x01(\x05R\aarcSets\x12*\n" +
+	"\x11arc_latest_failed\x18\n" +
+	" \x01(\bR\x0farcLatestFailed\"a\n" +
 	"\tRelayTask\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x14\n" +

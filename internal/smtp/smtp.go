@@ -57,6 +57,9 @@ type Config struct {
 	// mail that is not from an authenticated user: a mailauth.Checker in
 	// the node, or SNS filter workers (sns.Filter).
 	Checker OriginChecker
+	// Sealer, if set, adds an ARC set to what Checker let in (the node's
+	// SealARC).
+	Sealer ARCSealer
 	// SubmitRecipients bounds the recipients of one submitted message
 	// (0: only MaxRecipients); Sends, if set, bounds the messages a user
 	// submits per hour.
@@ -341,6 +344,12 @@ type OriginChecker interface {
 	Check(ctx context.Context, ip net.IP, helo, mailFrom string, rcpts []string, msg []byte) mailauth.Verdict
 }
 
+// ARCSealer seals checked inbound mail (RFC 8617): msg with an ARC set
+// recording v's findings, or msg as it is.
+type ARCSealer interface {
+	SealARC(msg []byte, rcpts []string, v mailauth.Verdict) []byte
+}
+
 // checkOrigin checks where a message from another server comes from
 // (SPF, DKIM, DMARC) and records the results after the trace headers,
 // without any Authentication-Results that claims to be this server's; a
@@ -370,6 +379,9 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 	}
 	out = make([]byte, 0, trace+len(v.Header)+len(body))
 	out = append(append(append(out, raw[:trace]...), v.Header...), body...)
+	if s.b.cfg.Sealer != nil {
+		out = s.b.cfg.Sealer.SealARC(out, s.rcpts, v)
+	}
 	return out, v.Quarantine, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 
+	"github.com/emersion/go-msgauth/authres"
 	"github.com/quillmail/quill/internal/mailauth"
 	"github.com/quillmail/quill/internal/nodepb"
 )
@@ -43,6 +44,18 @@ func (f Filter) onWorker(ctx context.Context, t *nodepb.FilterTask) (mailauth.Ve
 	if err != nil {
 		return mailauth.Verdict{}, err
 	}
+	return verdictOf(rep), nil
+}
+
+// verdictPB and verdictOf carry a verdict over the worker's socket.
+func verdictPB(v mailauth.Verdict) *nodepb.FilterVerdict {
+	return &nodepb.FilterVerdict{Header: v.Header, Reject: v.Reject, Quarantine: v.Quarantine, Domain: v.Domain,
+		Spam: v.Spam, Defer: v.Defer, Score: v.Score,
+		ArcValue: string(v.ARC.Value), ArcSets: int32(v.ARC.Sets), ArcLatestFailed: v.ARC.LatestFailed}
+}
+
+func verdictOf(rep *nodepb.FilterVerdict) mailauth.Verdict {
 	return mailauth.Verdict{Header: rep.Header, Reject: rep.Reject, Quarantine: rep.Quarantine, Domain: rep.Domain,
-		Spam: rep.Spam, Defer: rep.Defer, Score: rep.Score}, nil
+		Spam: rep.Spam, Defer: rep.Defer, Score: rep.Score,
+		ARC: mailauth.ARCResult{Value: authres.ResultValue(rep.ArcValue), Sets: int(rep.ArcSets), LatestFailed: rep.ArcLatestFailed}}
 }

@@ -271,9 +271,7 @@ func (s *relayServer) Filter(ctx context.Context, t *nodepb.FilterTask) (*nodepb
 	s.pending.Add(1)
 	defer s.pending.Add(-1)
 	defer s.done.Add(1)
-	v := s.checker.Check(ctx, net.IP(t.Ip), t.Helo, t.MailFrom, t.Rcpts, t.Message)
-	return &nodepb.FilterVerdict{Header: v.Header, Reject: v.Reject, Quarantine: v.Quarantine, Domain: v.Domain,
-		Spam: v.Spam, Defer: v.Defer, Score: v.Score}, nil
+	return verdictPB(s.checker.Check(ctx, net.IP(t.Ip), t.Helo, t.MailFrom, t.Rcpts, t.Message)), nil
 }
 
 func (s *relayServer) Load(ctx context.Context, _ *nodepb.Empty) (*nodepb.WorkerLoad, error) {

@@ -12,6 +12,7 @@ only for the test's domains. Both need root (CI runs as root)."""
 
 from __future__ import annotations
 
+import base64
 import email
 import imaplib
 import json
@@ -355,6 +356,66 @@ def test_a_second_quill_receives_verifies_and_keeps_the_bytes(quill_factory, pee
     ar = email.message_from_bytes(raw)["Authentication-Results"]
     assert ar.startswith("quill.test;") and ar.count("dkim=pass") == 2, ar
     assert "spf=pass" in ar and "dmarc=pass" in ar and "header.from=local.test" in ar, ar
+
+
+def raw_mailbox(node) -> list[bytes]:
+    """alice's messages over POP3, as the bytes Quill stored."""
+    host, port = node.addrs["pop3"]
+    p = poplib.POP3(host, port, timeout=TIMEOUT)
+    p.user(ALICE)
+    p.pass_(PW)
+    out = [b"\r\n".join(p.retr(i)[1]) + b"\r\n" for i in range(1, len(p.list()[1]) + 1)]
+    p.quit()
+    return out
+
+
+def test_arc_chains_cross_checked_with_dkimpy(node, peer):
+    """ARC (RFC 8617) against dkimpy, an independent implementation. A
+    forwarder's chain that dkimpy sealed is reported arc=pass, and arc=fail
+    once the body changes after the seal. Quill adds its own set with
+    local.test's key: cv=pass after the good chain and cv=fail after the
+    broken one, and dkimpy verifies both chains as extended."""
+    import dkim  # dkimpy (scripts/test-deps.sh)
+
+    key = subprocess.run(["openssl", "genrsa", "-traditional", "2048"], capture_output=True, check=True).stdout
+    der = subprocess.run(["openssl", "rsa", "-pubout", "-outform", "DER"], input=key, capture_output=True, check=True).stdout
+    records = dkim_records(node, "arc") + [f"--txt-record=fwd._domainkey.fwd.test,v=DKIM1; k=rsa; p={base64.b64encode(der).decode()}"]
+    peer["start_dns"](*records)
+    zone = dict(r.removeprefix("--txt-record=").split(",", 1) for r in records)
+
+    def dnsfunc(name, timeout=5):
+        return zone.get(name.decode().rstrip("."), "").encode()
+
+    def forwarded(subject: str) -> bytes:
+        msg = (f"Authentication-Results: mx.fwd.test; spf=pass smtp.mailfrom=ann@origin.test\r\n"
+               f"From: Ann <ann@origin.test>\r\nTo: list@fwd.test\r\nSubject: {subject}\r\n"
+               f"Date: Tue, 24 Nov 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@origin.test>\r\n\r\n"
+               f"Hello  list \r\n").encode()
+        return b"".join(dkim.arc_sign(msg, b"fwd", b"fwd.test", key, b"mx.fwd.test")) + msg
+
+    good = forwarded("sealed-once")
+    assert dkim.arc_verify(good, dnsfunc=dnsfunc)[0] == b"pass"
+    inbound(node, "list@fwd.test", ALICE, good)
+    inbound(node, "list@fwd.test", ALICE, forwarded("changed-after").replace(b"Hello  list", b"Hello  all"))
+
+    stored = wait_for("both forwarded messages in alice's mailbox",
+                      lambda: (lambda got: got if len(got) == 2 else None)(
+                          {email.message_from_bytes(r)["Subject"]: r for r in raw_mailbox(node)
+                           if b"@origin.test" in r}))
+    for subject, want in (("sealed-once", b"pass"), ("changed-after", b"fail")):
+        raw = stored[subject]
+        ar = email.message_from_bytes(raw)["Authentication-Results"]
+        assert ar.startswith("quill.test;") and f"arc={want.decode()}" in ar, ar
+        assert raw.startswith(b"ARC-Seal: i=2; a=rsa-sha256; "), raw[:300]
+        assert f"cv={want.decode()};".encode() in raw.split(b"ARC-Message-Signature", 1)[0], raw[:300]
+        cv, sets, why = dkim.arc_verify(raw, dnsfunc=dnsfunc)
+        if want == b"fail":
+            # dkimpy stops at Quill's cv=fail seal (a chain ended).
+            assert cv != b"pass" and "ARC-Seal[2] reported failure" in why, (subject, cv, why, sets)
+        else:
+            assert cv == want, (subject, cv, why, sets)
+            assert [s["instance"] for s in sets] == [2, 1] and all(s["ams-valid"] and s["as-valid"] for s in sets), sets
+            assert sets[0]["as-domain"] == LOCAL.encode() and sets[0]["ams-domain"] == LOCAL.encode(), sets
 
 
 def junk_subjects(node) -> list[str]:
