@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -50,8 +51,68 @@ func init() {
 	var dc adminClient
 	domain := &cobra.Command{Use: "domain", Short: "Manage a mail domain's settings"}
 	dc.flags(domain)
-	domain.AddCommand(dkimAddCmd(&dc, "dkim DOMAIN"))
+	domain.AddCommand(dkimAddCmd(&dc, "dkim DOMAIN"), policyCmd(&dc), policiesCmd(&dc))
 	rootCmd.AddCommand(domain)
+}
+
+// policyCmd sets a local domain's inbound policy.
+func policyCmd(c *adminClient) *cobra.Command {
+	var p mailauth.Policy
+	var reset bool
+	cmd := &cobra.Command{
+		Use:   "policy DOMAIN",
+		Short: "Set what a local domain does with mail that fails its sender's DMARC policy",
+		Long: "--dmarc reject (the default) does what the sender's domain asks: p=reject is refused, p=quarantine\n" +
+			"goes to Junk. quarantine sends to Junk what would be refused; accept delivers it to the inbox.\n" +
+			"The results are recorded in Authentication-Results whatever the policy. --trust-arc names an ARC\n" +
+			"sealer (a forwarder or list the domain's users receive through) whose passing chain excuses a\n" +
+			"DMARC failure (RFC 8617 §7.2.1); give it once per sealer. --default returns to the default.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := "/api/policies/" + url.PathEscape(args[0])
+			if reset {
+				if err := c.do("DELETE", path, nil, nil); err != nil {
+					return err
+				}
+				fmt.Printf("%s: the default inbound policy (reject as the sender's DMARC asks)\n", args[0])
+				return nil
+			}
+			if err := c.do("PUT", path, p, nil); err != nil {
+				return err
+			}
+			fmt.Printf("%s: DMARC failures: %s; trusted ARC sealers: %s\n", args[0], p.DMARC, orNone(p.TrustedSealers))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&p.DMARC, "dmarc", mailauth.DMARCReject, "reject, quarantine or accept")
+	cmd.Flags().StringArrayVar(&p.TrustedSealers, "trust-arc", nil, "an ARC sealer domain whose passing chain excuses a DMARC failure")
+	cmd.Flags().BoolVar(&reset, "default", false, "remove the domain's policy")
+	return cmd
+}
+
+func policiesCmd(c *adminClient) *cobra.Command {
+	return &cobra.Command{
+		Use: "policies", Short: "List the local domains' inbound policies that are not the default", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var ps []mailauth.Policy
+			if err := c.do("GET", "/api/policies", nil, &ps); err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "DOMAIN\tDMARC FAILURES\tTRUSTED ARC SEALERS")
+			for _, p := range ps {
+				fmt.Fprintf(w, "%s\t%s\t%s\n", p.Domain, p.DMARC, orNone(p.TrustedSealers))
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func orNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
 }
 
 // dkimAddCmd makes a domain's signing keys through the admin API and

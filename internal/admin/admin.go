@@ -95,7 +95,9 @@ type Server struct {
 	Queue Queue
 	// DKIM manages the domains' signing keys (/api/dkim).
 	DKIM DKIM
-	Node NodeInfo
+	// Policies manages the domains' inbound policies (/api/policies).
+	Policies Policies
+	Node     NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz, on loopback too (any local account could otherwise read
 	// and change every user): "Authorization: Bearer TOKEN", or the
@@ -122,6 +124,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/dkim", s.listDKIM)
 	mux.HandleFunc("PUT /api/dkim/{domain}", s.setDKIM)
 	mux.HandleFunc("DELETE /api/dkim/{domain}", s.deleteDKIM)
+	mux.HandleFunc("GET /api/policies", s.listPolicies)
+	mux.HandleFunc("PUT /api/policies/{domain}", s.setPolicy)
+	mux.HandleFunc("DELETE /api/policies/{domain}", s.deletePolicy)
 	mux.HandleFunc("GET /api/sns", s.workers)
 	mux.HandleFunc("GET /api/sns/manager", s.snsManager)
 	mux.HandleFunc("GET /api/queue", s.listQueue)

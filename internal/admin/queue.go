@@ -95,6 +95,43 @@ func (s *Server) deleteDKIM(w http.ResponseWriter, r *http.Request) {
 	writeDeleted(w, s.DKIM.DeleteDKIMKey(r.Context(), r.PathValue("domain")))
 }
 
+// Policies is what the admin API needs to manage the local domains'
+// inbound policies (node.Node).
+type Policies interface {
+	SetDomainPolicy(ctx context.Context, p mailauth.Policy) error
+	DeleteDomainPolicy(ctx context.Context, domain string) error
+	DomainPolicies() ([]mailauth.Policy, error)
+}
+
+func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request) {
+	ps, err := s.Policies.DomainPolicies()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ps)
+}
+
+// setPolicy answers PUT /api/policies/{domain} with a mailauth.Policy
+// (its domain is the path's).
+func (s *Server) setPolicy(w http.ResponseWriter, r *http.Request) {
+	var p mailauth.Policy
+	if err := readJSON(r, &p); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	p.Domain = r.PathValue("domain")
+	if err := s.Policies.SetDomainPolicy(r.Context(), p); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request) {
+	writeDeleted(w, s.Policies.DeleteDomainPolicy(r.Context(), r.PathValue("domain")))
+}
+
 // workers answers GET /api/sns: this node's worker pools.
 func (s *Server) workers(w http.ResponseWriter, r *http.Request) {
 	var out []sns.Status

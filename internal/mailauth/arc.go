@@ -64,6 +64,9 @@ type ARCResult struct {
 	LatestFailed bool
 	// Reason says why a chain failed.
 	Reason string
+	// Sealer is the d= of the newest seal of a chain that passed: whose
+	// word the chain is (Policy.TrustedSealers).
+	Sealer string
 }
 
 // SealCV is the cv= a new seal over a chain with this result carries,
@@ -117,6 +120,7 @@ func VerifyARC(msg []byte, lookupTXT func(string) ([]string, error)) ARCResult {
 		}
 	}
 	res.Value = authres.ResultPass
+	res.Sealer = strings.ToLower(latest["d"])
 	// §5.2 step 4: how far back the message is as it was signed; an
 	// older signature that fails only tells where it changed.
 	res.OldestPass = n

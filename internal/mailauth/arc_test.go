@@ -71,8 +71,8 @@ func TestARCSealThenVerify(t *testing.T) {
 		t.Fatalf("first set lacks cv=none or its results:\n%s", one)
 	}
 	r := VerifyARC(one, lookup)
-	if r.Value != authres.ResultPass || r.Sets != 1 || r.OldestPass != 0 {
-		t.Fatalf("one set: %+v, want pass with 1 set", r)
+	if r.Value != authres.ResultPass || r.Sets != 1 || r.OldestPass != 0 || r.Sealer != "fwd.test" {
+		t.Fatalf("one set: %+v, want pass with 1 set sealed by fwd.test", r)
 	}
 
 	// A second hop that changes the subject (as a list would) seals a

@@ -121,3 +121,71 @@ func (n *Node) SealARC(msg []byte, rcpts []string, v mailauth.Verdict) []byte {
 	}
 	return msg
 }
+
+// policyPrefix names the clusterwide objects holding the local domains'
+// inbound policies (a JSON mailauth.Policy).
+const policyPrefix = "policy/"
+
+// SetDomainPolicy stores a local domain's inbound policy as cluster state.
+func (n *Node) SetDomainPolicy(ctx context.Context, p mailauth.Policy) error {
+	p.Domain = strings.ToLower(strings.TrimSpace(p.Domain))
+	if p.Domain == "" || strings.ContainsAny(p.Domain, "@/ ") || !strings.Contains(p.Domain, ".") {
+		return fmt.Errorf("inbound policy: domain %q is not a domain name", p.Domain)
+	}
+	for i, s := range p.TrustedSealers {
+		p.TrustedSealers[i] = strings.ToLower(strings.TrimSpace(s))
+	}
+	if err := p.Check(); err != nil {
+		return err
+	}
+	if p.DMARC == "" {
+		p.DMARC = mailauth.DMARCReject
+	}
+	data, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if _, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), policyPrefix+p.Domain, data, false, replica.One); err != nil {
+		return err
+	}
+	n.cfg.Logger.Info("inbound policy set", "domain", p.Domain, "dmarc", p.DMARC, "trusted_arc_sealers", strings.Join(p.TrustedSealers, ","))
+	return nil
+}
+
+// DeleteDomainPolicy returns a domain to the default policy.
+func (n *Node) DeleteDomainPolicy(ctx context.Context, domain string) error {
+	_, err := n.Wide.Put(ctx, n.Repl, n.AliveIDs(), policyPrefix+strings.ToLower(domain), nil, true, replica.One)
+	return err
+}
+
+// DomainPolicies lists the domains' policies that are not the default.
+func (n *Node) DomainPolicies() ([]mailauth.Policy, error) {
+	var out []mailauth.Policy
+	for _, o := range n.Wide.List(policyPrefix) {
+		var p mailauth.Policy
+		if err := json.Unmarshal(o.Data, &p); err != nil {
+			return nil, fmt.Errorf("inbound policy %s: %w", o.Name, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// InboundPolicy is the policy for a message to rcpts: the strictest of
+// their domains' (a domain without one has the default, reject as the
+// sender's DMARC asks). A policy that does not read is the default too,
+// and logged.
+func (n *Node) InboundPolicy(rcpts []string) mailauth.Policy {
+	var ps []mailauth.Policy
+	for _, r := range rcpts {
+		var p mailauth.Policy
+		if o, ok := n.Wide.Get(policyPrefix + userdb.Domain(r)); ok {
+			if err := json.Unmarshal(o.Data, &p); err != nil {
+				n.cfg.Logger.Warn("inbound policy does not read; the default applies", "object", o.Name, "err", err)
+				p = mailauth.Policy{}
+			}
+		}
+		ps = append(ps, p)
+	}
+	return mailauth.Strictest(ps)
+}

@@ -405,6 +405,7 @@ func (n *Node) startListeners() error {
 	if cfg.CheckInbound {
 		sc.Checker = n.originChecker()
 		sc.Sealer = n
+		sc.Policy = n
 	}
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
@@ -462,7 +463,7 @@ func (n *Node) startListeners() error {
 	if err != nil {
 		return err
 	}
-	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {

@@ -112,6 +112,7 @@ type FilterVerdict struct {
 	ArcValue        string                 `protobuf:"bytes,8,opt,name=arc_value,json=arcValue,proto3" json:"arc_value,omitempty"`                          // the ARC chain: none, pass or fail (RFC 8617)
 	ArcSets         int32                  `protobuf:"varint,9,opt,name=arc_sets,json=arcSets,proto3" json:"arc_sets,omitempty"`                            // the ARC sets it holds; a new seal is number arc_sets+1
 	ArcLatestFailed bool                   `protobuf:"varint,10,opt,name=arc_latest_failed,json=arcLatestFailed,proto3" json:"arc_latest_failed,omitempty"` // its newest seal says cv=fail: never sealed again
+	ArcSealer       string                 `protobuf:"bytes,11,opt,name=arc_sealer,json=arcSealer,proto3" json:"arc_sealer,omitempty"`                      // d= of the newest seal of a chain that passed
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -214,6 +215,13 @@ func (x *FilterVerdict) GetArcLatestFailed() bool {
 		return x.ArcLatestFailed
 	}
 	return false
+}
+
+func (x *FilterVerdict) GetArcSealer() string {
+	if x != nil {
+		return x.ArcSealer
+	}
+	return ""
 }
 
 type RelayTask struct {
@@ -483,7 +491,7 @@ const file_quill_v1_sns_proto_rawDesc = "" +
 	"\x04helo\x18\x02 \x01(\tR\x04helo\x12\x1b\n" +
 	"\tmail_from\x18\x03 \x01(\tR\bmailFrom\x12\x14\n" +
 	"\x05rcpts\x18\x04 \x03(\tR\x05rcpts\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\fR\amessage\"\x9b\x02\n" +
+	"\amessage\x18\x05 \x01(\fR\amessage\"\xba\x02\n" +
 	"\rFilterVerdict\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\tR\x06header\x12\x16\n" +
 	"\x06reject\x18\x02 \x01(\bR\x06reject\x12\x1e\n" +
@@ -497,7 +505,9 @@ const file_quill_v1_sns_proto_rawDesc = "" +
 	"\tarc_value\x18\b \x01(\tR\barcValue\x12\x19\n" +
 	"\barc_sets\x18\t \x01(\x05R\aarcSets\x12*\n" +
 	"\x11arc_latest_failed\x18\n" +
-	" \x01(\bR\x0farcLatestFailed\"a\n" +
+	" \x01(\bR\x0farcLatestFailed\x12\x1d\n" +
+	"\n" +
+	"arc_sealer\x18\v \x01(\tR\tarcSealer\"a\n" +
 	"\tRelayTask\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x14\n" +

@@ -60,6 +60,9 @@ type Config struct {
 	// Sealer, if set, adds an ARC set to what Checker let in (the node's
 	// SealARC).
 	Sealer ARCSealer
+	// Policy, if set, gives the recipient domains' say over a DMARC
+	// failure (the node's InboundPolicy).
+	Policy InboundPolicy
 	// SubmitRecipients bounds the recipients of one submitted message
 	// (0: only MaxRecipients); Sends, if set, bounds the messages a user
 	// submits per hour.
@@ -350,6 +353,12 @@ type ARCSealer interface {
 	SealARC(msg []byte, rcpts []string, v mailauth.Verdict) []byte
 }
 
+// InboundPolicy gives the recipient domains' policy for a message
+// (mailauth.Policy): how they treat a failure of the sender's DMARC.
+type InboundPolicy interface {
+	InboundPolicy(rcpts []string) mailauth.Policy
+}
+
 // checkOrigin checks where a message from another server comes from
 // (SPF, DKIM, DMARC) and records the results after the trace headers,
 // without any Authentication-Results that claims to be this server's; a
@@ -371,6 +380,13 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 		s.b.cfg.Logger.Info("deferred by the spam filter", "from", s.from, "ip", ip, "score", v.Score)
 		return nil, false, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
 			Message: "message deferred by this server's filter: try again later"}
+	}
+	if p := s.b.cfg.Policy; p != nil {
+		var why string
+		if v, why = p.InboundPolicy(s.rcpts).Apply(v); why != "" {
+			s.b.cfg.Logger.Info("DMARC failure let in by local policy", "from", s.from, "domain", v.Domain, "ip", ip,
+				"why", why, "junk", v.Quarantine)
+		}
 	}
 	if v.Reject {
 		s.b.cfg.Logger.Info("refused by the sender's DMARC policy", "from", s.from, "domain", v.Domain, "ip", ip, "results", strings.TrimSpace(v.Header))

@@ -51,11 +51,12 @@ func (f Filter) onWorker(ctx context.Context, t *nodepb.FilterTask) (mailauth.Ve
 func verdictPB(v mailauth.Verdict) *nodepb.FilterVerdict {
 	return &nodepb.FilterVerdict{Header: v.Header, Reject: v.Reject, Quarantine: v.Quarantine, Domain: v.Domain,
 		Spam: v.Spam, Defer: v.Defer, Score: v.Score,
-		ArcValue: string(v.ARC.Value), ArcSets: int32(v.ARC.Sets), ArcLatestFailed: v.ARC.LatestFailed}
+		ArcValue: string(v.ARC.Value), ArcSets: int32(v.ARC.Sets), ArcLatestFailed: v.ARC.LatestFailed, ArcSealer: v.ARC.Sealer}
 }
 
 func verdictOf(rep *nodepb.FilterVerdict) mailauth.Verdict {
 	return mailauth.Verdict{Header: rep.Header, Reject: rep.Reject, Quarantine: rep.Quarantine, Domain: rep.Domain,
 		Spam: rep.Spam, Defer: rep.Defer, Score: rep.Score,
-		ARC: mailauth.ARCResult{Value: authres.ResultValue(rep.ArcValue), Sets: int(rep.ArcSets), LatestFailed: rep.ArcLatestFailed}}
+		ARC: mailauth.ARCResult{Value: authres.ResultValue(rep.ArcValue), Sets: int(rep.ArcSets), LatestFailed: rep.ArcLatestFailed,
+			Sealer: rep.ArcSealer}}
 }

@@ -369,34 +369,45 @@ def raw_mailbox(node) -> list[bytes]:
     return out
 
 
+class Forwarder:
+    """A forwarder at fwd.test that seals with dkimpy's ARC (an independent
+    implementation) under its own RSA key."""
+
+    def __init__(self):
+        self.key = subprocess.run(["openssl", "genrsa", "-traditional", "2048"], capture_output=True, check=True).stdout
+        der = subprocess.run(["openssl", "rsa", "-pubout", "-outform", "DER"], input=self.key,
+                             capture_output=True, check=True).stdout
+        self.record = f"--txt-record=fwd._domainkey.fwd.test,v=DKIM1; k=rsa; p={base64.b64encode(der).decode()}"
+
+    def seal(self, subject: str, sender: str = "ann@origin.test") -> bytes:
+        import dkim  # dkimpy (scripts/test-deps.sh)
+        msg = (f"Authentication-Results: mx.fwd.test; spf=pass smtp.mailfrom={sender}\r\n"
+               f"From: Ann <{sender}>\r\nTo: list@fwd.test\r\nSubject: {subject}\r\n"
+               f"Date: Tue, 24 Nov 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@origin.test>\r\n\r\n"
+               f"Hello  list \r\n").encode()
+        return b"".join(dkim.arc_sign(msg, b"fwd", b"fwd.test", self.key, b"mx.fwd.test")) + msg
+
+
 def test_arc_chains_cross_checked_with_dkimpy(node, peer):
     """ARC (RFC 8617) against dkimpy, an independent implementation. A
     forwarder's chain that dkimpy sealed is reported arc=pass, and arc=fail
     once the body changes after the seal. Quill adds its own set with
     local.test's key: cv=pass after the good chain and cv=fail after the
     broken one, and dkimpy verifies both chains as extended."""
-    import dkim  # dkimpy (scripts/test-deps.sh)
+    import dkim
 
-    key = subprocess.run(["openssl", "genrsa", "-traditional", "2048"], capture_output=True, check=True).stdout
-    der = subprocess.run(["openssl", "rsa", "-pubout", "-outform", "DER"], input=key, capture_output=True, check=True).stdout
-    records = dkim_records(node, "arc") + [f"--txt-record=fwd._domainkey.fwd.test,v=DKIM1; k=rsa; p={base64.b64encode(der).decode()}"]
+    fwd = Forwarder()
+    records = dkim_records(node, "arc") + [fwd.record]
     peer["start_dns"](*records)
     zone = dict(r.removeprefix("--txt-record=").split(",", 1) for r in records)
 
     def dnsfunc(name, timeout=5):
         return zone.get(name.decode().rstrip("."), "").encode()
 
-    def forwarded(subject: str) -> bytes:
-        msg = (f"Authentication-Results: mx.fwd.test; spf=pass smtp.mailfrom=ann@origin.test\r\n"
-               f"From: Ann <ann@origin.test>\r\nTo: list@fwd.test\r\nSubject: {subject}\r\n"
-               f"Date: Tue, 24 Nov 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@origin.test>\r\n\r\n"
-               f"Hello  list \r\n").encode()
-        return b"".join(dkim.arc_sign(msg, b"fwd", b"fwd.test", key, b"mx.fwd.test")) + msg
-
-    good = forwarded("sealed-once")
+    good = fwd.seal("sealed-once")
     assert dkim.arc_verify(good, dnsfunc=dnsfunc)[0] == b"pass"
     inbound(node, "list@fwd.test", ALICE, good)
-    inbound(node, "list@fwd.test", ALICE, forwarded("changed-after").replace(b"Hello  list", b"Hello  all"))
+    inbound(node, "list@fwd.test", ALICE, fwd.seal("changed-after").replace(b"Hello  list", b"Hello  all"))
 
     stored = wait_for("both forwarded messages in alice's mailbox",
                       lambda: (lambda got: got if len(got) == 2 else None)(
@@ -416,6 +427,46 @@ def test_arc_chains_cross_checked_with_dkimpy(node, peer):
             assert cv == want, (subject, cv, why, sets)
             assert [s["instance"] for s in sets] == [2, 1] and all(s["ams-valid"] and s["as-valid"] for s in sets), sets
             assert sets[0]["as-domain"] == LOCAL.encode() and sets[0]["ams-domain"] == LOCAL.encode(), sets
+
+
+def test_domain_policy_softens_dmarc_and_trusts_an_arc_sealer(node, peer):
+    """`quill domain policy`: mail from a p=reject domain that fails DMARC
+    is refused by default, goes to Junk under --dmarc quarantine, to the
+    inbox under --dmarc accept, and with --trust-arc fwd.test a copy that
+    fwd.test forwarded with a passing ARC chain is let in while one without
+    the chain is still refused."""
+    fwd = Forwarder()
+    peer["start_dns"](fwd.record, "--txt-record=_dmarc.strict.test,v=DMARC1; p=reject",
+                      "--txt-record=strict.test,v=spf1 -all")
+    ann = "ann@strict.test"
+
+    def plain(subject):
+        return f"From: {ann}\r\nTo: {ALICE}\r\nSubject: {subject}\r\n\r\nhello\r\n".encode()
+
+    def refused(raw):
+        with pytest.raises(smtplib.SMTPDataError) as e:
+            inbound(node, "list@fwd.test", ALICE, raw)
+        assert e.value.smtp_code == 550 and b"DMARC policy of strict.test" in e.value.smtp_error, e.value
+
+    refused(plain("by default"))
+    node.cli("domain", "policy", LOCAL, "--dmarc", "quarantine")
+    inbound(node, "list@fwd.test", ALICE, plain("quarantined"))
+    node.cli("domain", "policy", LOCAL, "--dmarc", "accept")
+    inbound(node, "list@fwd.test", ALICE, plain("accepted"))
+    out = node.cli("domain", "policy", LOCAL, "--trust-arc", "fwd.test").stdout
+    assert "reject" in out and "fwd.test" in out, out
+    listed = node.cli("domain", "policies").stdout
+    assert LOCAL in listed and "fwd.test" in listed, listed
+    inbound(node, "list@fwd.test", ALICE, fwd.seal("through the list", ann))
+    refused(plain("not through the list"))
+    node.cli("domain", "policy", LOCAL, "--default")
+    refused(fwd.seal("after the default again", ann))
+
+    assert junk_subjects(node) == ["quarantined"]
+    inbox = {m["Subject"]: m for m in mailbox(node)}
+    assert set(inbox) == {"accepted", "through the list"}, list(inbox)
+    ar = inbox["through the list"]["Authentication-Results"]
+    assert "arc=pass" in ar and "dmarc=fail" in ar, ar
 
 
 def junk_subjects(node) -> list[str]:
