@@ -11,7 +11,7 @@ import (
 
 func init() {
 	var class, socket, hostname, dns, rspamd string
-	var port int
+	var port, stsPort int
 	cmd := &cobra.Command{
 		Use:    "worker --class relay|filter --socket PATH",
 		Short:  "Run one SNS worker process (started and supervised by quill serve, not by hand)",
@@ -20,7 +20,7 @@ func init() {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch class {
 			case sns.RelayClass:
-				return sns.ServeRelay(socket, &queue.Dialer{Resolver: node.Resolver(dns), Port: port, Hostname: hostname})
+				return sns.ServeRelay(socket, &queue.Dialer{Resolver: node.Resolver(dns), Port: port, STSPort: stsPort, Hostname: hostname})
 			case sns.FilterClass:
 				return sns.ServeFilter(socket, node.InboundChecker(dns, hostname, rspamd, nil))
 			}
@@ -32,6 +32,7 @@ func init() {
 	cmd.Flags().StringVar(&hostname, "hostname", "localhost", "host name in EHLO")
 	cmd.Flags().StringVar(&dns, "dns", "", "DNS server (host:port); empty: the system's")
 	cmd.Flags().IntVar(&port, "outbound-port", 25, "port of other domains' mail servers")
+	cmd.Flags().IntVar(&stsPort, "mta-sts-port", 443, "port of other domains' MTA-STS policy servers")
 	cmd.Flags().StringVar(&rspamd, "rspamd", "", "rspamd's base URL for spam scores (class filter); empty: none")
 	cmd.MarkFlagRequired("socket")
 	rootCmd.AddCommand(cmd)

@@ -114,6 +114,7 @@ type Config struct {
 	// domains.
 	DNS           string        `flag:"dns" help:"DNS server (host:port) for outbound mail's MX and address lookups; empty: the system's resolver"`
 	OutboundPort  int           `flag:"outbound-port" help:"port other domains' mail servers listen on (25; another only for test rigs)"`
+	MTASTSPort    int           `flag:"mta-sts-port" help:"port other domains' MTA-STS policy servers listen on (443; another only for test rigs)"`
 	QueueLifetime time.Duration `flag:"queue-lifetime" help:"how long a message may wait in the outbound queue before the sender gets a failure report"`
 	QueueWarn     time.Duration `flag:"queue-warn" help:"how long a message waits in the outbound queue before the sender is warned of the delay (0: never)"`
 	QueueRetry    time.Duration `flag:"queue-retry" help:"wait after a first failed delivery attempt; doubled after each further one, up to 12 times"`
@@ -163,6 +164,7 @@ func DefaultConfig() Config {
 		ACMEDirectory:    acmecert.LetsEncrypt,
 		ACMEHTTP:         ":80",
 		OutboundPort:     25,
+		MTASTSPort:       443,
 		CheckInbound:     true,
 		SubmitRecipients: 100,
 		SubmitPerHour:    500,

@@ -25,7 +25,7 @@ func (n *Node) startQueue() {
 	cfg := n.cfg
 	q := n.Queue
 	q.Local = n.Proxy
-	q.Remote = &queue.Dialer{Resolver: Resolver(cfg.DNS), Port: cfg.OutboundPort, Hostname: cfg.Hostname}
+	q.Remote = &queue.Dialer{Resolver: Resolver(cfg.DNS), Port: cfg.OutboundPort, STSPort: cfg.MTASTSPort, Hostname: cfg.Hostname}
 	if cfg.RelayWorkers > 0 {
 		// Delivery runs in relay worker processes (SNS): launched with
 		// the first task, balanced by lottery, restarted when they die.
@@ -37,7 +37,7 @@ func (n *Node) startQueue() {
 					Managed: true,
 					Command: func(socket string) *exec.Cmd {
 						return exec.Command(exe, "worker", "--class", sns.RelayClass, "--socket", socket, "--hostname", cfg.Hostname,
-							"--dns", cfg.DNS, "--outbound-port", strconv.Itoa(cfg.OutboundPort))
+							"--dns", cfg.DNS, "--outbound-port", strconv.Itoa(cfg.OutboundPort), "--mta-sts-port", strconv.Itoa(cfg.MTASTSPort))
 					}})
 				n.startSNSManager()
 				q.Remote = sns.NewClusterRelay(n.relays, n.snsMgr, func(node string) (grpc.ClientConnInterface, error) {

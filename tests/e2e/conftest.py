@@ -61,8 +61,9 @@ def quill_bin(tmp_path_factory) -> str:
 class QuillNode:
     """One `quill serve` process. Ports may change across restarts."""
 
-    def __init__(self, binary: str, workdir: Path, extra_args=(), name="node"):
+    def __init__(self, binary: str, workdir: Path, extra_args=(), name="node", env: dict | None = None):
         self.binary = binary
+        self.env = env
         self.name = name
         self.workdir = Path(workdir)
         self.data_dir = self.workdir / "data"
@@ -94,7 +95,7 @@ class QuillNode:
         log.flush()
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-            cwd=self.workdir,
+            cwd=self.workdir, env={**os.environ, **self.env} if self.env else None,
         )
         log.close()
         lines: queue.Queue = queue.Queue()
@@ -261,14 +262,14 @@ def quill_factory(quill_bin, tmp_path, request):
     nodes: list[QuillNode] = []
     request.node._quill_nodes = nodes
 
-    def make(*extra_args: str, auth_fail_delay: float = AUTH_FAIL_DELAY) -> QuillNode:
+    def make(*extra_args: str, auth_fail_delay: float = AUTH_FAIL_DELAY, env: dict | None = None) -> QuillNode:
         name = f"node{len(nodes)}"
         # A fixed delay and no lockout, so that tests which fail logins on
         # purpose keep their timing; test_abuse.py sets its own.
         delay = f"{int(auth_fail_delay * 1000)}ms"
         args = ["--auth-fail-delay", delay, "--auth-max-delay", delay, "--auth-lockout-after", "100000",
                 *extra_args]
-        node = QuillNode(quill_bin, tmp_path / name, args, name=name)
+        node = QuillNode(quill_bin, tmp_path / name, args, name=name, env=env)
         nodes.append(node)
         return node.start()
 

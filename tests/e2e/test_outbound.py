@@ -142,7 +142,7 @@ smtpd_tls_received_header = yes
 
     try:
         yield {"port": port, "dns": f"127.0.0.1:{dns_port}", "start_dns": start_dns,
-               "maildir": vmail / REMOTE / "bob" / "new"}
+               "maildir": vmail / REMOTE / "bob" / "new", "conf": conf}
     finally:
         for p in procs:
             p.terminate()
@@ -255,6 +255,85 @@ def test_unreachable_domain_stays_queued_across_kill9_and_can_be_deleted(node, p
     # A deleted message is not reported to its sender.
     time.sleep(2)
     assert [m for m in mailbox(node) if m.get_content_type() == "multipart/report"] == []
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def issue_cert(ca: Path, name: str, out: Path) -> tuple[Path, Path]:
+    """A P-256 key and a certificate for name signed by the test CA at ca
+    (ca.pem, ca.key)."""
+    key, csr, cert = out / f"{name}.key", out / f"{name}.csr", out / f"{name}.pem"
+    openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+            "-out", str(csr), "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}")
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca / "ca.pem"), "-CAkey", str(ca / "ca.key"),
+            "-CAcreateserial", "-days", "2", "-copy_extensions", "copy", "-out", str(cert))
+    return key, cert
+
+
+def test_mta_sts_enforce_holds_mail_until_postfix_has_a_trusted_certificate(quill_factory, peer, tmp_path):
+    """MTA-STS (RFC 8461) against the real Postfix: remote.example publishes
+    mode: enforce for mx.remote.example. While Postfix shows its self-signed
+    certificate the message is held with 4.7.5 and never sent; once Postfix
+    has a certificate from a CA the node trusts (SSL_CERT_FILE), the next
+    retry delivers it over TLS."""
+    import http.server
+    import threading
+
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+            "-keyout", str(ca / "ca.key"), "-out", str(ca / "ca.pem"), "-subj", "/CN=Quill e2e test CA")
+    sts_key, sts_cert = issue_cert(ca, f"mta-sts.{REMOTE}", ca)
+    policy = f"version: STSv1\nmode: enforce\nmx: mx.{REMOTE}\nmax_age: 86400\n".encode()
+    fetched = []
+
+    class Policy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            fetched.append(self.path)
+            ok = self.path == "/.well-known/mta-sts.txt"
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(policy) if ok else 0))
+            self.end_headers()
+            if ok:
+                self.wfile.write(policy)
+
+        def log_message(self, *args):
+            pass
+
+    sts_port = free_port("127.0.0.5")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.5", sts_port), Policy)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(str(sts_cert), str(sts_key))
+    srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        peer["start_dns"](f"--host-record=mta-sts.{REMOTE},127.0.0.5", f"--txt-record=_mta-sts.{REMOTE},v=STSv1; id=20261124")
+        node = quill_factory("--dns", peer["dns"], "--outbound-port", str(peer["port"]), "--queue-retry", "1s",
+                             "--mta-sts-port", str(sts_port), env={"SSL_CERT_FILE": str(ca / "ca.pem")})
+        node.add_user(ALICE, PW)
+        submit(node, [BOB], "only over verified TLS")
+        entry = wait_for("an attempt refused by the policy",
+                         lambda: [e for e in queue_list(node) if e["recipients"][0]["attempts"] >= 2])[0]
+        r = entry["recipients"][0]
+        assert r["state"] == "queued" and r["last_reply"].startswith("4.7.5"), r
+        assert fetched and set(fetched) == {"/.well-known/mta-sts.txt"}, fetched
+        assert not (peer["maildir"].exists() and list(peer["maildir"].glob("*"))), "delivered despite the policy"
+
+        key, cert = issue_cert(ca, f"mx.{REMOTE}", ca)
+        shutil.copy(key, peer["conf"] / "key.pem")
+        shutil.copy(cert, peer["conf"] / "cert.pem")
+        res = subprocess.run(["script", "-qec", f"postfix -c {peer['conf']} reload", "/dev/null"], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+        files = wait_for("the message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
+        got = files[0].read_bytes()
+        assert b"Subject: only over verified TLS" in got and b"(using TLS" in got, got[:1500]
+        wait_for("the queue empty", lambda: queue_list(node) == [] or None)
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def inbound(node, mail_from: str, rcpt: str, raw: bytes) -> None:
