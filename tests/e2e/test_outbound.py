@@ -336,6 +336,44 @@ def test_mta_sts_enforce_holds_mail_until_postfix_has_a_trusted_certificate(quil
         srv.server_close()
 
 
+def test_delay_warning_then_expiry_report_to_the_sender(quill_factory, peer):
+    """A message whose MX never answers: after --queue-warn the sender gets
+    one delay warning (RFC 3464 Action: delayed, Will-Retry-Until), after
+    --queue-lifetime a failure report (5.4.7) with the last reply, and the entry
+    leaves the queue; no further reports come."""
+    peer["start_dns"]()
+    node = quill_factory("--dns", peer["dns"], "--outbound-port", str(peer["port"]), "--queue-retry", "1s",
+                         "--queue-warn", "3s", "--queue-lifetime", "8s")
+    node.add_user(ALICE, PW)
+    submit(node, [f"carol@{DOWN}"], "into the void")
+
+    def reports():
+        return [m for m in mailbox(node) if m.get_content_type() == "multipart/report"]
+
+    def status_of(m) -> str:
+        for part in m.walk():
+            if part.get_content_type() == "message/delivery-status":
+                return "".join(str(p) for p in part.get_payload())
+        return ""
+
+    [warning] = wait_for("the delay warning", reports, 20)
+    st = status_of(warning)
+    assert "Action: delayed" in st and f"carol@{DOWN}" in st and "Will-Retry-Until:" in st, st
+    assert warning["Auto-Submitted"] == "auto-replied" and "<MAILER-DAEMON@" in warning["From"], warning["From"]
+    assert queue_list(node), "the entry left the queue at the warning"
+
+    both = wait_for("the failure report", lambda: (lambda r: r if len(r) == 2 else None)(reports()), 30)
+    failed = [m for m in both if "Action: failed" in status_of(m)]
+    assert len(failed) == 1, [status_of(m) for m in both]
+    st = status_of(failed[0])
+    # RFC 3463 X.4.7: delivery time expired; the last reply is the diagnostic.
+    assert "Status: 5.4.7" in st and "last reply: 4.4.1 connection to mx.down.example" in st, st
+    assert "into the void" in failed[0].as_string(), failed[0].as_string()[:2000]
+    wait_for("the queue empty", lambda: queue_list(node) == [] or None)
+    time.sleep(3)
+    assert len(reports()) == 2, "a report came twice"
+
+
 def inbound(node, mail_from: str, rcpt: str, raw: bytes) -> None:
     """Hands a message to the node's port for other servers' mail."""
     host, port = node.addrs["smtp"]
