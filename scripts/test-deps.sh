@@ -22,9 +22,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest
 python3 -c 'import scramp' >/dev/null 2>&1 || python3 -m pip install -q 'scramp>=1.4,<2'
-# dkimpy's ARC, an independent implementation the ARC test checks Quill's
-# against (tests/e2e/test_outbound.py).
-python3 -c 'import dkim, authres' >/dev/null 2>&1 || python3 -m pip install -q 'dkimpy>=1.1,<2' 'authres>=1.2,<2'
+# dkimpy (with pynacl for ed25519): an independent DKIM and ARC implementation
+# the e2e tests check Quill's signatures and seals with (test_outbound.py).
+python3 -c 'import dkim, authres, nacl' >/dev/null 2>&1 || python3 -m pip install -q 'dkimpy>=1.1,<2' 'authres>=1.2,<2' 'pynacl>=1.5,<2'
 go mod download
 (cd third_party/imapserver && go mod download)
 go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12

@@ -599,8 +599,15 @@ def junk_subjects(node) -> list[str]:
 @pytest.mark.skipif(not shutil.which("neomutt"), reason="neomutt not installed")
 def test_neomutt_sends_through_587(node, peer, tmp_path):
     """A real mail client: neomutt in batch mode submits over STARTTLS with
-    AUTH, trusting the node's certificate; Postfix gets the message."""
-    peer["start_dns"]()
+    AUTH, trusting the node's certificate; Postfix gets the message signed
+    (both signatures verified by dkimpy, an independent verifier), and fed
+    back to Quill it passes SPF and DMARC (p=reject) as well."""
+    import dkim  # dkimpy (scripts/test-deps.sh)
+
+    records = dkim_records(node, "mutt")
+    peer["start_dns"](*records, f"--txt-record={LOCAL},v=spf1 ip4:127.0.0.1 -all",
+                      f"--txt-record=_dmarc.{LOCAL},v=DMARC1; p=reject; adkim=s; aspf=s")
+    zone = dict(r.removeprefix("--txt-record=").split(",", 1) for r in records)
     host, port = node.addrs["submission"]
     muttrc = tmp_path / "muttrc"
     muttrc.write_text(f"""set from="{ALICE}"
@@ -621,3 +628,16 @@ set use_from=yes
     files = wait_for("neomutt's message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
     raw = files[0].read_bytes()
     assert b"Subject: via neomutt" in raw and b"hello from neomutt" in raw and b"with ESMTPSA" in raw, raw[:1500]
+    raw = raw.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
+    assert b"from quill.test (localhost [127.0.0.1])" in raw, raw[:1500]  # the address SPF names
+    d = dkim.DKIM(raw)
+    sigs = [h for h in d.headers if h[0].lower() == b"dkim-signature"]
+    assert len(sigs) == 2, sigs
+    for i in range(len(sigs)):
+        assert d.verify(idx=i, dnsfunc=lambda name, timeout=5: zone.get(name.decode().rstrip("."), "").encode()), (i, sigs[i])
+    inbound(node, ALICE, ALICE, raw)
+    [back] = wait_for("neomutt's message back at Quill", lambda: [m for m in mailbox(node) if m["Subject"] == "via neomutt"])
+    ar = back["Authentication-Results"]
+    for want in ("spf=pass", "dmarc=pass", "header.from=local.test"):
+        assert want in ar, ar
+    assert ar.count("dkim=pass") == 2, ar
