@@ -127,6 +127,10 @@ type worker struct {
 	lastBusy   time.Time
 	restarts   int
 	stopping   bool
+	// launchErr is why the last start failed before the worker answered
+	// (nil once it answers): tasks do not wait on a worker that cannot
+	// start, they fail at once and their caller falls back or retries.
+	launchErr error
 }
 
 // Pool is one class's workers on this node: it launches, balances,
@@ -243,8 +247,10 @@ func (p *Pool) runOnce(w *worker, why string) error {
 	ready := w.ready
 	p.mu.Unlock()
 	if err := cmd.Start(); err != nil {
+		err = fmt.Errorf("start %s worker: %w", p.cfg.Class, err)
+		p.failedLaunch(w, err)
 		close(ready)
-		return fmt.Errorf("start %s worker: %w", p.cfg.Class, err)
+		return err
 	}
 	p.mu.Lock()
 	w.cmd, w.started = cmd, time.Now()
@@ -258,6 +264,7 @@ func (p *Pool) runOnce(w *worker, why string) error {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	if err := p.connect(w, exited); err != nil {
+		p.failedLaunch(w, err)
 		close(ready)
 		cmd.Process.Kill()
 		<-exited
@@ -265,6 +272,12 @@ func (p *Pool) runOnce(w *worker, why string) error {
 	}
 	close(ready)
 	return <-exited
+}
+
+func (p *Pool) failedLaunch(w *worker, err error) {
+	p.mu.Lock()
+	w.launchErr = err
+	p.mu.Unlock()
 }
 
 // connect dials the worker's socket until it answers a load report.
@@ -293,6 +306,7 @@ func (p *Pool) connect(w *worker, exited chan error) error {
 		}
 		p.mu.Lock()
 		w.conn, w.client, w.alive, w.load, w.correction = conn, nodepb.NewWorkerClient(conn), true, 0, 0
+		w.launchErr = nil
 		p.mu.Unlock()
 		return nil
 	}
@@ -413,11 +427,14 @@ func (p *Pool) choose(ctx context.Context) (*worker, error) {
 		}
 		var live []*worker
 		var waitOn chan struct{}
+		var launchErr error
 		for _, w := range p.workers {
 			switch {
 			case w.stopping:
 			case w.alive:
 				live = append(live, w)
+			case w.launchErr != nil:
+				launchErr = w.launchErr // being restarted after a failed start
 			default:
 				waitOn = w.ready
 			}
@@ -448,6 +465,9 @@ func (p *Pool) choose(ctx context.Context) (*worker, error) {
 			return w, nil
 		}
 		p.mu.Unlock()
+		if waitOn == nil && launchErr != nil {
+			return nil, fmt.Errorf("no %s worker: %w", p.cfg.Class, launchErr)
+		}
 		if waitOn == nil {
 			return nil, fmt.Errorf("no %s worker", p.cfg.Class)
 		}
