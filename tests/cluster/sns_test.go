@@ -166,3 +166,53 @@ func TestSNSOverflowNodeDispatchesToDedicatedWorkers(t *testing.T) {
 		t.Logf("the overflow node handed %d tasks to the dedicated node's worker", relays.Remote)
 	}
 }
+
+// Two SNS managers, made by a real partition, resolve to one when it
+// heals (SNS §3.4: the higher term wins, then the lower id). The manager
+// is cut off alone: it keeps its role, the other side elects its own;
+// after the heal every node follows the same one.
+func TestNetnsTwoSNSManagersResolveToOne(t *testing.T) {
+	c := startNetCluster(t, 3, netOptions{})
+	nodes := c.Nodes
+	var first string
+	waitFor(t, "one SNS manager that every node follows", 30*time.Second, func() bool {
+		m, ok := oneManager(nodes)
+		first = m
+		return ok
+	})
+	var lone *Node
+	var rest []*Node
+	for _, n := range nodes {
+		if n.ID == first {
+			lone = n
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	if lone == nil {
+		fatalf(t, "manager %s is not one of the nodes", first)
+	}
+	c.Partition([]*Node{lone}, rest)
+	var second string
+	took := waitFor(t, "the cut-off side to elect a manager of its own", 60*time.Second, func() bool {
+		m, ok := oneManager(rest)
+		second = m
+		own, alone := oneManager([]*Node{lone})
+		return ok && m != first && alone && own == first
+	})
+	t.Logf("partitioned: %s still manages its side, %s elected on the other after %v", first, second, took.Round(100*time.Millisecond))
+	c.Heal()
+	var winner string
+	took = waitFor(t, "one manager again after the heal", 60*time.Second, func() bool {
+		m, ok := oneManager(nodes)
+		winner = m
+		return ok
+	})
+	views := snsManagers(nodes)
+	t.Logf("healed: every node follows %s after %v (term %d)", winner, took.Round(100*time.Millisecond), views[lone].Term)
+	if winner != second {
+		// The other side's manager stood with a higher term than the one
+		// cut off, so it must be the one left.
+		errorf(t, "after the heal the manager is %s, want %s (the higher term)", winner, second)
+	}
+}
