@@ -95,8 +95,13 @@ type Deliverer interface {
 	// temporary failure).
 	CheckRecipient(ctx context.Context, addr string) error
 	// Deliver stores a message for the recipients and returns once it is
-	// durable under their write policy.
+	// durable under their write policy; DeliverJunk the same into their
+	// junk mailboxes (a DMARC p=quarantine, a spam verdict).
 	Deliver(ctx context.Context, rcpts []string, raw []byte) error
+	DeliverJunk(ctx context.Context, rcpts []string, raw []byte) error
+	// ServesDomain says whether the cluster takes mail for a domain (it
+	// has a user there): what a submission sends elsewhere is relayed.
+	ServesDomain(domain string) bool
 }
 
 // New returns a go-smtp server delivering through p.
@@ -202,7 +207,7 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 		// RFC 5321 §3.6.2: no relaying for unauthenticated senders.
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)}
-	case s.submitting() && s.b.cfg.Queue != nil && !servesDomain(s.b.p, userdb.Domain(to)):
+	case s.submitting() && s.b.cfg.Queue != nil && !s.b.p.ServesDomain(userdb.Domain(to)):
 		// The lookup failed for now (a node is away), but no node serves
 		// the domain: it is another domain's mail all the same.
 		s.remote = append(s.remote, to)
@@ -293,10 +298,8 @@ func (s *session) Data(r io.Reader) (err error) {
 		return nil
 	}
 	deliver := s.b.p.Deliver
-	if j, ok := s.b.p.(interface {
-		DeliverJunk(context.Context, []string, []byte) error
-	}); ok && quarantine {
-		deliver = j.DeliverJunk
+	if quarantine {
+		deliver = s.b.p.DeliverJunk
 	}
 	if err := deliver(ctx, s.rcpts, raw); err != nil {
 		metrics.DeliveryFailures.Inc()
@@ -331,15 +334,6 @@ func receivedCount(msg []byte) int {
 		msg = msg[i+2:]
 	}
 	return n
-}
-
-// servesDomain asks the deliverer whether the cluster serves a domain
-// (proxy.Proxy can tell); one that cannot tell serves it.
-func servesDomain(p Deliverer, domain string) bool {
-	if d, ok := p.(interface{ ServesDomain(string) bool }); ok {
-		return d.ServesDomain(domain)
-	}
-	return true
 }
 
 // OriginChecker checks an inbound message's origin (mailauth.Checker).

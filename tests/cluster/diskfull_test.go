@@ -125,17 +125,34 @@ func TestFullDiskNodeStaysUp(t *testing.T) {
 	victim.Restart()
 	waitFor(t, victim.ID+" back in the user map", 30*time.Second, func() bool { return agree(nodes, nodes) })
 	t.Logf("before the fill: %d MiB free on %s, %d MiB on %s", c.FreeBytes(victim)>>20, victim.ID, c.FreeBytes(nodes[0])>>20, nodes[0].ID)
+	// The ballast (--min-free/4) is what lets the store finish what Pebble
+	// has under way once the floor is reached: laid at start, removed on
+	// the full disk, laid again when there is room.
+	ballast := filepath.Join(victim.Data, "ballast")
+	if st, err := os.Stat(ballast); err != nil || st.Size() != minFree/4 {
+		fatalf(t, "%s laid no ballast of %d bytes before the fill: %v", victim.ID, minFree/4, err)
+	}
 	if err := c.FillAll(victim); err != nil {
 		fatalf(t, "fill the disk of %s: %v", victim.ID, err)
 	}
 	t.Logf("filled %s's disk: %d bytes free", victim.ID, c.FreeBytes(victim))
+	ballastGone := time.Duration(0)
+	filled := time.Now()
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); {
 		if victim.Exited() {
 			close(stop)
 			wg.Wait()
 			fatalf(t, "%s exited on a full disk:\n%s", victim.ID, tail(victim.Stderr(), 20))
 		}
+		if _, err := os.Stat(ballast); os.IsNotExist(err) && ballastGone == 0 {
+			ballastGone = time.Since(filled)
+		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	if ballastGone == 0 {
+		errorf(t, "%s kept its ballast through 30 s on a full disk", victim.ID)
+	} else {
+		t.Logf("ballast removed %v after the fill", ballastGone.Round(100*time.Millisecond))
 	}
 	if _, _, _, err := victim.imapView(users[0], "pw"); err != nil {
 		errorf(t, "IMAP through %s on a full disk: %v", victim.ID, err)
@@ -151,6 +168,10 @@ func TestFullDiskNodeStaysUp(t *testing.T) {
 	}
 	waitFor(t, victim.ID+" to take mail again", 30*time.Second, func() bool {
 		return victim.sendSized(users[1], "after", 1<<10) == nil
+	})
+	waitFor(t, victim.ID+" to lay its ballast again", 30*time.Second, func() bool {
+		st, err := os.Stat(ballast)
+		return err == nil && st.Size() == minFree/4
 	})
 	close(stop)
 	wg.Wait()
