@@ -15,6 +15,7 @@ import (
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/dnstest"
 	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/sns"
@@ -356,5 +357,81 @@ func TestRelayWorkerKilledMidDelivery(t *testing.T) {
 	waitFor(t, "the message to arrive after the restart", 30*time.Second, func() bool { return sk.count(marker) > 0 })
 	if st := pool(); st.Restarts < 1 {
 		errorf(t, "pool counts %d restarts", st.Restarts)
+	}
+}
+
+// TestQueueEntryRehomedAfterAWipe: a queue entry on 2 replicas loses one
+// to a wiped disk; repair gives it a new replica (the queue's own Rehome,
+// through the same log and repair as mail), and when the remote server is
+// up the entry is delivered once.
+func TestQueueEntryRehomedAfterAWipe(t *testing.T) {
+	dnsAddr := startDNS(t)
+	sk := &sink{addr: freeAddr(t)}
+	_, port, _ := net.SplitHostPort(sk.addr)
+	nodes := startClusterWith(t, 3, "--replicas", "2", "--dns", dnsAddr, "--outbound-port", port, "--queue-retry", "1s",
+		"--submission", "127.0.0.1:0", "--replace-after", "5s")
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user = "rehome@queue.test"
+	nodes[0].createUser(t, user, "pw")
+	marker := fmt.Sprintf("rehome-test-%d", time.Now().UnixNano())
+	msg := fmt.Sprintf("From: %s\r\nTo: bob@%s\r\nSubject: %s\r\n\r\nbody\r\n", user, remoteDomain, marker)
+	if err := submit(nodes[0].Addrs["submission"], user, "pw", []string{"bob@" + remoteDomain}, msg); err != nil {
+		fatalf(t, "submit through %s: %v", nodes[0].ID, err)
+	}
+	var entry *queue.Entry
+	waitFor(t, "a failed attempt in the queue", 30*time.Second, func() bool {
+		l, err := nodes[1].queueListing()
+		if err != nil || len(l.Entries) != 1 || l.Entries[0].Recipients[0].Attempts == 0 {
+			return false
+		}
+		entry = l.Entries[0]
+		return true
+	})
+	if len(entry.Replicas) != 2 {
+		fatalf(t, "entry on %v, want 2 replicas", entry.Replicas)
+	}
+	var victim *Node
+	for _, n := range nodes {
+		if slices.Contains(entry.Replicas, cluster.NodeID(n.ID)) {
+			victim = n
+		}
+	}
+	old := victim.ID
+	t.Logf("entry %s on %v; wiping %s", entry.ID, entry.Replicas, old)
+	wipe(t, victim)
+	took := waitFor(t, "the entry on 2 live replicas without the wiped node", 90*time.Second, func() bool {
+		l, err := nodes[0].queueListing()
+		if err != nil || len(l.Entries) != 1 {
+			return false
+		}
+		e := l.Entries[0]
+		if len(e.Replicas) != 2 || slices.Contains(e.Replicas, cluster.NodeID(old)) {
+			return false
+		}
+		for _, r := range e.Replicas {
+			if !slices.ContainsFunc(nodes, func(n *Node) bool { return n.ID == string(r) }) {
+				return false
+			}
+		}
+		entry = e
+		return true
+	})
+	t.Logf("rehomed to %v %v after the wipe", entry.Replicas, took.Round(100*time.Millisecond))
+	if entry.Recipients[0].Attempts == 0 {
+		errorf(t, "the rehomed entry lost its recipient's state: %+v", entry.Recipients[0])
+	}
+	sk.serve(t)
+	waitFor(t, "delivery once the server is up", 60*time.Second, func() bool { return sk.count(marker) > 0 })
+	waitFor(t, "an empty queue", 30*time.Second, func() bool {
+		for _, n := range nodes {
+			if l, err := n.queueListing(); err != nil || len(l.Entries) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(3 * time.Second)
+	if n := sk.count(marker); n != 1 {
+		errorf(t, "delivered %d times, want once", n)
 	}
 }
