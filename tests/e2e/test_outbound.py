@@ -95,6 +95,8 @@ inet_interfaces = all
 inet_protocols = ipv4
 mynetworks = 127.0.0.0/8
 smtpd_relay_restrictions = permit_mynetworks, reject_unauth_destination
+# Empty unless a test makes Postfix answer a recipient with 4xx (postfix_access).
+smtpd_recipient_restrictions = check_recipient_access texthash:{conf}/access
 biff = no
 smtputf8_enable = no
 virtual_mailbox_domains = {REMOTE}
@@ -109,6 +111,7 @@ smtpd_tls_security_level = may
 smtpd_tls_received_header = yes
 """)
     (conf / "vmailbox").write_text(f"{BOB} {REMOTE}/bob/\n")
+    (conf / "access").write_text("")
     services = ["pickup unix n - n 60 1 pickup", "cleanup unix n - n - 0 cleanup", "qmgr unix n - n 300 1 qmgr",
                 "rewrite unix - - n - - trivial-rewrite", "bounce unix - - n - 0 bounce",
                 "defer unix - - n - 0 bounce", "trace unix - - n - 0 bounce", "verify unix - - n - 1 verify",
@@ -223,6 +226,32 @@ def test_submitted_mail_reaches_postfix_over_starttls_and_a_refusal_is_reported(
     assert f"Remote-MTA: dns; mx.{REMOTE}" in text and "Diagnostic-Code: smtp; 550 5.1.1" in text, text
     assert text.count("Final-Recipient:") == 1, text  # only the refused recipient is reported
     wait_for("an empty queue", lambda: queue_list(node) == [])
+
+
+def postfix_access(peer, table: str) -> None:
+    """Replaces the peer's recipient access table and reloads Postfix (its
+    smtpd processes read texthash tables when they start)."""
+    (peer["conf"] / "access").write_text(table)
+    r = subprocess.run(["script", "-qec", f"postfix -c {peer['conf']} reload", "/dev/null"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_4xx_from_postfix_is_retried_until_it_accepts(node, peer):
+    """Postfix answers bob with 450 4.7.1 (as a greylisting server would):
+    the message stays queued with that reply and no report to the sender;
+    once Postfix takes bob, a later retry delivers it."""
+    peer["start_dns"]()
+    postfix_access(peer, f"{BOB} 450 4.7.1 greylisted, try again later\n")
+    submit(node, [BOB], "greylisted first")
+    entry = wait_for("two refused attempts", lambda: [e for e in queue_list(node) if e["recipients"][0]["attempts"] >= 2])[0]
+    r = entry["recipients"][0]
+    assert r["state"] == "queued" and "450 4.7.1" in r["last_reply"] and "greylisted" in r["last_reply"], r
+    assert not (peer["maildir"].exists() and list(peer["maildir"].glob("*")))
+    postfix_access(peer, "")
+    files = wait_for("the message at Postfix", lambda: list(peer["maildir"].glob("*")) if peer["maildir"].exists() else [])
+    assert b"Subject: greylisted first" in files[0].read_bytes()
+    wait_for("an empty queue", lambda: queue_list(node) == [] or None)
+    assert [m for m in mailbox(node) if m.get_content_type() == "multipart/report"] == []
 
 
 def test_unreachable_domain_stays_queued_across_kill9_and_can_be_deleted(node, peer):
