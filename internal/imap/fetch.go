@@ -84,7 +84,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			rw.WriteBodyStructure(bodyStructure(raw))
 		}
 		for _, bs := range options.BodySection {
-			b := bodySection(raw, bs)
+			b := noNULs(bodySection(raw, bs))
 			wc := rw.WriteBodySection(bs, int64(len(b)))
 			if _, err := wc.Write(b); err != nil {
 				return err
@@ -115,4 +115,22 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		return no(codeExpungeIssued, "FETCH: some of the messages were expunged by another session")
 	}
 	return nil
+}
+
+// noNULs returns b with every NUL as 0x80: a plain literal may not hold
+// NUL (RFC 9051 §4.3, RFC 3516 §4.1: binary data goes through BINARY and
+// literal8), so a BODY[] of a part with NULs is sent with them replaced,
+// as Dovecot does; the size stays the same. b is copied only if it has
+// one.
+func noNULs(b []byte) []byte {
+	if bytes.IndexByte(b, 0) < 0 {
+		return b
+	}
+	out := bytes.Clone(b)
+	for i, c := range out {
+		if c == 0 {
+			out[i] = 0x80
+		}
+	}
+	return out
 }

@@ -1,6 +1,9 @@
 package imap
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // Edge cases after Dovecot's imaptest fetch-body script.
 func TestFetchSectionsEdgeCases(t *testing.T) {
@@ -24,5 +27,31 @@ func TestFetchSectionsEdgeCases(t *testing.T) {
 		if !has(u, want) {
 			t.Errorf("%s:\n got %q\nwant %q", cmd, u, want)
 		}
+	}
+}
+
+// A partial BINARY fetch names its origin in the reply (RFC 3516 §4.2),
+// and a BODY[] of a part that holds NUL bytes sends none of them in its
+// plain literal (RFC 9051 §4.3): they go out as 0x80, the size unchanged,
+// while BINARY[] still gives the bytes as they are.
+func TestBinaryOriginAndNoNULsInBody(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: a@example.org\r\nSubject: bin\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n" +
+		"--b\r\nContent-Type: text/plain\r\n\r\nhello there\r\n" +
+		"--b\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: binary\r\n\r\nab\x00cd\r\n--b--\r\n")
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok("FETCH 1 (BINARY.PEEK[1]<6.5>)"); !has(u, "BINARY[1]<6> ~{5}\r\nthere") {
+		t.Errorf("partial BINARY: %q, want the origin <6> named", u)
+	}
+	if u := r.ok("FETCH 1 (BINARY.PEEK[1])"); !has(u, "BINARY[1] ~{11}\r\nhello there") {
+		t.Errorf("whole BINARY: %q", u)
+	}
+	u := r.ok("FETCH 1 (BODY.PEEK[2])")
+	if strings.Contains(strings.Join(u, ""), "\x00") || !has(u, "BODY[2] {5}\r\nab\x80cd") {
+		t.Errorf("BODY[2] of a part with a NUL: %q, want it as 0x80", u)
+	}
+	if u := r.ok("FETCH 1 (BINARY.PEEK[2])"); !has(u, "BINARY[2] ~{5}\r\nab\x00cd") {
+		t.Errorf("BINARY[2]: %q, want the NUL as it is", u)
 	}
 }

@@ -475,7 +475,13 @@ func (w *FetchResponseWriter) WriteBinarySection(section *imap.FetchItemBinarySe
 
 	enc.Atom("BINARY").Special('[')
 	writeSectionPart(enc, section.Part)
-	enc.Special(']').SP()
+	enc.Special(']')
+	// quill: a partial fetch's reply names its origin (RFC 3516 §4.2,
+	// RFC 9051 §7.5.2: "BINARY[1]<0>"); upstream left it out.
+	if partial := section.Partial; partial != nil {
+		enc.Special('<').Number(uint32(partial.Offset)).Special('>')
+	}
+	enc.SP()
 	enc.Special('~') // indicates literal8
 	return w.enc.Literal(size)
 }
