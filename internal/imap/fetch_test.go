@@ -55,3 +55,51 @@ func TestBinaryOriginAndNoNULsInBody(t *testing.T) {
 		t.Errorf("BINARY[2]: %q, want the NUL as it is", u)
 	}
 }
+
+// A keyword the session has not seen is announced with FLAGS and
+// PERMANENTFLAGS before the FETCH that shows it, to the session that
+// stored it and to another that sees the change; a bare NIL in STORE is
+// no flags, and NIL in a flag list is the client's error (issue 13 item 6).
+func TestNewKeywordAnnouncedFirstAndNILIsNoFlag(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: a@example.org\r\nSubject: k\r\n\r\nbody\r\n")
+	r, other := e.raw(true), e.raw(true)
+	r.ok("SELECT INBOX")
+	other.ok("SELECT INBOX")
+	u := r.ok("STORE 1 +FLAGS (project-x)")
+	flags, perm, fetch := index(u, "* FLAGS ("), index(u, "* OK [PERMANENTFLAGS ("), index(u, "* 1 FETCH (FLAGS")
+	if flags < 0 || perm < 0 || fetch < 0 || !(flags < fetch && perm < fetch) || !strings.Contains(u[flags], "project-x") ||
+		!strings.Contains(u[perm], `project-x \*`) {
+		t.Errorf("STORE of a new keyword: %q, want FLAGS and PERMANENTFLAGS with it before the FETCH", u)
+	}
+	if u := r.ok("STORE 1 +FLAGS (project-x)"); index(u, "* FLAGS") >= 0 {
+		t.Errorf("a keyword already known announced again: %q", u)
+	}
+	u = other.ok("NOOP")
+	flags, fetch = index(u, "* FLAGS ("), index(u, "* 1 FETCH (")
+	if flags < 0 || fetch < 0 || flags > fetch || !strings.Contains(u[flags], "project-x") {
+		t.Errorf("the other session: %q, want FLAGS with the keyword before the FETCH", u)
+	}
+	if u := r.ok("STORE 1 +FLAGS NIL"); has(u, "NIL") {
+		t.Errorf("STORE +FLAGS NIL: %q, want no flag named NIL", u)
+	}
+	if _, st := r.cmd("STORE 1 +FLAGS (NIL)"); !strings.HasPrefix(st, "BAD") {
+		t.Errorf("STORE +FLAGS (NIL): %s, want BAD", st)
+	}
+	if u := r.ok("FETCH 1 FLAGS"); has(u, "NIL") || !has(u, "project-x") {
+		t.Errorf("flags after the NIL stores: %q", u)
+	}
+	if u := r.ok(`LIST "" "&'"`); len(u) != 0 {
+		t.Errorf(`LIST with a pattern that is not modified UTF-7: %q, want no mailbox (issue 13 item 2)`, u)
+	}
+}
+
+// index is the position of the first line starting with prefix, or -1.
+func index(lines []string, prefix string) int {
+	for i, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			return i
+		}
+	}
+	return -1
+}

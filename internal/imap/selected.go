@@ -203,6 +203,14 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	}
 	sel.msgs = kept
 
+	// A keyword another session brought is announced before a FETCH
+	// shows it (new messages' keywords are checked again below).
+	if flags, changed := sel.flagsChanged(); changed {
+		if err := w.WriteMailboxFlagsPermanent(flags, sel.permanentFlags(flags)); err != nil {
+			return err
+		}
+	}
+
 	// FETCH FLAGS for messages changed elsewhere.
 	if len(flagChanged) > 0 {
 		pos := make(map[*msgState]int, len(sel.msgs))
@@ -245,13 +253,32 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 			return err
 		}
 	}
-	if flags := sel.mailboxFlags(); len(flags) != sel.flagsSent {
-		sel.flagsSent = len(flags)
-		if err := w.WriteMailboxFlags(flags); err != nil {
+	if flags, changed := sel.flagsChanged(); changed {
+		if err := w.WriteMailboxFlagsPermanent(flags, sel.permanentFlags(flags)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// flagsChanged returns the mailbox's flags when they differ from what the
+// session was last told (a keyword came or went), and notes them as told.
+func (sel *selected) flagsChanged() ([]imap.Flag, bool) {
+	flags := sel.mailboxFlags()
+	if len(flags) == sel.flagsSent {
+		return nil, false
+	}
+	sel.flagsSent = len(flags)
+	return flags, true
+}
+
+// permanentFlags is the PERMANENTFLAGS of a mailbox with these flags: all
+// of them and \* (any keyword may be made), none when read-only.
+func (sel *selected) permanentFlags(flags []imap.Flag) []imap.Flag {
+	if sel.readOnly {
+		return []imap.Flag{}
+	}
+	return append(append([]imap.Flag{}, flags...), imap.FlagWildcard)
 }
 
 // Idle waits for changes to the user's mail and reports those of the
@@ -388,10 +415,18 @@ func (s *session) Store(w *imapserver.FetchWriter, numSet imap.NumSet, flags *im
 	condStore := s.condStore() || options.UnchangedSince != 0
 	_, isUID := numSet.(imap.UIDSet)
 	for k := range updated {
-		u := &updated[k]
-		i := byUID[u.UID]
+		m := sel.msgs[byUID[updated[k].UID]]
+		m.flags, m.modSeq = updated[k].Flags, updated[k].ModSeq
+	}
+	// A keyword new to the session is announced before a FETCH shows it.
+	if all, changed := sel.flagsChanged(); changed {
+		if err := w.WriteMailboxFlags(all, sel.permanentFlags(all)); err != nil {
+			return err
+		}
+	}
+	for k := range updated {
+		i := byUID[updated[k].UID]
 		m := sel.msgs[i]
-		m.flags, m.modSeq = u.Flags, u.ModSeq
 		if flags.Silent && !condStore {
 			continue
 		}

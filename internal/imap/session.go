@@ -556,11 +556,7 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 	data.NumMessages = uint32(len(sel.msgs))
 	data.Flags = sel.mailboxFlags()
 	sel.flagsSent = len(data.Flags)
-	if options.ReadOnly {
-		data.PermanentFlags = []imap.Flag{}
-	} else {
-		data.PermanentFlags = append(append([]imap.Flag{}, data.Flags...), imap.FlagWildcard)
-	}
+	data.PermanentFlags = sel.permanentFlags(data.Flags)
 	if s.rev2() {
 		data.List = &imap.ListData{Delim: rune(mailbox.Separator[0]), Mailbox: mb.Name}
 	}

@@ -740,6 +740,12 @@ func (w *UpdateWriter) WriteMailboxFlags(flags []imap.Flag) error {
 	return w.conn.writeFlags(flags)
 }
 
+// WriteMailboxFlagsPermanent writes FLAGS and, unless permanent is nil, OK
+// [PERMANENTFLAGS]: the mailbox's flags changed (a new keyword). (quill)
+func (w *UpdateWriter) WriteMailboxFlagsPermanent(flags, permanent []imap.Flag) error {
+	return w.conn.writeMailboxFlags(flags, permanent)
+}
+
 // WriteMessageFlagsModSeq writes a FETCH response with FLAGS and, when modSeq
 // is not zero, MODSEQ (RFC 7162 §3.2: required once CONDSTORE is enabled).
 // (quill)

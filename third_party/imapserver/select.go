@@ -209,6 +209,13 @@ func (c *Conn) writeFlags(flags []imap.Flag) error {
 	return enc.CRLF()
 }
 
+func (c *Conn) writeMailboxFlags(flags, permanent []imap.Flag) error {
+	if err := c.writeFlags(flags); err != nil || permanent == nil {
+		return err
+	}
+	return c.writePermanentFlags(permanent)
+}
+
 func (c *Conn) writePermanentFlags(flags []imap.Flag) error {
 	enc := newResponseEncoder(c)
 	defer enc.end()

@@ -66,6 +66,9 @@ func (c *Conn) handleStore(tag string, dec *imapwire.Decoder, numKind NumKind) e
 	} else if !isList {
 		for {
 			flag, err := wire.ExpectFlag(dec)
+			if err == wire.ErrNILFlag && len(flags) == 0 {
+				break // quill: a bare NIL is the empty list (as Dovecot reads it)
+			}
 			if err != nil {
 				return err
 			}
@@ -141,6 +144,14 @@ const UnchangedSinceZero = ^uint64(0)
 // SetModified records the messages that failed an UNCHANGEDSINCE test, for
 // the MODIFIED response code. (quill)
 func (w *FetchWriter) SetModified(numSet imap.NumSet) { w.modified = numSet }
+
+// WriteMailboxFlags writes FLAGS and, unless permanent is nil, an OK
+// [PERMANENTFLAGS] before the FETCH responses of a STORE that brings a
+// keyword the session has not seen: a client must know a keyword before
+// a FETCH shows it. (quill)
+func (w *FetchWriter) WriteMailboxFlags(flags, permanent []imap.Flag) error {
+	return w.conn.writeMailboxFlags(flags, permanent)
+}
 
 // enableCondStore marks CONDSTORE as enabled on this connection by a
 // CONDSTORE-enabling command (RFC 7162 §3.1). (quill)

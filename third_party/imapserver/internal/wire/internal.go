@@ -77,6 +77,12 @@ func ExpectCap(dec *imapwire.Decoder) (imap.Cap, error) {
 	return canonicalCap(name), nil
 }
 
+// ErrNILFlag: NIL where a flag should be. quill: NIL is not a keyword
+// (it would read as nothing in a FLAGS response); a STORE that gives it
+// alone means no flags, anywhere else it is the client's error.
+var ErrNILFlag = &imap.Error{Type: imap.StatusResponseTypeBad, Code: imap.ResponseCodeClientBug,
+	Text: "NIL is not a flag"}
+
 func ExpectFlag(dec *imapwire.Decoder) (imap.Flag, error) {
 	isSystem := dec.Special('\\')
 	if isSystem && dec.Special('*') {
@@ -88,6 +94,8 @@ func ExpectFlag(dec *imapwire.Decoder) (imap.Flag, error) {
 	}
 	if isSystem {
 		name = "\\" + name
+	} else if strings.EqualFold(name, "NIL") {
+		return "", ErrNILFlag
 	}
 	return canonicalFlag(name), nil
 }
