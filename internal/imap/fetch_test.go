@@ -1,6 +1,7 @@
 package imap
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -102,4 +103,44 @@ func index(lines []string, prefix string) int {
 		}
 	}
 	return -1
+}
+
+// RFC 7162 §3.1: the first command that enables CONDSTORE implicitly is
+// answered with the mailbox's HIGHESTMODSEQ, once; SEARCH RETURN (MIN) or
+// (MAX) with a MODSEQ criterion gives the MODSEQ of the messages it names
+// (§3.1.5), not of every match (issue 13 item 3).
+func TestCondStoreEnabledImplicitly(t *testing.T) {
+	e := newEnv(t)
+	for i := 1; i <= 3; i++ {
+		e.deliver(fmt.Sprintf("Subject: %d\r\n\r\n%d\r\n", i, i))
+	}
+	for _, c := range []struct{ first, want string }{
+		{"FETCH 1 (MODSEQ)", "* OK [HIGHESTMODSEQ 4]"},
+		{"SEARCH MODSEQ 1", "* OK [HIGHESTMODSEQ 4]"},
+		{`STORE 3 (UNCHANGEDSINCE 9) +FLAGS (\Seen)`, "* OK [HIGHESTMODSEQ 5]"},
+	} {
+		r := e.raw(true)
+		r.ok("SELECT INBOX")
+		if u := r.ok(c.first); !has(u, c.want) {
+			t.Errorf("%s as the first CONDSTORE command: %q, want %s", c.first, u, c.want)
+		}
+		if u := r.ok("FETCH 1 (MODSEQ)"); index(u, "* OK [HIGHESTMODSEQ") >= 0 {
+			t.Errorf("HIGHESTMODSEQ sent again after CONDSTORE was enabled: %q", u)
+		}
+		r.ok("LOGOUT")
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	r.ok(`STORE 1 +FLAGS (\Flagged)`) // message 1 now has the highest MODSEQ
+	for cmd, want := range map[string]string{
+		"SEARCH RETURN (MIN) MODSEQ 1":     "MIN 1 MODSEQ 6",
+		"SEARCH RETURN (MAX) MODSEQ 1":     "MAX 3 MODSEQ 5",
+		"SEARCH RETURN (MIN MAX) MODSEQ 1": "MIN 1 MAX 3 MODSEQ 6",
+		"SEARCH RETURN (MAX) MODSEQ 4":     "MAX 3 MODSEQ 5",
+		"SEARCH RETURN (COUNT) MODSEQ 1":   "COUNT 3 MODSEQ 6",
+	} {
+		if u := r.ok(cmd); !has(u, want) {
+			t.Errorf("%s: %q, want %s", cmd, u, want)
+		}
+	}
 }

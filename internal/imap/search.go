@@ -35,6 +35,7 @@ func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria,
 	var seqs imap.SeqSet
 	var uids imap.UIDSet
 	var matched []uint32
+	var minModSeq, maxModSeq uint64 // of the messages MIN and MAX name
 	for i, m := range sel.msgs {
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
 		if !ev.match(criteria, sm) {
@@ -49,14 +50,25 @@ func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria,
 			seqs.AddNum(num)
 		}
 		if data.Min == 0 || num < data.Min {
-			data.Min = num
+			data.Min, minModSeq = num, m.modSeq
 		}
 		if num > data.Max {
-			data.Max = num
+			data.Max, maxModSeq = num, m.modSeq
 		}
 		data.Count++
 		if hasModSeq(criteria) && m.modSeq > data.ModSeq {
 			data.ModSeq = m.modSeq
+		}
+	}
+	if hasModSeq(criteria) && !options.ReturnAll && !options.ReturnCount && (options.ReturnMin || options.ReturnMax) {
+		// RFC 7162 §3.1.5: with only MIN and/or MAX returned, MODSEQ is
+		// the highest of the messages returned, not of every match.
+		data.ModSeq = 0
+		if options.ReturnMin {
+			data.ModSeq = minModSeq
+		}
+		if options.ReturnMax {
+			data.ModSeq = max(data.ModSeq, maxModSeq)
 		}
 	}
 	if kind == imapserver.NumKindUID {

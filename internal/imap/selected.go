@@ -131,9 +131,19 @@ func (s *session) resolve(set imap.NumSet, lenient bool) ([]int, error) {
 // expunged messages stay numbered until a later poll.
 func (s *session) Poll(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	if s.sel == nil {
+		w.CondStoreJustEnabled() // nothing selected: nothing to report
 		return nil
 	}
-	return s.sync(w, allowExpunge)
+	if err := s.sync(w, allowExpunge); err != nil {
+		return err
+	}
+	// RFC 7162 §3.1: the command that enabled CONDSTORE implicitly
+	// (FETCH MODSEQ, SEARCH MODSEQ, STORE UNCHANGEDSINCE, STATUS
+	// HIGHESTMODSEQ) is answered with the mailbox's HIGHESTMODSEQ.
+	if w.CondStoreJustEnabled() && s.sel != nil {
+		return w.WriteHighestModSeq(s.sel.modSeq)
+	}
+	return nil
 }
 
 func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {

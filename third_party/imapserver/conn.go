@@ -74,6 +74,9 @@ type Conn struct {
 	mutex   sync.Mutex
 	conn    net.Conn
 	enabled imap.CapSet
+	// condStoreNew: the command being run enabled CONDSTORE implicitly
+	// (quill; store.go enableCondStore).
+	condStoreNew bool
 
 	state   imap.ConnState
 	session Session

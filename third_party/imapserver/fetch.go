@@ -113,7 +113,7 @@ func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
 		options.UID = true
 	}
 	if options.ModSeq {
-		c.enableCondStore()
+		c.enableCondStore(true)
 	}
 
 	w := &FetchWriter{conn: c, options: writerOptions}

@@ -86,7 +86,7 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 	}
 
 	if criteria.ModSeq != nil {
-		c.enableCondStore()
+		c.enableCondStore(true)
 	}
 	if c.enabled.Has(imap.CapIMAP4rev2) || extended {
 		return c.writeESearch(tag, data, &options, numKind)

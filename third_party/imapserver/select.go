@@ -56,7 +56,7 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 	}
 
 	if condStore {
-		c.enableCondStore()
+		c.enableCondStore(false)
 	}
 	options := imap.SelectOptions{ReadOnly: readOnly, CondStore: condStore}
 	data, err := c.session.Select(mailbox, &options)

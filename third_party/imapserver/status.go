@@ -40,7 +40,7 @@ func (c *Conn) handleStatus(dec *imapwire.Decoder) error {
 		return err
 	}
 	if options.HighestModSeq {
-		c.enableCondStore()
+		c.enableCondStore(true)
 	}
 
 	data, err := c.session.Status(mailbox, &options)

@@ -47,7 +47,7 @@ func (c *Conn) handleStore(tag string, dec *imapwire.Decoder, numKind NumKind) e
 		if !dec.ExpectSP() {
 			return dec.Err()
 		}
-		c.enableCondStore()
+		c.enableCondStore(true)
 	}
 	if !dec.ExpectAtom(&item) || !dec.ExpectSP() {
 		return dec.Err()
@@ -154,12 +154,32 @@ func (w *FetchWriter) WriteMailboxFlags(flags, permanent []imap.Flag) error {
 }
 
 // enableCondStore marks CONDSTORE as enabled on this connection by a
-// CONDSTORE-enabling command (RFC 7162 §3.1). (quill)
-func (c *Conn) enableCondStore() {
+// CONDSTORE-enabling command (RFC 7162 §3.1). The first such command other
+// than SELECT or EXAMINE (which report it themselves) owes the client the
+// selected mailbox's HIGHESTMODSEQ: UpdateWriter.CondStoreJustEnabled
+// tells the session so before the tagged response. (quill)
+func (c *Conn) enableCondStore(announce bool) {
 	if !c.server.options.caps().Has(imap.CapCondStore) {
 		return
 	}
 	c.mutex.Lock()
+	if _, was := c.enabled[imap.CapCondStore]; !was && announce {
+		c.condStoreNew = true
+	}
 	c.enabled[imap.CapCondStore] = struct{}{}
 	c.mutex.Unlock()
 }
+
+// CondStoreJustEnabled reports, once, that the command being completed
+// enabled CONDSTORE implicitly: the session then sends OK
+// [HIGHESTMODSEQ] for its selected mailbox (RFC 7162 §3.1). (quill)
+func (w *UpdateWriter) CondStoreJustEnabled() bool {
+	w.conn.mutex.Lock()
+	defer w.conn.mutex.Unlock()
+	was := w.conn.condStoreNew
+	w.conn.condStoreNew = false
+	return was
+}
+
+// WriteHighestModSeq writes OK [HIGHESTMODSEQ v]. (quill)
+func (w *UpdateWriter) WriteHighestModSeq(v uint64) error { return w.conn.writeHighestModSeq(v) }
