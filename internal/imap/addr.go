@@ -7,6 +7,7 @@ import (
 	gomessage "github.com/emersion/go-message"
 	"github.com/emersion/go-message/mail"
 	"github.com/emersion/go-message/textproto"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // ENVELOPE address lists (RFC 9051 §7.5.2) are parsed here rather than by
@@ -28,7 +29,15 @@ const maxEnvelopeAddrs = 1000
 
 // parseAddressList parses the value of an address header.
 func parseAddressList(v string) []imap.Address {
+	l, _ := parseAddressRoutes(v)
+	return l
+}
+
+// parseAddressRoutes parses the value of an address header into its
+// addresses and their obsolete source routes ("@a,@b", or "").
+func parseAddressRoutes(v string) ([]imap.Address, []string) {
 	var out []imap.Address
+	var routes []string
 	p := addrParser{s: unfold(v)}
 	for !p.done() && len(out) < maxEnvelopeAddrs {
 		item, sep := p.item(",:;")
@@ -38,24 +47,24 @@ func parseAddressList(v string) []imap.Address {
 			if name == "" {
 				name = missingMailbox // an empty name would read as a group end
 			}
-			out = append(out, imap.Address{Mailbox: name})
+			out, routes = append(out, imap.Address{Mailbox: name}), append(routes, "")
 			for !p.done() {
 				m, sep := p.item(",;")
-				if a, ok := parseMailbox(m); ok {
-					out = append(out, a)
+				if a, route, ok := parseMailbox(m); ok {
+					out, routes = append(out, a), append(routes, route)
 				}
 				if sep == ';' || sep == 0 {
 					break
 				}
 			}
-			out = append(out, imap.Address{})
+			out, routes = append(out, imap.Address{}), append(routes, "")
 			continue
 		}
-		if a, ok := parseMailbox(item); ok {
-			out = append(out, a)
+		if a, route, ok := parseMailbox(item); ok {
+			out, routes = append(out, a), append(routes, route)
 		}
 	}
-	return out
+	return out, routes
 }
 
 type addrParser struct {
@@ -174,12 +183,14 @@ func phrase(s string) string {
 	return strings.Join(strings.Fields(b.String()), " ")
 }
 
-// parseMailbox parses one "name <addr>" or "addr (comment)".
-func parseMailbox(s string) (imap.Address, bool) {
+// parseMailbox parses one "name <addr>" or "addr (comment)", and the
+// obsolete route of "<@a,@b:addr>" (RFC 5322 §4.4), which ENVELOPE keeps
+// as the address's adl.
+func parseMailbox(s string) (a imap.Address, route string, ok bool) {
 	text, comment := stripComments(s)
 	text = strings.TrimSpace(text)
 	if text == "" {
-		return imap.Address{}, false
+		return imap.Address{}, "", false
 	}
 	var name, spec string
 	if i := strings.IndexByte(text, '<'); i >= 0 {
@@ -191,6 +202,7 @@ func parseMailbox(s string) (imap.Address, bool) {
 		// Obsolete route (RFC 5322 §4.4): "@a,@b:user@host".
 		if strings.HasPrefix(strings.TrimSpace(spec), "@") {
 			if j := strings.IndexByte(spec, ':'); j >= 0 {
+				route = strings.Join(strings.Fields(spec[:j]), "")
 				spec = spec[j+1:]
 			}
 		}
@@ -210,29 +222,38 @@ func parseMailbox(s string) (imap.Address, bool) {
 	if host == "" {
 		host = missingDomain
 	}
-	return imap.Address{Name: name, Mailbox: local, Host: host}, true
+	return imap.Address{Name: name, Mailbox: local, Host: host}, route, true
 }
 
 // envelopeOf builds the ENVELOPE from a parsed header.
 func envelopeOf(h textproto.Header) *imap.Envelope {
+	env, _ := envelopeRoutesOf(h)
+	return env
+}
+
+// envelopeRoutesOf builds the ENVELOPE and its addresses' source routes.
+func envelopeRoutesOf(h textproto.Header) (*imap.Envelope, *imapserver.EnvelopeRoutes) {
 	mh := mail.Header{Header: gomessage.Header{Header: h}}
 	env := &imap.Envelope{Subject: unfold(h.Get("Subject"))}
+	routes := &imapserver.EnvelopeRoutes{}
 	env.Date, _ = mh.Date()
-	list := func(k string) []imap.Address {
+	list := func(k string, r *[]string) []imap.Address {
 		if !h.Has(k) {
 			return nil
 		}
-		return parseAddressList(h.Get(k))
+		l, rs := parseAddressRoutes(h.Get(k))
+		*r = rs
+		return l
 	}
-	env.From, env.Sender, env.ReplyTo = list("From"), list("Sender"), list("Reply-To")
-	env.To, env.Cc, env.Bcc = list("To"), list("Cc"), list("Bcc")
+	env.From, env.Sender, env.ReplyTo = list("From", &routes.From), list("Sender", &routes.Sender), list("Reply-To", &routes.ReplyTo)
+	env.To, env.Cc, env.Bcc = list("To", &routes.To), list("Cc", &routes.Cc), list("Bcc", &routes.Bcc)
 	// The library's writer wraps these in <>; hand it the raw value
 	// without its outer brackets so what the header says comes out.
 	env.InReplyTo = rawIDs(h.Get("In-Reply-To"))
 	if ids := rawIDs(h.Get("Message-Id")); len(ids) > 0 {
 		env.MessageID = ids[0]
 	}
-	return env
+	return env, routes
 }
 
 func rawIDs(v string) []string {

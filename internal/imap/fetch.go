@@ -78,7 +78,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			rw.WriteRFC822Size(m.size)
 		}
 		if options.Envelope {
-			rw.WriteEnvelope(envelope(raw))
+			rw.WriteEnvelopeRoutes(envelopeRoutesOf(readHeader(raw)))
 		}
 		if options.BodyStructure != nil {
 			rw.WriteBodyStructure(bodyStructure(raw))

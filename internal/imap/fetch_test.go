@@ -144,3 +144,29 @@ func TestCondStoreEnabledImplicitly(t *testing.T) {
 		}
 	}
 }
+
+// ENVELOPE keeps an address's obsolete source route as its adl, and
+// SEARCH FROM/TO/CC match an address written with comments inside it as
+// it reads once parsed (issue 13 item 4).
+func TestEnvelopeRouteAndSearchThroughComments(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: Ann <@relay1.example,@relay2.example:ann@example.org>\r\n" +
+		"To: <user (the user)@ (a comment) example.org>\r\nCc: plain@example.net\r\nSubject: routed\r\n\r\nx\r\n")
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	u := r.ok("FETCH 1 ENVELOPE")
+	if !has(u, `(("Ann" "@relay1.example,@relay2.example" "ann" "example.org"))`) {
+		t.Errorf("ENVELOPE: %q, want the route as the From address's adl", u)
+	}
+	if !has(u, `((NIL NIL "user" "example.org"))`) {
+		t.Errorf("ENVELOPE To: %q", u)
+	}
+	for _, q := range []string{"TO user@example.org", "FROM ann@example.org", "CC plain@example.net", "TO \"the user\""} {
+		if u := r.ok("SEARCH " + q); !has(u, "* SEARCH 1") {
+			t.Errorf("SEARCH %s: %q, want message 1", q, u)
+		}
+	}
+	if u := r.ok("SEARCH TO nobody@example.org"); has(u, "* SEARCH 1") {
+		t.Errorf("SEARCH TO nobody: %q", u)
+	}
+}

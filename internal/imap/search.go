@@ -224,9 +224,23 @@ func (sm *searchMsg) headerMatch(key, value string) bool {
 		if d, err := wordDecoder.DecodeHeader(v); err == nil && contains(strings.ToLower(d), value) {
 			return true
 		}
+		// An address written with comments or folding inside it
+		// ("<user (c)@ (c) example.org>") is matched as it reads once
+		// parsed, as ENVELOPE shows it.
+		if addressField[strings.ToLower(key)] {
+			for _, a := range parseAddressList(v) {
+				if contains(strings.ToLower(a.Mailbox+"@"+a.Host), value) || contains(strings.ToLower(a.Name), value) {
+					return true
+				}
+			}
+		}
 	}
 	return false
 }
+
+// addressField names the header fields that hold addresses (RFC 5322
+// §3.6.2–3.6.3), lower-case.
+var addressField = map[string]bool{"from": true, "sender": true, "reply-to": true, "to": true, "cc": true, "bcc": true}
 
 func day(t time.Time) time.Time {
 	y, m, d := t.Date()

@@ -498,10 +498,24 @@ func (w *FetchResponseWriter) WriteBinarySectionSize(section *imap.FetchItemBina
 
 // WriteEnvelope writes the message's envelope.
 func (w *FetchResponseWriter) WriteEnvelope(envelope *imap.Envelope) {
+	w.WriteEnvelopeRoutes(envelope, nil)
+}
+
+// EnvelopeRoutes are the obsolete source routes of an envelope's
+// addresses (RFC 5322 §4.4 "@a,@b:", the adl of RFC 9051's address),
+// field by field and position by position, "" for none: imap.Address
+// has no field for them. (quill)
+type EnvelopeRoutes struct {
+	From, Sender, ReplyTo, To, Cc, Bcc []string
+}
+
+// WriteEnvelopeRoutes writes the message's envelope with its addresses'
+// source routes (routes may be nil). (quill)
+func (w *FetchResponseWriter) WriteEnvelopeRoutes(envelope *imap.Envelope, routes *EnvelopeRoutes) {
 	w.writeItemSep()
 	enc := w.enc.Encoder
 	enc.Atom("ENVELOPE").SP()
-	writeEnvelope(enc, envelope)
+	writeEnvelopeRoutes(enc, envelope, routes)
 }
 
 // WriteBodyStructure writes the message's body structure (either BODYSTRUCTURE
@@ -551,17 +565,24 @@ func (w *FetchResponseWriter) Close() error {
 }
 
 func writeEnvelope(enc *imapwire.Encoder, envelope *imap.Envelope) {
+	writeEnvelopeRoutes(enc, envelope, nil)
+}
+
+func writeEnvelopeRoutes(enc *imapwire.Encoder, envelope *imap.Envelope, routes *EnvelopeRoutes) {
 	if envelope == nil {
 		envelope = new(imap.Envelope)
 	}
-
-	sender := envelope.Sender
-	if sender == nil {
-		sender = envelope.From
+	if routes == nil {
+		routes = &EnvelopeRoutes{}
 	}
-	replyTo := envelope.ReplyTo
+
+	sender, senderRoutes := envelope.Sender, routes.Sender
+	if sender == nil {
+		sender, senderRoutes = envelope.From, routes.From
+	}
+	replyTo, replyToRoutes := envelope.ReplyTo, routes.ReplyTo
 	if replyTo == nil {
-		replyTo = envelope.From
+		replyTo, replyToRoutes = envelope.From, routes.From
 	}
 
 	enc.Special('(')
@@ -580,9 +601,10 @@ func writeEnvelope(enc *imapwire.Encoder, envelope *imap.Envelope) {
 		envelope.Cc,
 		envelope.Bcc,
 	}
-	for _, l := range addrs {
+	adls := [][]string{routes.From, senderRoutes, replyToRoutes, routes.To, routes.Cc, routes.Bcc}
+	for i, l := range addrs {
 		enc.SP()
-		writeAddressList(enc, l)
+		writeAddressList(enc, l, adls[i])
 	}
 	enc.SP()
 	if len(envelope.InReplyTo) > 0 {
@@ -599,7 +621,7 @@ func writeEnvelope(enc *imapwire.Encoder, envelope *imap.Envelope) {
 	enc.Special(')')
 }
 
-func writeAddressList(enc *imapwire.Encoder, l []imap.Address) {
+func writeAddressList(enc *imapwire.Encoder, l []imap.Address, routes []string) {
 	if len(l) == 0 {
 		enc.NIL()
 		return
@@ -609,7 +631,13 @@ func writeAddressList(enc *imapwire.Encoder, l []imap.Address) {
 		addr := l[i]
 		enc.Special('(')
 		writeNString(enc, mime.QEncoding.Encode("utf-8", addr.Name))
-		enc.SP().NIL().SP()
+		enc.SP()
+		if i < len(routes) {
+			writeNString(enc, routes[i]) // quill: the adl
+		} else {
+			enc.NIL()
+		}
+		enc.SP()
 		writeNString(enc, addr.Mailbox)
 		enc.SP()
 		writeNString(enc, addr.Host)
