@@ -15,6 +15,9 @@ import (
 type Store interface {
 	EnsureUser(ctx context.Context, user string) error
 	Mailboxes(ctx context.Context, user string) ([]mailbox.Mailbox, error)
+	// MailboxList is Mailboxes with the subscribed names that have no
+	// mailbox (RFC 9051 §6.3.7).
+	MailboxList(ctx context.Context, user string) ([]mailbox.Mailbox, []string, error)
 	Mailbox(ctx context.Context, user, name string) (*mailbox.Mailbox, error)
 	MailboxByID(ctx context.Context, user string, id uint64) (*mailbox.Mailbox, error)
 	Messages(ctx context.Context, user string, mbox uint64) ([]mailbox.Message, error)

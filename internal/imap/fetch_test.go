@@ -170,3 +170,55 @@ func TestEnvelopeRouteAndSearchThroughComments(t *testing.T) {
 		t.Errorf("SEARCH TO nobody: %q", u)
 	}
 }
+
+// Subscriptions are to names, independent of mailboxes (RFC 9051 §6.3.7,
+// RFC 5258; issue 13 item 5): CREATE does not subscribe, DELETE keeps the
+// subscription (LIST (SUBSCRIBED) shows it \NonExistent \Subscribed),
+// RECURSIVEMATCH gives CHILDINFO, LSUB % shows the \Noselect parent of a
+// subscribed child, UNSUBSCRIBE of a name with no mailbox is OK, and a
+// name subscribed before it exists is subscribed once made.
+func TestSubscriptionsIndependentOfMailboxes(t *testing.T) {
+	e := newEnv(t)
+	r := e.raw(true)
+	r.ok("CREATE Lists/golang")
+	if u := r.ok(`LIST (SUBSCRIBED) "" "Lists/*"`); len(u) != 0 {
+		t.Errorf("CREATE subscribed: %q", u)
+	}
+	r.ok("SUBSCRIBE Lists/golang")
+	r.ok("DELETE Lists/golang")
+	if u := r.ok(`LIST (SUBSCRIBED) "" "Lists/*"`); !has(u, `* LIST (\NonExistent \HasNoChildren \Subscribed) "/" "Lists/golang"`) {
+		t.Errorf("a deleted mailbox's subscription: %q, want \\NonExistent \\Subscribed", u)
+	}
+	if u := r.ok(`LIST "" "Lists/*"`); len(u) != 0 {
+		t.Errorf("plain LIST shows a subscription with no mailbox: %q", u)
+	}
+	if u := r.ok(`LIST (SUBSCRIBED RECURSIVEMATCH) "" "%"`); !strings.Contains(line(u, `"Lists"`), `(CHILDINFO ("SUBSCRIBED"))`) ||
+		strings.Contains(line(u, `"Lists"`), `\Subscribed`) {
+		t.Errorf("RECURSIVEMATCH: %q, want CHILDINFO for Lists", u)
+	}
+	if u := r.ok(`LSUB "" "%"`); !strings.Contains(line(u, `"Lists"`), `\Noselect`) {
+		t.Errorf(`LSUB "%%": %q, want Lists as a \Noselect parent`, u)
+	}
+	if u := r.ok(`LSUB "" "Lists/*"`); !has(u, `"Lists/golang"`) || has(u, `\Noselect) "/" "Lists/golang"`) {
+		t.Errorf("LSUB of the subscribed name: %q", u)
+	}
+	if _, st := r.cmd("UNSUBSCRIBE Never/made"); !strings.HasPrefix(st, "OK") {
+		t.Errorf("UNSUBSCRIBE of a name with no mailbox: %s, want OK", st)
+	}
+	r.ok("SUBSCRIBE Later")
+	r.ok("CREATE Later")
+	if u := r.ok(`LIST (SUBSCRIBED) "" Later`); !has(u, `* LIST (\HasNoChildren \Subscribed) "/" "Later"`) {
+		t.Errorf("a name subscribed before CREATE: %q", u)
+	}
+	r.ok("UNSUBSCRIBE Lists/golang")
+	if u := r.ok(`LSUB "" "*"`); has(u, "Lists") {
+		t.Errorf("after UNSUBSCRIBE: %q", u)
+	}
+	// The subscriptions are in the profile: they survive a restart.
+	r.ok("SUBSCRIBE Gone/soon")
+	e.restart()
+	r = e.raw(true)
+	if u := r.ok(`LSUB "" "Gone/*"`); !has(u, `"Gone/soon"`) {
+		t.Errorf("after a restart: %q", u)
+	}
+}

@@ -323,10 +323,13 @@ type listEntry struct {
 	mb       *mailbox.Mailbox // nil for an implied parent
 	children bool
 	subChild bool // some descendant is subscribed
+	// subscribed: a subscription to a name with no mailbox; subOnly: the
+	// entry is there only for subscriptions (not listed without SUBSCRIBED).
+	subscribed, subOnly bool
 }
 
 func (s *session) listEntries() ([]*listEntry, error) {
-	boxes, err := s.srv.store.Mailboxes(s.ctx(), s.user)
+	boxes, subs, err := s.srv.store.MailboxList(s.ctx(), s.user)
 	if err != nil {
 		return nil, err
 	}
@@ -334,15 +337,26 @@ func (s *session) listEntries() ([]*listEntry, error) {
 	for i := range boxes {
 		byName[boxes[i].Name] = &listEntry{name: boxes[i].Name, mb: &boxes[i]}
 	}
-	for i := range boxes {
-		for _, p := range parentsOf(boxes[i].Name) {
+	for _, n := range subs {
+		if byName[n] == nil {
+			byName[n] = &listEntry{name: n, subscribed: true, subOnly: true}
+		}
+	}
+	entries := make([]*listEntry, 0, len(byName))
+	for _, e := range byName {
+		entries = append(entries, e)
+	}
+	for _, c := range entries {
+		for _, p := range parentsOf(c.name) {
 			e := byName[p]
 			if e == nil {
-				e = &listEntry{name: p}
+				e = &listEntry{name: p, subOnly: true}
 				byName[p] = e
 			}
-			e.children = true
-			if boxes[i].Subscribed {
+			if !c.subOnly {
+				e.children, e.subOnly = true, false
+			}
+			if c.subscribed || (c.mb != nil && c.mb.Subscribed) {
 				e.subChild = true
 			}
 		}
@@ -383,10 +397,10 @@ func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, 
 				break
 			}
 		}
-		if !matched {
+		if !matched || (e.subOnly && !options.SelectSubscribed) {
 			continue
 		}
-		subscribed := e.mb != nil && e.mb.Subscribed
+		subscribed := (e.mb != nil && e.mb.Subscribed) || e.subscribed
 		var childInfo *imap.ListDataChildInfo
 		noSelect := e.mb == nil
 		if options.SelectSubscribed && !subscribed {
@@ -405,12 +419,18 @@ func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, 
 			continue
 		}
 		data := &imap.ListData{Delim: rune(delim), Mailbox: e.name, ChildInfo: childInfo}
-		if noSelect {
-			if options.SelectSubscribed {
-				data.Attrs = append(data.Attrs, imap.MailboxAttrNoSelect)
-			} else {
-				data.Attrs = append(data.Attrs, imap.MailboxAttrNonExistent, imap.MailboxAttrNoSelect)
-			}
+		switch {
+		case !noSelect:
+		case e.subscribed && lsub:
+			// LSUB's \Noselect says a name is not itself subscribed.
+		case e.subscribed:
+			// RFC 5258 §3: a subscribed name with no mailbox; \NonExistent
+			// implies \Noselect.
+			data.Attrs = append(data.Attrs, imap.MailboxAttrNonExistent)
+		case options.SelectSubscribed:
+			data.Attrs = append(data.Attrs, imap.MailboxAttrNoSelect)
+		default:
+			data.Attrs = append(data.Attrs, imap.MailboxAttrNonExistent, imap.MailboxAttrNoSelect)
 		}
 		if e.children {
 			data.Attrs = append(data.Attrs, imap.MailboxAttrHasChildren)

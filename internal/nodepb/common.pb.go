@@ -568,7 +568,10 @@ type Profile struct {
 	WritePolicy     string                 `protobuf:"bytes,10,opt,name=write_policy,json=writePolicy,proto3" json:"write_policy,omitempty"`
 	LastUidValidity uint32                 `protobuf:"varint,11,opt,name=last_uid_validity,json=lastUidValidity,proto3" json:"last_uid_validity,omitempty"`
 	// SCRAM-SHA-256 keys (RFC 5803 form), derived when the password is set.
-	ScramSha256   string `protobuf:"bytes,12,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
+	ScramSha256 string `protobuf:"bytes,12,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
+	// Subscribed names that have no mailbox (RFC 9051 §6.3.7: a
+	// subscription outlives its mailbox and may precede it).
+	Subscriptions []string `protobuf:"bytes,13,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,6 +688,13 @@ func (x *Profile) GetScramSha256() string {
 		return x.ScramSha256
 	}
 	return ""
+}
+
+func (x *Profile) GetSubscriptions() []string {
+	if x != nil {
+		return x.Subscriptions
+	}
+	return nil
 }
 
 // MessageObject is a message as the replication manager replicates it:
@@ -1248,7 +1258,7 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\vspecial_use\x18\x04 \x01(\tR\n" +
 	"specialUse\x12!\n" +
 	"\fuid_reserved\x18\x05 \x01(\rR\vuidReserved\x12(\n" +
-	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\x8a\x03\n" +
+	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\xb0\x03\n" +
 	"\aProfile\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12#\n" +
 	"\rpassword_hash\x18\x02 \x01(\tR\fpasswordHash\x12\x18\n" +
@@ -1262,7 +1272,8 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\fwrite_policy\x18\n" +
 	" \x01(\tR\vwritePolicy\x12*\n" +
 	"\x11last_uid_validity\x18\v \x01(\rR\x0flastUidValidity\x12!\n" +
-	"\fscram_sha256\x18\f \x01(\tR\vscramSha256\"\xc0\x02\n" +
+	"\fscram_sha256\x18\f \x01(\tR\vscramSha256\x12$\n" +
+	"\rsubscriptions\x18\r \x03(\tR\rsubscriptions\"\xc0\x02\n" +
 	"\rMessageObject\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +

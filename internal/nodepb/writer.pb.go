@@ -399,6 +399,7 @@ func (x *MailboxRequest) GetOn() bool {
 type MailboxesReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Mailboxes     []*Mailbox             `protobuf:"bytes,1,rep,name=mailboxes,proto3" json:"mailboxes,omitempty"`
+	Subscriptions []string               `protobuf:"bytes,2,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"` // subscribed names with no mailbox
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +437,13 @@ func (*MailboxesReply) Descriptor() ([]byte, []int) {
 func (x *MailboxesReply) GetMailboxes() []*Mailbox {
 	if x != nil {
 		return x.Mailboxes
+	}
+	return nil
+}
+
+func (x *MailboxesReply) GetSubscriptions() []string {
+	if x != nil {
+		return x.Subscriptions
 	}
 	return nil
 }
@@ -1189,9 +1197,10 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\bnew_name\x18\x04 \x01(\tR\anewName\x12\x1f\n" +
 	"\vspecial_use\x18\x05 \x01(\tR\n" +
 	"specialUse\x12\x0e\n" +
-	"\x02on\x18\x06 \x01(\bR\x02on\"A\n" +
+	"\x02on\x18\x06 \x01(\bR\x02on\"g\n" +
 	"\x0eMailboxesReply\x12/\n" +
-	"\tmailboxes\x18\x01 \x03(\v2\x11.quill.v1.MailboxR\tmailboxes\"T\n" +
+	"\tmailboxes\x18\x01 \x03(\v2\x11.quill.v1.MailboxR\tmailboxes\x12$\n" +
+	"\rsubscriptions\x18\x02 \x03(\tR\rsubscriptions\"T\n" +
 	"\vViewMessage\x12+\n" +
 	"\amessage\x18\x01 \x01(\v2\x11.quill.v1.MessageR\amessage\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\"o\n" +

@@ -78,13 +78,19 @@ func (s *IMAPStore) EnsureUser(ctx context.Context, user string) error { return 
 
 // Mailboxes implements imap.Store.
 func (s *IMAPStore) Mailboxes(ctx context.Context, user string) ([]mailbox.Mailbox, error) {
+	l, _, err := s.MailboxList(ctx, user)
+	return l, err
+}
+
+// MailboxList implements imap.Store.
+func (s *IMAPStore) MailboxList(ctx context.Context, user string) ([]mailbox.Mailbox, []string, error) {
 	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
 	rep, err := s.P.Writers.For(user).Mailboxes(ctx, &writer.MailboxRequest{User: user})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return rep.Mailboxes, nil
+	return rep.Mailboxes, rep.Subscriptions, nil
 }
 
 func (s *IMAPStore) find(ctx context.Context, user string, match func(*mailbox.Mailbox) bool, what string) (*mailbox.Mailbox, error) {

@@ -61,6 +61,10 @@ type Profile struct {
 	// LastUIDValidity is the highest UIDVALIDITY given to any mailbox of the
 	// user, so a mailbox made again never repeats one (RFC 3501 §2.3.1.1).
 	LastUIDValidity uint32 `json:"last_uidvalidity,omitempty"`
+	// Subscriptions are the subscribed names that have no mailbox: a
+	// subscription outlives a deleted mailbox and may name one not yet
+	// made (RFC 9051 §6.3.7); an existing mailbox's is its Subscribed.
+	Subscriptions []string `json:"subscriptions,omitempty"`
 }
 
 // MailboxDef is the hard state of one mailbox of a user.
@@ -103,6 +107,7 @@ func (p *Profile) MailboxByValidity(v uint32) *MailboxDef {
 func (p *Profile) Clone() *Profile {
 	c := *p
 	c.Mailboxes = append([]MailboxDef(nil), p.Mailboxes...)
+	c.Subscriptions = append([]string(nil), p.Subscriptions...)
 	return &c
 }
 

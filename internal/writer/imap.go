@@ -3,6 +3,7 @@ package writer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/quillmail/quill/internal/mailbox"
@@ -26,6 +27,8 @@ type MailboxRequest struct {
 // MailboxesReply lists mailboxes.
 type MailboxesReply struct {
 	Mailboxes []mailbox.Mailbox `json:"mailboxes"`
+	// Subscriptions are subscribed names with no mailbox.
+	Subscriptions []string `json:"subscriptions,omitempty"`
 }
 
 // MessagesReply is a mailbox view.
@@ -95,6 +98,7 @@ func (m *Manager) mailboxes(ctx context.Context, req *MailboxRequest) (*Mailboxe
 			}
 			out.Mailboxes = append(out.Mailboxes, toMailbox(def, b))
 		}
+		out.Subscriptions = append([]string(nil), p.Subscriptions...)
 		return nil
 	})
 	return out, err
@@ -129,8 +133,10 @@ func (m *Manager) create(ctx context.Context, req *MailboxRequest) (*mailbox.Mai
 		if strings.EqualFold(name, mailbox.Inbox) {
 			name = mailbox.Inbox
 		}
+		// RFC 9051 §6.3.4: CREATE does not subscribe; a subscription that
+		// named the mailbox before it existed now belongs to it.
 		p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: name, UIDValidity: m.nextValidity(p),
-			Subscribed: true, SpecialUse: req.SpecialUse})
+			Subscribed: takeSubscription(p, name), SpecialUse: req.SpecialUse})
 		def := &p.Mailboxes[len(p.Mailboxes)-1]
 		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 			return err
@@ -153,6 +159,10 @@ func (m *Manager) delete(ctx context.Context, req *MailboxRequest) error {
 			return err
 		}
 		v := def.UIDValidity
+		if def.Subscribed {
+			// RFC 9051 §6.3.7: the subscription outlives the mailbox.
+			p.Subscriptions = addName(p.Subscriptions, def.Name)
+		}
 		kept := p.Mailboxes[:0]
 		for _, d := range p.Mailboxes {
 			if d.UIDValidity != v {
@@ -222,11 +232,17 @@ func (m *Manager) rename(ctx context.Context, req *MailboxRequest) error {
 // subscribe changes a subscription (IMAP SUBSCRIBE/UNSUBSCRIBE).
 func (m *Manager) subscribe(ctx context.Context, req *MailboxRequest) error {
 	return m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
-		def, err := findDef(p, req)
-		if err != nil {
+		// A subscription is to a name (RFC 9051 §6.3.7): one with no
+		// mailbox is kept in the profile's Subscriptions.
+		if def := p.MailboxByName(req.Name); def != nil {
+			def.Subscribed = req.On
+		} else if err := mailbox.ValidateName(req.Name); err != nil {
 			return err
+		} else if req.On {
+			p.Subscriptions = addName(p.Subscriptions, req.Name)
+		} else if !takeSubscription(p, req.Name) {
+			return nil // RFC 9051 §6.3.8: not subscribed is not an error
 		}
-		def.Subscribed = req.On
 		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 			return err
 		}
@@ -473,4 +489,31 @@ func (m *Manager) version(ctx context.Context, req *MailboxRequest) (*VersionRep
 	}
 	defer w.mu.Unlock()
 	return &VersionReply{Version: w.version}, nil
+}
+
+// maxSubscriptions bounds the names with no mailbox a user may subscribe
+// to: the list lives in the profile, read on every login.
+const maxSubscriptions = 1000
+
+// addName adds name to a list of subscribed names once (the oldest go when
+// it is full).
+func addName(l []string, name string) []string {
+	if slices.Contains(l, name) {
+		return l
+	}
+	if len(l) >= maxSubscriptions {
+		l = l[1:]
+	}
+	return append(l, name)
+}
+
+// takeSubscription removes name from the profile's subscriptions without a
+// mailbox and reports whether it was there.
+func takeSubscription(p *userdb.Profile, name string) bool {
+	i := slices.Index(p.Subscriptions, name)
+	if i < 0 {
+		return false
+	}
+	p.Subscriptions = slices.Delete(p.Subscriptions, i, i+1)
+	return true
 }

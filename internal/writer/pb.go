@@ -277,7 +277,7 @@ func (s server) Mailboxes(ctx context.Context, p *nodepb.MailboxRequest) (*nodep
 	if err != nil {
 		return nil, err
 	}
-	out := &nodepb.MailboxesReply{}
+	out := &nodepb.MailboxesReply{Subscriptions: rep.Subscriptions}
 	for i := range rep.Mailboxes {
 		out.Mailboxes = append(out.Mailboxes, mailbox.MailboxToPB(&rep.Mailboxes[i]))
 	}
@@ -382,7 +382,7 @@ func mailboxRequestFromPB(p *nodepb.MailboxRequest) *MailboxRequest {
 }
 
 func mailboxesReplyFromPB(p *nodepb.MailboxesReply) *MailboxesReply {
-	out := &MailboxesReply{}
+	out := &MailboxesReply{Subscriptions: p.Subscriptions}
 	for _, mb := range p.Mailboxes {
 		out.Mailboxes = append(out.Mailboxes, mailbox.MailboxFromPB(mb))
 	}
