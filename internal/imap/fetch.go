@@ -17,7 +17,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		return err
 	}
 	needBody := options.Envelope || options.BodyStructure != nil || len(options.BodySection) > 0 ||
-		len(options.BinarySection) > 0 || len(options.BinarySectionSize) > 0
+		len(options.BinarySection) > 0 || len(options.BinarySectionSize) > 0 || w.Preview()
 	setSeen := false
 	for _, bs := range options.BodySection {
 		setSeen = setSeen || !bs.Peek
@@ -105,6 +105,9 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		}
 		for _, bs := range options.BinarySectionSize {
 			rw.WriteBinarySectionSize(bs, imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs))
+		}
+		if w.Preview() {
+			rw.WritePreview(preview(raw))
 		}
 		if err := rw.Close(); err != nil {
 			return err

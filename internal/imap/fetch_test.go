@@ -222,3 +222,43 @@ func TestSubscriptionsIndependentOfMailboxes(t *testing.T) {
 		t.Errorf("after a restart: %q", u)
 	}
 }
+
+// PREVIEW (RFC 8970): the start of the first plain text part, else of the
+// HTML one without markup, white space collapsed, at most 256 characters,
+// "" with no text; PREVIEW (LAZY) is accepted, another modifier is BAD.
+func TestPreview(t *testing.T) {
+	e := newEnv(t)
+	long := strings.Repeat("word ", 100)
+	e.deliver("From: a@example.org\r\nSubject: plain\r\n\r\nHello   there,\r\n\r\nsee you\tsoon.\r\n")
+	e.deliver("From: a@example.org\r\nSubject: html\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n" +
+		"--b\r\nContent-Type: application/pdf\r\nContent-Disposition: attachment; filename=x.pdf\r\n\r\n%PDF\r\n" +
+		"--b\r\nContent-Type: text/html; charset=utf-8\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n" +
+		"<html><head><style>p {color: red}</style></head><body><p>Caf=C3=A9 &amp; <b>cr=C3=A8me</b></p><!-- no --></body></html>\r\n--b--\r\n")
+	e.deliver("From: a@example.org\r\nSubject: long\r\n\r\n" + long + "\r\n")
+	e.deliver("From: a@example.org\r\nSubject: none\r\nContent-Type: image/png\r\n\r\nPNG\r\n")
+	r := e.raw(true)
+	if u := r.ok("CAPABILITY"); !has(u, "PREVIEW") {
+		t.Errorf("PREVIEW not advertised: %q", u)
+	}
+	r.ok("ENABLE UTF8=ACCEPT")
+	r.ok("SELECT INBOX")
+	for n, want := range map[int]string{
+		1: `PREVIEW "Hello there, see you soon."`,
+		2: `PREVIEW "Café & crème"`,
+		3: `PREVIEW "` + strings.TrimSpace(long[:256]) + `"`,
+		4: `PREVIEW ""`,
+	} {
+		if u := r.ok(fmt.Sprintf("FETCH %d (PREVIEW)", n)); !has(u, want) {
+			t.Errorf("message %d: %q, want %s", n, u, want)
+		}
+	}
+	if u := r.ok("FETCH 1 (UID PREVIEW (LAZY) FLAGS)"); !has(u, `PREVIEW "Hello there, see you soon."`) || !has(u, "FLAGS (") {
+		t.Errorf("PREVIEW (LAZY) among other items: %q", u)
+	}
+	if _, st := r.cmd("FETCH 1 (PREVIEW (EAGER))"); !strings.HasPrefix(st, "BAD") {
+		t.Errorf("unknown PREVIEW modifier: %s, want BAD", st)
+	}
+	if u := r.ok("FETCH 1 PREVIEW"); !has(u, "PREVIEW \"Hello") {
+		t.Errorf("FETCH 1 PREVIEW: %q", u)
+	}
+}

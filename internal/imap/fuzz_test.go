@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/proxy"
@@ -74,6 +75,9 @@ func FuzzMessage(f *testing.F) {
 		// None of these may panic, whatever the bytes.
 		bodyStructure(raw)
 		envelope(raw)
+		if pv := preview(raw); !utf8.ValidString(pv) || utf8.RuneCountInString(pv) > maxPreview {
+			t.Fatalf("preview %q: not UTF-8 or over %d characters", pv, maxPreview)
+		}
 		sm := &searchMsg{loaded: true, raw: raw, m: &msgState{}}
 		sm.bodyText()
 		sm.headerMatch("Subject", "x")

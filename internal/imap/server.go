@@ -100,6 +100,7 @@ var capabilities = imap.CapSet{
 	imap.CapLiteralPlus:      {},
 	imap.CapID:               {},
 	imap.CapCondStore:        {},
+	imap.CapPreview:          {},
 }
 
 // New returns an IMAP server over store, authenticating with auth.

@@ -99,6 +99,7 @@ func (c *Conn) availableCaps() []imap.Cap {
 			imap.CapCreateSpecialUse,
 			imap.CapUnauthenticate,
 			imap.CapCondStore, // quill: upstream never advertised it
+			imap.CapPreview,   // quill: RFC 8970 (fetch.go PREVIEW)
 		})
 
 		if appendLimitSession, ok := c.session.(SessionAppendLimit); ok {

@@ -21,6 +21,7 @@ type fetchWriterOptions struct {
 		nonExtended bool // BODY
 	}
 	obsolete map[*imap.FetchItemBodySection]string
+	preview  bool // quill: RFC 8970 PREVIEW
 }
 
 func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
@@ -139,6 +140,23 @@ func handleFetchAtt(dec *imapwire.Decoder, attName string, options *imap.FetchOp
 		options.UID = true
 	case "MODSEQ": // quill: RFC 7162 §3.1.4
 		options.ModSeq = true
+	case "PREVIEW": // quill: RFC 8970 §3, PREVIEW ["(" "LAZY" ")"]
+		if dec.SPList() {
+			err := dec.ExpectList(func() error {
+				var mod string
+				if !dec.ExpectAtom(&mod) {
+					return dec.Err()
+				}
+				if !strings.EqualFold(mod, "LAZY") {
+					return newClientBugError("Unknown PREVIEW modifier")
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		writerOptions.preview = true
 	case "RFC822": // equivalent to BODY[]
 		bs := &imap.FetchItemBodySection{}
 		writerOptions.obsolete[bs] = attName
@@ -484,6 +502,17 @@ func (w *FetchResponseWriter) WriteBinarySection(section *imap.FetchItemBinarySe
 	enc.SP()
 	enc.Special('~') // indicates literal8
 	return w.enc.Literal(size)
+}
+
+// Preview reports whether the FETCH asked for PREVIEW (RFC 8970); LAZY
+// is accepted and ignored: the preview is always made. (quill)
+func (w *FetchWriter) Preview() bool { return w.options.preview }
+
+// WritePreview writes the message's preview (RFC 8970 §3.2): UTF-8 text
+// of at most 256 characters, "" when the message has none. (quill)
+func (w *FetchResponseWriter) WritePreview(text string) {
+	w.writeItemSep()
+	w.enc.Atom("PREVIEW").SP().String(text)
 }
 
 // WriteBinarySectionSize writes a binary section size.

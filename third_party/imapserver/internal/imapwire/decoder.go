@@ -191,6 +191,21 @@ func (dec *Decoder) SP() bool {
 	return b == '('
 }
 
+// SPList reports whether SP "(" comes next, and consumes the SP if so: a
+// fetch attribute's optional modifier list, told from the next attribute
+// of the list. (quill)
+func (dec *Decoder) SPList() bool {
+	if dec.literal || dec.lineEnded || dec.err != nil {
+		return false
+	}
+	b, err := dec.r.Peek(2)
+	if err != nil || b[0] != ' ' || b[1] != '(' {
+		return false
+	}
+	dec.readByte()
+	return true
+}
+
 func (dec *Decoder) ExpectSP() bool {
 	return dec.Expect(dec.SP(), "SP")
 }
