@@ -358,6 +358,8 @@ func New(o Options) (*Core, error) {
 		defer disk.Stop()
 		alive := time.NewTicker(min(aliveInterval, o.LogMaxAge/4))
 		defer alive.Stop()
+		sweep := time.NewTicker(expungedSweepInterval)
+		defer sweep.Stop()
 		for {
 			select {
 			case <-c.stop:
@@ -366,6 +368,10 @@ func New(o Options) (*Core, error) {
 				c.noteAlive()
 			case <-t.C:
 				c.Users.Refresh(c.Members.Alive())
+			case <-sweep.C:
+				if _, err := c.Boxes.SweepExpunged(time.Now()); err != nil {
+					log.Warn("expunged bodies not swept; the next sweep tries again", "err", err)
+				}
 			case <-disk.C:
 				c.checkDisk()
 				c.Loads.Observe(c.ID, balance.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()})
@@ -381,6 +387,10 @@ func New(o Options) (*Core, error) {
 	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
 	return c, nil
 }
+
+// expungedSweepInterval is how often the bodies of expunged messages whose
+// grace ended (mailbox.ExpungedBodyGrace) are removed.
+const expungedSweepInterval = 30 * time.Second
 
 // wideSyncInterval is how often the node compares its clusterwide objects
 // with the digests its peers gossip, and catches up those that differ.

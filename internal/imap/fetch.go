@@ -36,10 +36,10 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		}
 		var raw []byte
 		if needBody {
-			if m.gone {
-				expungeIssued = true
-				continue
-			}
+			// A message another session expunged (m.gone) is served while
+			// its replica keeps the body (RFC 2180 §4.1.2,
+			// mailbox.ExpungedBodyGrace); after, the others are answered
+			// and the command ends NO [EXPUNGEISSUED] (§4.1.3).
 			raw, err = s.srv.store.Body(s.ctx(), s.user, m.id)
 			if errors.Is(err, mailbox.ErrNoMessage) {
 				expungeIssued = true

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Edge cases after Dovecot's imaptest fetch-body script.
@@ -260,5 +261,43 @@ func TestPreview(t *testing.T) {
 	}
 	if u := r.ok("FETCH 1 PREVIEW"); !has(u, "PREVIEW \"Hello") {
 		t.Errorf("FETCH 1 PREVIEW: %q", u)
+	}
+}
+
+// A message another session expunged is served to a session that still
+// numbers it while its replica keeps the body (RFC 2180 §4.1.2, issue 13
+// item 7): FETCH answers every message with OK. Once the body is swept
+// (mailbox.ExpungedBodyGrace), the others are answered and the command
+// ends NO [EXPUNGEISSUED] (§4.1.3); STORE and COPY of it skip it with OK.
+func TestExpungedMessageServedWhileSeen(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: a@example.org\r\nSubject: one\r\n\r\nbody one\r\n")
+	e.deliver("From: a@example.org\r\nSubject: two\r\n\r\nbody two\r\n")
+	a, b := e.raw(true), e.raw(true)
+	a.ok("SELECT INBOX")
+	b.ok("SELECT INBOX")
+	b.ok(`STORE 1 +FLAGS (\Deleted)`)
+	b.ok("EXPUNGE")
+	u, st := a.cmd("FETCH 1:2 (BODY.PEEK[])")
+	if !strings.HasPrefix(st, "OK") || !has(u, "body one") || !has(u, "body two") {
+		t.Errorf("FETCH of an expunged message still seen: %q %s, want both bodies and OK", u, st)
+	}
+	if _, st := a.cmd(`STORE 1:2 +FLAGS (\Seen)`); !strings.HasPrefix(st, "OK") {
+		t.Errorf("STORE: %s", st)
+	}
+	n, err := e.core.Boxes.SweepExpunged(time.Now().Add(time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("sweep: %d bodies, %v; want 1", n, err)
+	}
+	u, st = a.cmd("FETCH 1:2 (BODY.PEEK[])")
+	if !strings.HasPrefix(st, "NO [EXPUNGEISSUED]") || !has(u, "body two") || has(u, "body one") {
+		t.Errorf("FETCH after the sweep: %q %s, want the other message and NO [EXPUNGEISSUED]", u, st)
+	}
+	// COPY skips it, and after it (a command that may) the EXPUNGE goes out.
+	if u, st := a.cmd("COPY 1:2 Trash"); !strings.HasPrefix(st, "OK") || !has(u, "* 1 EXPUNGE") {
+		t.Errorf("COPY: %q %s, want OK and the EXPUNGE", u, st)
+	}
+	if n, err := e.core.Boxes.SweepExpunged(time.Now().Add(time.Hour)); err != nil || n != 0 {
+		t.Errorf("second sweep: %d, %v", n, err)
 	}
 }

@@ -450,7 +450,7 @@ func (m *Manager) DeleteUser(user string) error {
 	defer m.lockUser(user)()
 	b := m.db.NewBatch()
 	defer b.Close()
-	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject} {
+	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject, store.KindExpunged} {
 		p := store.UserPrefix(kind, user)
 		if err := b.DeleteRange(p, store.UpperBound(p)); err != nil {
 			return err

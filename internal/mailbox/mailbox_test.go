@@ -171,8 +171,19 @@ func TestFlagsExpungeCopyDrop(t *testing.T) {
 	if o := apply(&Object{ID: "m1", Deleted: true, ModSeq: 11}, nil); o != replica.Applied {
 		t.Fatalf("expunge: outcome %d", o)
 	}
+	// The body stays for ExpungedBodyGrace (sessions that still number
+	// the message may fetch it), then the sweep removes it.
+	if _, err := m.Body(u, "m1"); err != nil {
+		t.Fatalf("expunged body gone before its grace: %v", err)
+	}
+	if n, err := m.SweepExpunged(time.Now()); err != nil || n != 0 {
+		t.Fatalf("sweep within the grace: %d, %v", n, err)
+	}
+	if n, err := m.SweepExpunged(time.Now().Add(ExpungedBodyGrace + time.Second)); err != nil || n != 1 {
+		t.Fatalf("sweep after the grace: %d, %v", n, err)
+	}
 	if _, err := m.Body(u, "m1"); !errors.Is(err, ErrNoMessage) {
-		t.Fatal("expunged body still there")
+		t.Fatal("expunged body still there after the sweep")
 	}
 	// A create that arrives after the expunge does not bring it back.
 	up, _ = (&Object{User: u, ID: "m1", Mailbox: "INBOX", UIDValidity: v1, UID: 1, Replicas: []cluster.NodeID{m.Self}}).Update(replica.Stamp{Clock: 2}, nil, []byte("x"))

@@ -2,6 +2,7 @@ package mailbox
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -244,7 +245,7 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 		}
 	}
 	if drop {
-		if err := t.b.Delete(bodyKey(o.User, o.ID)); err != nil {
+		if err := t.dropBody(o); err != nil {
 			return 0, err
 		}
 		return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, Deleted: true})
@@ -322,4 +323,91 @@ func (m *Manager) logf(format string, args ...any) {
 	if m.Log != nil {
 		m.Log.Warn(fmt.Sprintf(format, args...))
 	}
+}
+
+// ExpungedBodyGrace is how long the body of an expunged message stays on
+// its replica: an IMAP session that still numbers the message (its
+// EXPUNGE not yet sent) may fetch it meanwhile (RFC 2180 §4.1.2).
+// SweepExpunged removes it after.
+const ExpungedBodyGrace = 2 * time.Minute
+
+func expungedKey(user, id string) []byte {
+	return append(store.UserPrefix(store.KindExpunged, user), id...)
+}
+
+// dropBody removes this replica's body of a message that leaves it: at
+// once when the replica is no longer one of the message's (its copy moved
+// elsewhere), after ExpungedBodyGrace when the message was expunged.
+func (t *tx) dropBody(o *Object) error {
+	if !o.Deleted {
+		return t.b.Delete(bodyKey(o.User, o.ID))
+	}
+	have, err := t.has(bodyKey(o.User, o.ID))
+	if err != nil || !have {
+		return err
+	}
+	var until [8]byte
+	binary.BigEndian.PutUint64(until[:], uint64(time.Now().Add(ExpungedBodyGrace).UnixNano()))
+	return t.b.Set(expungedKey(o.User, o.ID), until[:])
+}
+
+// SweepExpunged removes the bodies of expunged messages whose grace ended
+// before now, and reports how many. A message that is not a tombstone
+// any more keeps its body (only its mark goes).
+func (m *Manager) SweepExpunged(now time.Time) (int, error) {
+	type due struct{ user, id string }
+	var todo []due
+	it, err := m.db.NewIter(&store.IterOptions{LowerBound: store.KindPrefix(store.KindExpunged),
+		UpperBound: store.UpperBound(store.KindPrefix(store.KindExpunged))})
+	if err != nil {
+		return 0, err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		k, v := it.Key(), it.Value()
+		if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) > now.UnixNano() || len(k) < 3 {
+			continue
+		}
+		user, id, found := bytes.Cut(k[2:], []byte{0})
+		if found {
+			todo = append(todo, due{string(user), string(id)})
+		}
+	}
+	if err := it.Close(); err != nil {
+		return 0, err
+	}
+	swept := 0
+	for _, d := range todo {
+		gone, err := m.sweepOne(d.user, d.id)
+		if err != nil {
+			return swept, fmt.Errorf("user %s message %s: sweep expunged body: %w", d.user, d.id, err)
+		}
+		if gone {
+			swept++
+		}
+	}
+	return swept, nil
+}
+
+// sweepOne removes an expunged message's body and its mark, under the
+// user's lock, unless the message came back meanwhile.
+func (m *Manager) sweepOne(user, id string) (bool, error) {
+	defer m.lockUser(user)()
+	t := m.newTx()
+	rec, err := t.objectRecord(user, id)
+	if err != nil {
+		t.abort()
+		return false, err
+	}
+	gone := rec == nil || rec.Deleted
+	if gone {
+		if err := t.b.Delete(bodyKey(user, id)); err != nil {
+			t.abort()
+			return false, err
+		}
+	}
+	if err := t.b.Delete(expungedKey(user, id)); err != nil {
+		t.abort()
+		return false, err
+	}
+	return gone, t.commit()
 }

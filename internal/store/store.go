@@ -46,6 +46,7 @@ const (
 	KindWide     byte = 'W' // clusterwide: W kind/name -> object every node keeps (certificates)
 	KindQueue    byte = 'Q' // queue: Q id -> outbound queue entry (state per recipient)
 	KindQueued   byte = 'R' // queue: R id -> the queued message's bytes
+	KindExpunged byte = 'X' // mailbox: X bucket user 0 msgid -> when an expunged message's body goes
 )
 
 // Sync is the write option for every commit that acknowledges something to a
