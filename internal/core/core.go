@@ -358,8 +358,7 @@ func New(o Options) (*Core, error) {
 		defer disk.Stop()
 		alive := time.NewTicker(min(aliveInterval, o.LogMaxAge/4))
 		defer alive.Stop()
-		sweep := time.NewTicker(expungedSweepInterval)
-		defer sweep.Stop()
+
 		for {
 			select {
 			case <-c.stop:
@@ -368,10 +367,6 @@ func New(o Options) (*Core, error) {
 				c.noteAlive()
 			case <-t.C:
 				c.Users.Refresh(c.Members.Alive())
-			case <-sweep.C:
-				if _, err := c.Boxes.SweepExpunged(time.Now()); err != nil {
-					log.Warn("expunged bodies not swept; the next sweep tries again", "err", err)
-				}
 			case <-disk.C:
 				c.checkDisk()
 				c.Loads.Observe(c.ID, balance.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()})
@@ -379,6 +374,7 @@ func New(o Options) (*Core, error) {
 		}
 	}()
 	go c.watchStalls()
+	go c.sweepExpunged()
 	go c.syncWide()
 	if o.AuditInterval == 0 {
 		o.AuditInterval = writer.DefaultAuditInterval
@@ -391,6 +387,23 @@ func New(o Options) (*Core, error) {
 // expungedSweepInterval is how often the bodies of expunged messages whose
 // grace ended (mailbox.ExpungedBodyGrace) are removed.
 const expungedSweepInterval = 30 * time.Second
+
+// sweepExpunged removes expunged messages' bodies once their grace ends,
+// apart from the main loop (a large Trash emptied takes a while).
+func (c *Core) sweepExpunged() {
+	t := time.NewTicker(expungedSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			if _, err := c.Boxes.SweepExpunged(time.Now()); err != nil {
+				c.log.Warn("expunged bodies not all swept; the next sweep tries again", "err", err)
+			}
+		}
+	}
+}
 
 // wideSyncInterval is how often the node compares its clusterwide objects
 // with the digests its peers gossip, and catches up those that differ.

@@ -82,6 +82,13 @@ func TestNewKeywordAnnouncedFirstAndNILIsNoFlag(t *testing.T) {
 	if flags < 0 || fetch < 0 || flags > fetch || !strings.Contains(u[flags], "project-x") {
 		t.Errorf("the other session: %q, want FLAGS with the keyword before the FETCH", u)
 	}
+	// A keyword swapped for another: the count of flags stays, the set
+	// does not.
+	u = r.ok("STORE 1 FLAGS (other-y)")
+	if f, fe := index(u, "* FLAGS ("), index(u, "* 1 FETCH"); f < 0 || fe < 0 || f > fe || !strings.Contains(u[f], "other-y") {
+		t.Errorf("STORE FLAGS (other-y) in place of project-x: %q, want FLAGS before the FETCH", u)
+	}
+	r.ok("STORE 1 FLAGS (project-x)")
 	if u := r.ok("STORE 1 +FLAGS NIL"); has(u, "NIL") {
 		t.Errorf("STORE +FLAGS NIL: %q, want no flag named NIL", u)
 	}
@@ -215,6 +222,20 @@ func TestSubscriptionsIndependentOfMailboxes(t *testing.T) {
 	if u := r.ok(`LSUB "" "*"`); has(u, "Lists") {
 		t.Errorf("after UNSUBSCRIBE: %q", u)
 	}
+	// A subscription made before a RENAME brought a mailbox to the name
+	// belongs to that mailbox: one UNSUBSCRIBE ends it, and a DELETE
+	// after it leaves nothing subscribed.
+	r.ok("SUBSCRIBE Target")
+	r.ok("CREATE Source")
+	r.ok("RENAME Source Target")
+	if u := r.ok(`LIST (SUBSCRIBED) "" Target`); !has(u, `\Subscribed) "/" "Target"`) {
+		t.Errorf("after RENAME onto a subscribed name: %q", u)
+	}
+	r.ok("UNSUBSCRIBE Target")
+	r.ok("DELETE Target")
+	if u := r.ok(`LIST (SUBSCRIBED) "" Target`); len(u) != 0 {
+		t.Errorf("an unsubscribed name came back after DELETE: %q", u)
+	}
 	// The subscriptions are in the profile: they survive a restart.
 	r.ok("SUBSCRIBE Gone/soon")
 	e.restart()
@@ -299,5 +320,36 @@ func TestExpungedMessageServedWhileSeen(t *testing.T) {
 	}
 	if n, err := e.core.Boxes.SweepExpunged(time.Now().Add(time.Hour)); err != nil || n != 0 {
 		t.Errorf("second sweep: %d, %v", n, err)
+	}
+}
+
+// Hostile HTML (bytes that grow when lower-cased, unclosed tags) makes a
+// preview without a panic.
+func TestPreviewOfHostileHTML(t *testing.T) {
+	for _, h := range []string{"<\xff\xff\xff\xff\xff>x", `<a title="ȺȺȺȺȺȺ">text</a>`, "<STYLE>x</Style>after", "<!-- open", "<script>"} {
+		raw := "Content-Type: text/html\r\n\r\n" + h + "\r\n"
+		_ = preview([]byte(raw))
+	}
+	if got := preview([]byte("Content-Type: text/html\r\n\r\n<STYLE>x</Style>after <B>bold</b>\r\n")); got != "after bold" {
+		t.Errorf("preview %q", got)
+	}
+}
+
+// A FETCH ending in a bare LF after PREVIEW is answered (the modifier
+// check does not wait for bytes the client never sends), and an empty
+// PREVIEW modifier list is BAD.
+func TestPreviewBareLFAndEmptyModifiers(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: a@example.org\r\nSubject: p\r\n\r\nshort text\r\n")
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	r.tag++
+	tag := fmt.Sprintf("t%d", r.tag)
+	fmt.Fprintf(r.c, "%s FETCH 1 PREVIEW\n", tag)
+	if u, st := r.until(tag); !strings.HasPrefix(st, "OK") || !has(u, `PREVIEW "short text"`) {
+		t.Errorf("FETCH 1 PREVIEW with a bare LF: %q %s", u, st)
+	}
+	if _, st := r.cmd("FETCH 1 (PREVIEW ())"); !strings.HasPrefix(st, "BAD") {
+		t.Errorf("PREVIEW (): %s, want BAD", st)
 	}
 }

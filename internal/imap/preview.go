@@ -74,6 +74,8 @@ func previewPart(rh textproto.Header, body io.Reader, depth int, plain, htmlText
 
 // stripTags drops HTML markup (tags, comments, and what style and script
 // elements hold) and decodes entities: enough for a preview's plain text.
+// Names are matched in ASCII on the text itself (lower-casing a copy could
+// change its length, and its offsets would not fit the original).
 func stripTags(s string) string {
 	var b strings.Builder
 	for len(s) > 0 {
@@ -84,17 +86,16 @@ func stripTags(s string) string {
 		}
 		b.WriteString(s[:i])
 		s = s[i:]
-		lower := strings.ToLower(s)
 		end := ">"
 		switch {
-		case strings.HasPrefix(lower, "<!--"):
+		case hasPrefixFold(s, "<!--"):
 			end = "-->"
-		case strings.HasPrefix(lower, "<style"):
+		case hasPrefixFold(s, "<style"):
 			end = "</style>"
-		case strings.HasPrefix(lower, "<script"):
+		case hasPrefixFold(s, "<script"):
 			end = "</script>"
 		}
-		j := strings.Index(lower, end)
+		j := indexFold(s, end)
 		if j < 0 {
 			break
 		}
@@ -102,6 +103,21 @@ func stripTags(s string) string {
 		b.WriteByte(' ')
 	}
 	return html.UnescapeString(b.String())
+}
+
+// hasPrefixFold reports whether s starts with the ASCII prefix, in any case.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// indexFold is the first index of the ASCII sub in s, in any case, or -1.
+func indexFold(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if hasPrefixFold(s[i:], sub) {
+			return i
+		}
+	}
+	return -1
 }
 
 // collapse turns every run of white space into one space, trimmed.

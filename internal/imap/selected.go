@@ -25,9 +25,9 @@ type selected struct {
 	// ghosts counts messages expunged elsewhere but still numbered here,
 	// because the EXPUNGE could not yet be sent.
 	ghosts int
-	// flagsSent is how many flags the last FLAGS response listed; a new
-	// keyword makes a new FLAGS response (RFC 9051 §7.3.5).
-	flagsSent int
+	// flagsSent is the set of flags the last FLAGS response listed (as
+	// flagSetKey makes it); a keyword that comes or goes sends FLAGS again.
+	flagsSent string
 	// searchRes is the saved SEARCH result, as UIDs (RFC 5182).
 	searchRes []uint32
 }
@@ -275,11 +275,23 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 // session was last told (a keyword came or went), and notes them as told.
 func (sel *selected) flagsChanged() ([]imap.Flag, bool) {
 	flags := sel.mailboxFlags()
-	if len(flags) == sel.flagsSent {
+	key := flagSetKey(flags)
+	if key == sel.flagsSent {
 		return nil, false
 	}
-	sel.flagsSent = len(flags)
+	sel.flagsSent = key
 	return flags, true
+}
+
+// flagSetKey names a set of flags whatever their order or case: a STORE
+// that swaps one keyword for another keeps the count but not the set.
+func flagSetKey(flags []imap.Flag) string {
+	l := make([]string, len(flags))
+	for i, f := range flags {
+		l[i] = strings.ToLower(string(f))
+	}
+	sort.Strings(l)
+	return strings.Join(l, " ")
 }
 
 // permanentFlags is the PERMANENTFLAGS of a mailbox with these flags: all

@@ -15,6 +15,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
+	"github.com/quillmail/quill/internal/writer"
 	"github.com/quillmail/quill/third_party/imapserver"
 	"github.com/xdg-go/scram"
 )
@@ -66,7 +67,10 @@ func storeErr(what string, err error) error {
 	case errors.Is(err, mailbox.ErrMailboxExists):
 		return no(imap.ResponseCodeAlreadyExists, "%s: mailbox already exists", what)
 	case errors.Is(err, mailbox.ErrBadName):
-		return no(imap.ResponseCodeCannot, "%s: %v", what, err)
+		// Not the error's text: from another node it names that node.
+		return no(imap.ResponseCodeCannot, "%s: invalid mailbox name (RFC 9051 §5.1)", what)
+	case errors.Is(err, writer.ErrTooManySubscriptions):
+		return no(imap.ResponseCodeLimit, "%s: too many subscriptions to names with no mailbox", what)
 	default:
 		return err // logged by the library, answered NO [SERVERBUG]
 	}
@@ -423,7 +427,7 @@ func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, 
 		case !noSelect:
 		case e.subscribed && lsub:
 			// LSUB's \Noselect says a name is not itself subscribed.
-		case e.subscribed:
+		case e.subscribed && options.SelectSubscribed:
 			// RFC 5258 §3: a subscribed name with no mailbox; \NonExistent
 			// implies \Noselect.
 			data.Attrs = append(data.Attrs, imap.MailboxAttrNonExistent)
@@ -575,7 +579,7 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 	sel.uidHigh = maxUID
 	data.NumMessages = uint32(len(sel.msgs))
 	data.Flags = sel.mailboxFlags()
-	sel.flagsSent = len(data.Flags)
+	sel.flagsSent = flagSetKey(data.Flags)
 	data.PermanentFlags = sel.permanentFlags(data.Flags)
 	if s.rev2() {
 		data.List = &imap.ListData{Delim: rune(mailbox.Separator[0]), Mailbox: mb.Name}

@@ -74,14 +74,14 @@ type ARCResult struct {
 // failed at an earlier hop, or it holds every instance there can be.
 func (r ARCResult) SealCV() (string, bool) {
 	switch {
-	case r.LatestFailed || r.Sets >= maxARCSets:
-		return "", false
-	case r.Value == authres.ResultNone || r.Sets == 0:
-		return "none", true
+	case r.LatestFailed || r.Sets >= maxARCSets || r.Value == "":
+		return "", false // "": no verdict (a worker from before ARC)
 	case r.Value == authres.ResultPass:
 		return "pass", true
+	case r.Value == authres.ResultNone:
+		return "none", true
 	default:
-		return "fail", true
+		return "fail", true // a chain that is there but broken (§5.1.2)
 	}
 }
 
@@ -309,8 +309,9 @@ func instanceOf(name, val string) (int, error) {
 			return 0, errors.New("no instance tag (i=)")
 		}
 	}
+	// RFC 8617 §4.2.1: 1*2DIGIT, 1 to 50; no sign, no leading zero.
 	i, err := strconv.Atoi(v)
-	if err != nil || i < 1 {
+	if err != nil || i < 1 || v[0] < '1' || v[0] > '9' {
 		return 0, fmt.Errorf("instance %q is not a number from 1 to %d", v, maxARCSets)
 	}
 	return i, nil
@@ -363,6 +364,9 @@ func verifyAMS(fields []string, body []byte, ams string, lookupTXT func(string) 
 		if n = strings.TrimSpace(n); n != "" {
 			names = append(names, n)
 		}
+	}
+	if len(names) > maxSignedHeaders {
+		return fmt.Errorf("h= names %d fields, more than the %d this server checks", len(names), maxSignedHeaders)
 	}
 	h := sha256.New()
 	for _, f := range pickHeaders(fields, names) {
@@ -424,7 +428,11 @@ func verifySig(tags map[string]string, digest []byte, lookupTXT func(string) ([]
 	if err != nil {
 		return fmt.Errorf("key record %s: %v", name, err)
 	}
-	pub, err := parseKeyRecord(strings.Join(txts, ""))
+	if len(txts) != 1 {
+		// RFC 6376 §3.6.2.2: more than one record is no usable key.
+		return fmt.Errorf("key record %s: %d TXT records, want one", name, len(txts))
+	}
+	pub, err := parseKeyRecord(txts[0])
 	if err != nil {
 		return fmt.Errorf("key record %s: %v", name, err)
 	}
@@ -523,7 +531,7 @@ func parseTags(s string) (map[string]string, error) {
 		if _, dup := out[k]; dup {
 			return nil, fmt.Errorf("tag %s= appears twice", k)
 		}
-		out[k] = strings.Join(strings.Fields(v), " ")
+		out[k] = collapseFWS(v)
 	}
 	return out, nil
 }
@@ -593,27 +601,30 @@ func valueOf(field string) string {
 
 // pickHeaders returns the fields an h= list names (RFC 6376 §5.4.2): for
 // each name the last occurrence not yet taken, from the bottom up; a
-// name with none left contributes nothing.
+// name with none left contributes nothing. The fields are indexed by name
+// once, so a hostile message's long header and h= list cost their sum,
+// not their product.
 func pickHeaders(fields []string, names []string) []string {
-	used := map[string]int{}
+	byName := map[string][]int{}
+	for i, f := range fields {
+		n := nameOf(f)
+		byName[n] = append(byName[n], i)
+	}
 	var out []string
 	for _, n := range names {
 		n = strings.ToLower(n)
-		seen := 0
-		for i := len(fields) - 1; i >= 0; i-- {
-			if nameOf(fields[i]) != n {
-				continue
-			}
-			if seen == used[n] {
-				out = append(out, fields[i])
-				used[n]++
-				break
-			}
-			seen++
+		idx := byName[n]
+		if len(idx) == 0 {
+			continue
 		}
+		out = append(out, fields[idx[len(idx)-1]])
+		byName[n] = idx[:len(idx)-1]
 	}
 	return out
 }
+
+// maxSignedHeaders bounds the h= list of a signature this server checks.
+const maxSignedHeaders = 256
 
 // canonicalHeader is RFC 6376 §3.4.1 (simple: as it is) and §3.4.2
 // (relaxed: lower-case name, unfolded, runs of whitespace as one space,
@@ -626,7 +637,7 @@ func canonicalHeader(field, c string) string {
 		return field
 	}
 	name, val, _ := strings.Cut(field, ":")
-	return strings.ToLower(strings.TrimSpace(name)) + ":" + strings.Join(strings.Fields(val), " ") + "\r\n"
+	return strings.ToLower(strings.Trim(name, " \t")) + ":" + collapseFWS(val) + "\r\n"
 }
 
 // canonicalBody is RFC 6376 §3.4.3 (simple: trailing empty lines gone,
@@ -656,6 +667,14 @@ func canonicalBody(body []byte, c string, limit int64) []byte {
 		out = out[:limit]
 	}
 	return out
+}
+
+// collapseFWS unfolds s and turns each run of SP and HTAB into one SP,
+// none at the ends (RFC 6376 §3.4.2). Only those: other Unicode spaces
+// in a UTF-8 header (RFC 6532) are text and signed as they are.
+func collapseFWS(s string) string {
+	f := strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == '\t' || r == '\r' || r == '\n' })
+	return strings.Join(f, " ")
 }
 
 func collapseWSP(l []byte) []byte {

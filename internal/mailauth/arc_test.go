@@ -221,6 +221,21 @@ func TestCanonicalizationExample(t *testing.T) {
 	if got := string(canonicalBody([]byte("abc"), "relaxed", 2)); got != "ab" {
 		t.Errorf("l=2 body %q", got)
 	}
+	// Only SP and HTAB are white space here: a no-break space or an
+	// ideographic space in a UTF-8 header is text (RFC 6376 §3.4.2).
+	if got := canonicalHeader("Subject:  a\u00a0b \t c\u3000d\r\n", "relaxed"); got != "subject:a\u00a0b c\u3000d\r\n" {
+		t.Errorf("relaxed header with Unicode spaces %q", got)
+	}
+	for r, want := range map[ARCResult]string{
+		{Value: authres.ResultFail}:          "fail", // broken with no readable instance: still cv=fail
+		{Value: authres.ResultNone}:          "none",
+		{Value: authres.ResultPass, Sets: 2}: "pass",
+		{}:                                   "", // no verdict: not sealed
+	} {
+		if cv, _ := r.SealCV(); cv != want {
+			t.Errorf("SealCV(%+v) = %q, want %q", r, cv, want)
+		}
+	}
 }
 
 func TestWithoutB(t *testing.T) {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 )
 
@@ -60,6 +61,11 @@ var (
 	ErrNoMessage     = errors.New("no such message")
 	ErrBadName       = errors.New("invalid mailbox name")
 )
+
+// The errors keep their identity when a writer or fragment on another
+// node returns them, so IMAP answers NO [NONEXISTENT] or [ALREADYEXISTS]
+// through any node, not [SERVERBUG].
+func init() { rpc.Known(ErrNoMailbox, ErrMailboxExists, ErrNoMessage, ErrBadName) }
 
 // Mailbox is the record of one mailbox.
 type Mailbox struct {

@@ -351,63 +351,98 @@ func (t *tx) dropBody(o *Object) error {
 	return t.b.Set(expungedKey(o.User, o.ID), until[:])
 }
 
+// maxSweep bounds the bodies one sweep removes: a Trash of 100,000
+// messages emptied at once is swept over several rounds.
+const maxSweep = 10000
+
 // SweepExpunged removes the bodies of expunged messages whose grace ended
 // before now, and reports how many. A message that is not a tombstone
-// any more keeps its body (only its mark goes).
+// any more keeps its body (only its mark goes). Each user's are removed in
+// one batch without fsync: a sweep lost in a crash leaves its marks, and
+// the next one does it again. A user whose records do not read is logged
+// and skipped; the others are swept.
 func (m *Manager) SweepExpunged(now time.Time) (int, error) {
-	type due struct{ user, id string }
-	var todo []due
+	byUser := map[string][]string{}
+	var users []string
 	it, err := m.db.NewIter(&store.IterOptions{LowerBound: store.KindPrefix(store.KindExpunged),
 		UpperBound: store.UpperBound(store.KindPrefix(store.KindExpunged))})
 	if err != nil {
 		return 0, err
 	}
-	for ok := it.First(); ok; ok = it.Next() {
+	n := 0
+	for ok := it.First(); ok && n < maxSweep; ok = it.Next() {
 		k, v := it.Key(), it.Value()
 		if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) > now.UnixNano() || len(k) < 3 {
 			continue
 		}
 		user, id, found := bytes.Cut(k[2:], []byte{0})
-		if found {
-			todo = append(todo, due{string(user), string(id)})
+		if !found {
+			continue
 		}
+		if byUser[string(user)] == nil {
+			users = append(users, string(user))
+		}
+		byUser[string(user)] = append(byUser[string(user)], string(id))
+		n++
 	}
 	if err := it.Close(); err != nil {
 		return 0, err
 	}
 	swept := 0
-	for _, d := range todo {
-		gone, err := m.sweepOne(d.user, d.id)
+	var first error
+	for _, u := range users {
+		k, err := m.sweepUser(u, byUser[u], now)
+		swept += k
 		if err != nil {
-			return swept, fmt.Errorf("user %s message %s: sweep expunged body: %w", d.user, d.id, err)
-		}
-		if gone {
-			swept++
+			m.logf("user %s: expunged bodies not swept: %v", u, err)
+			if first == nil {
+				first = fmt.Errorf("user %s: sweep expunged bodies: %w", u, err)
+			}
 		}
 	}
-	return swept, nil
+	return swept, first
 }
 
-// sweepOne removes an expunged message's body and its mark, under the
-// user's lock, unless the message came back meanwhile.
-func (m *Manager) sweepOne(user, id string) (bool, error) {
+// sweepUser removes a user's expunged bodies whose grace ended, under the
+// user's lock, rereading each mark (an expunge since the scan may have
+// given it a new grace).
+func (m *Manager) sweepUser(user string, ids []string, now time.Time) (int, error) {
 	defer m.lockUser(user)()
 	t := m.newTx()
-	rec, err := t.objectRecord(user, id)
-	if err != nil {
-		t.abort()
-		return false, err
-	}
-	gone := rec == nil || rec.Deleted
-	if gone {
-		if err := t.b.Delete(bodyKey(user, id)); err != nil {
-			t.abort()
-			return false, err
+	defer t.abort()
+	swept := 0
+	for _, id := range ids {
+		v, closer, err := t.b.Get(expungedKey(user, id))
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		due := len(v) != 8 || int64(binary.BigEndian.Uint64(v)) <= now.UnixNano()
+		closer.Close()
+		if !due {
+			continue
+		}
+		rec, err := t.objectRecord(user, id)
+		if err != nil {
+			return 0, err
+		}
+		if rec == nil || rec.Deleted {
+			if err := t.b.Delete(bodyKey(user, id)); err != nil {
+				return 0, err
+			}
+			swept++
+		}
+		if err := t.b.Delete(expungedKey(user, id)); err != nil {
+			return 0, err
 		}
 	}
-	if err := t.b.Delete(expungedKey(user, id)); err != nil {
-		t.abort()
-		return false, err
+	if t.b.Empty() {
+		return 0, nil
 	}
-	return gone, t.commit()
+	if err := t.b.Commit(store.NoSync); err != nil {
+		return 0, err
+	}
+	return swept, nil
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -116,7 +117,9 @@ func (n *Node) SealARC(msg []byte, rcpts []string, v mailauth.Verdict) []byte {
 				return out
 			}
 		}
-		n.cfg.Logger.Warn("ARC seal not added", "domain", d, "err", err)
+		if !errors.Is(err, mailauth.ErrNoKey) { // a domain with only an Ed25519 key
+			n.cfg.Logger.Warn("ARC seal not added", "domain", d, "err", err)
+		}
 		return msg
 	}
 	return msg

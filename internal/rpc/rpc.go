@@ -160,6 +160,35 @@ var (
 	ErrNoSpace = errors.New("no disk space")
 )
 
+// known are the sentinel errors of other packages registered with Known.
+var known struct {
+	sync.RWMutex
+	errs []error
+}
+
+// Known registers sentinel errors (a missing mailbox, a name taken) that
+// must keep their identity across the wire, so a node answers a client
+// the same whichever node ran the call. Their text is in the status
+// message (wrapped with %w); the caller's side wraps the one it finds
+// again.
+func Known(errs ...error) {
+	known.Lock()
+	defer known.Unlock()
+	known.errs = append(known.errs, errs...)
+}
+
+// asKnown wraps the registered sentinel msg holds, if any.
+func asKnown(msg string) error {
+	known.RLock()
+	defer known.RUnlock()
+	for _, e := range known.errs {
+		if i := strings.LastIndex(msg, e.Error()); i >= 0 {
+			return fmt.Errorf("%s%w%s", msg[:i], e, msg[i+len(e.Error()):])
+		}
+	}
+	return errors.New(msg)
+}
+
 func codeOf(err error) codes.Code {
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -264,7 +293,7 @@ func fromStatus(err error) error {
 	case codes.Canceled:
 		return fmt.Errorf("%s: %w", st.Message(), context.Canceled)
 	default:
-		return errors.New(st.Message())
+		return asKnown(st.Message())
 	}
 }
 

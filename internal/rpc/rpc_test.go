@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,8 @@ func (bodies) Body(ctx context.Context, r *nodepb.BodyRequest) (*nodepb.BodyRepl
 		return &nodepb.BodyReply{Raw: []byte("echo " + r.User)}, nil
 	case "full":
 		return nil, fmt.Errorf("store: disk full: %w", ErrNoSpace)
+	case "taken":
+		return nil, fmt.Errorf("user %s mailbox %q: %w", r.User, "Lists", errTaken)
 	case "slow":
 		select {
 		case <-time.After(5 * time.Second):
@@ -32,6 +35,11 @@ func (bodies) Body(ctx context.Context, r *nodepb.BodyRequest) (*nodepb.BodyRepl
 	}
 	return nil, fmt.Errorf("user %s message %s: %w", r.User, r.Id, ErrNotFound)
 }
+
+// errTaken stands for a sentinel of another package (mailbox.ErrMailboxExists).
+var errTaken = errors.New("mailbox already exists")
+
+func init() { Known(errTaken) }
 
 func TestCallCarriesLoadAndErrors(t *testing.T) {
 	s := NewServer(func() Load { return Load{Pending: 7, DiskFull: true} })
@@ -64,6 +72,11 @@ func TestCallCarriesLoadAndErrors(t *testing.T) {
 	}
 	if want := "rpc Fragment.Body to " + l.Addr().String(); err == nil || len(err.Error()) < len(want) || err.Error()[:len(want)] != want {
 		t.Fatalf("error %q does not name the method and the node", err)
+	}
+	// A registered sentinel keeps its identity (IMAP's [ALREADYEXISTS]).
+	if _, err = fc.Body(context.Background(), &nodepb.BodyRequest{User: "bob", Id: "taken"}); !errors.Is(err, errTaken) ||
+		!strings.Contains(err.Error(), `user bob mailbox "Lists": mailbox already exists`) {
+		t.Fatalf("known error across the wire: %v", err)
 	}
 	// A node out of disk space says so across the wire (SMTP's 452).
 	if _, err = fc.Body(context.Background(), &nodepb.BodyRequest{Id: "full"}); !errors.Is(err, ErrNoSpace) {

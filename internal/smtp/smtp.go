@@ -387,11 +387,14 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 		return nil, false, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))}
 	}
-	out = make([]byte, 0, trace+len(v.Header)+len(body))
-	out = append(append(append(out, raw[:trace]...), v.Header...), body...)
+	checked := append([]byte(v.Header), body...)
 	if s.b.cfg.Sealer != nil {
-		out = s.b.cfg.Sealer.SealARC(out, s.rcpts, v)
+		// The set goes below the trace fields: Return-Path stays first
+		// (RFC 5321 §4.4).
+		checked = s.b.cfg.Sealer.SealARC(checked, s.rcpts, v)
 	}
+	out = make([]byte, 0, trace+len(checked))
+	out = append(append(out, raw[:trace]...), checked...)
 	return out, v.Quarantine, nil
 }
 

@@ -2,6 +2,7 @@ package sns
 
 import (
 	"context"
+	"math"
 	"net"
 
 	"github.com/emersion/go-msgauth/authres"
@@ -51,7 +52,7 @@ func (f Filter) onWorker(ctx context.Context, t *nodepb.FilterTask) (mailauth.Ve
 func verdictPB(v mailauth.Verdict) *nodepb.FilterVerdict {
 	return &nodepb.FilterVerdict{Header: v.Header, Reject: v.Reject, Quarantine: v.Quarantine, Domain: v.Domain,
 		Spam: v.Spam, Defer: v.Defer, Score: v.Score,
-		ArcValue: string(v.ARC.Value), ArcSets: int32(v.ARC.Sets), ArcLatestFailed: v.ARC.LatestFailed, ArcSealer: v.ARC.Sealer}
+		ArcValue: string(v.ARC.Value), ArcSets: int32(min(v.ARC.Sets, math.MaxInt32)), ArcLatestFailed: v.ARC.LatestFailed, ArcSealer: v.ARC.Sealer}
 }
 
 func verdictOf(rep *nodepb.FilterVerdict) mailauth.Verdict {

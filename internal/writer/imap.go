@@ -2,11 +2,13 @@ package writer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -216,6 +218,13 @@ func (m *Manager) rename(ctx context.Context, req *MailboxRequest) error {
 					return fmt.Errorf("user %s mailbox %q: %w", p.Address, nn, mailbox.ErrMailboxExists)
 				}
 				d.Name = nn
+			default:
+				continue
+			}
+			// A subscription to the new name, made while it had no
+			// mailbox, now belongs to the mailbox there.
+			if takeSubscription(p, d.Name) {
+				d.Subscribed = true
 			}
 		}
 		if from == mailbox.Inbox {
@@ -236,9 +245,13 @@ func (m *Manager) subscribe(ctx context.Context, req *MailboxRequest) error {
 		// mailbox is kept in the profile's Subscriptions.
 		if def := p.MailboxByName(req.Name); def != nil {
 			def.Subscribed = req.On
+			takeSubscription(p, def.Name) // one place for a name's subscription
 		} else if err := mailbox.ValidateName(req.Name); err != nil {
 			return err
 		} else if req.On {
+			if len(p.Subscriptions) >= maxSubscriptions && !slices.Contains(p.Subscriptions, req.Name) {
+				return fmt.Errorf("user %s: %w: %d subscriptions to names with no mailbox", p.Address, ErrTooManySubscriptions, maxSubscriptions)
+			}
 			p.Subscriptions = addName(p.Subscriptions, req.Name)
 		} else if !takeSubscription(p, req.Name) {
 			return nil // RFC 9051 §6.3.8: not subscribed is not an error
@@ -495,14 +508,16 @@ func (m *Manager) version(ctx context.Context, req *MailboxRequest) (*VersionRep
 // to: the list lives in the profile, read on every login.
 const maxSubscriptions = 1000
 
-// addName adds name to a list of subscribed names once (the oldest go when
-// it is full).
+// ErrTooManySubscriptions: a SUBSCRIBE past maxSubscriptions.
+var ErrTooManySubscriptions = errors.New("too many subscriptions")
+
+func init() { rpc.Known(ErrTooManySubscriptions) }
+
+// addName adds name to a list of subscribed names once. A DELETE past the
+// limit still keeps its subscription (it is refused nowhere else).
 func addName(l []string, name string) []string {
 	if slices.Contains(l, name) {
 		return l
-	}
-	if len(l) >= maxSubscriptions {
-		l = l[1:]
 	}
 	return append(l, name)
 }

@@ -142,6 +142,7 @@ func handleFetchAtt(dec *imapwire.Decoder, attName string, options *imap.FetchOp
 		options.ModSeq = true
 	case "PREVIEW": // quill: RFC 8970 §3, PREVIEW ["(" "LAZY" ")"]
 		if dec.SPList() {
+			mods := 0
 			err := dec.ExpectList(func() error {
 				var mod string
 				if !dec.ExpectAtom(&mod) {
@@ -150,10 +151,14 @@ func handleFetchAtt(dec *imapwire.Decoder, attName string, options *imap.FetchOp
 				if !strings.EqualFold(mod, "LAZY") {
 					return newClientBugError("Unknown PREVIEW modifier")
 				}
+				mods++
 				return nil
 			})
 			if err != nil {
 				return err
+			}
+			if mods == 0 {
+				return newClientBugError("PREVIEW modifier list is empty")
 			}
 		}
 		writerOptions.preview = true

@@ -198,8 +198,13 @@ func (dec *Decoder) SPList() bool {
 	if dec.literal || dec.lineEnded || dec.err != nil {
 		return false
 	}
+	// One byte first: after a command's last item may come a bare LF,
+	// and a client waiting for the reply sends nothing more.
+	if b, err := dec.r.Peek(1); err != nil || b[0] != ' ' {
+		return false
+	}
 	b, err := dec.r.Peek(2)
-	if err != nil || b[0] != ' ' || b[1] != '(' {
+	if err != nil || b[1] != '(' {
 		return false
 	}
 	dec.readByte()
