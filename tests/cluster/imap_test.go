@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -229,4 +230,63 @@ func TestIdleAcrossNodes(t *testing.T) {
 		fatalf(t, "no EXISTS during IDLE across nodes")
 	}
 	idle.Close()
+}
+
+// A mailbox error answered by the user's writer on another node keeps its
+// meaning: SELECT of a missing mailbox is NO [NONEXISTENT] and CREATE of
+// an existing one NO [ALREADYEXISTS] through every node, not [SERVERBUG]
+// (rpc.Known); a subscription made through one node is seen through the
+// others.
+func TestIMAPErrorsAndSubscriptionsAcrossNodes(t *testing.T) {
+	nodes := startCluster(t, 3)
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user, pw = "errors@cluster.example", "pw"
+	nodes[0].addUser(t, user, pw)
+	for i, n := range nodes {
+		c, err := imapclient.DialInsecure(n.Addrs["imap"], nil)
+		if err != nil {
+			fatalf(t, "%v", err)
+		}
+		if err := c.Login(user, pw).Wait(); err != nil {
+			fatalf(t, "login through %s: %v", n.ID, err)
+		}
+		_, err = c.Select("Nowhere", nil).Wait()
+		if code := imapCode(err); code != imap.ResponseCodeNonExistent {
+			errorf(t, "SELECT of a missing mailbox through %s: %v (code %q), want NONEXISTENT", n.ID, err, code)
+		}
+		err = c.Create("Sent", nil).Wait()
+		if code := imapCode(err); code != imap.ResponseCodeAlreadyExists {
+			errorf(t, "CREATE of an existing mailbox through %s: %v (code %q), want ALREADYEXISTS", n.ID, err, code)
+		}
+		name := fmt.Sprintf("Later%d", i)
+		if err := c.Subscribe(name).Wait(); err != nil {
+			errorf(t, "SUBSCRIBE %s through %s: %v", name, n.ID, err)
+		}
+		c.Logout().Wait()
+		c.Close()
+	}
+	for _, n := range nodes {
+		c, err := imapclient.DialInsecure(n.Addrs["imap"], nil)
+		if err != nil {
+			fatalf(t, "%v", err)
+		}
+		if err := c.Login(user, pw).Wait(); err != nil {
+			fatalf(t, "login through %s: %v", n.ID, err)
+		}
+		l, err := c.List("", "Later*", &imap.ListOptions{SelectSubscribed: true}).Collect()
+		if err != nil || len(l) != len(nodes) {
+			errorf(t, "subscriptions through %s: %d (%v), want %d", n.ID, len(l), err, len(nodes))
+		}
+		c.Logout().Wait()
+		c.Close()
+	}
+}
+
+// imapCode is the response code of a tagged NO, or "".
+func imapCode(err error) imap.ResponseCode {
+	var ie *imap.Error
+	if errors.As(err, &ie) {
+		return ie.Code
+	}
+	return ""
 }
