@@ -22,15 +22,7 @@ import (
 // transfer-encoded and charset-converted bodies) and of the raw text.
 func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria, options *imap.SearchOptions) (*imap.SearchData, error) {
 	sel := s.sel
-	view := sel.view()
-	ev := &evaluator{s: s, n: uint32(len(sel.msgs))}
-	if len(view) > 0 {
-		ev.maxUID = view[len(view)-1]
-	}
-	ev.saved = map[uint32]bool{}
-	for _, u := range sel.searchRes {
-		ev.saved[u] = true
-	}
+	ev := newEvaluator(sel)
 	data := &imap.SearchData{}
 	var seqs imap.SeqSet
 	var uids imap.UIDSet
@@ -109,8 +101,18 @@ func hasModSeq(c *imap.SearchCriteria) bool {
 	return false
 }
 
+func newEvaluator(sel *selected) *evaluator {
+	ev := &evaluator{n: uint32(len(sel.msgs)), saved: map[uint32]bool{}}
+	if view := sel.view(); len(view) > 0 {
+		ev.maxUID = view[len(view)-1]
+	}
+	for _, u := range sel.searchRes {
+		ev.saved[u] = true
+	}
+	return ev
+}
+
 type evaluator struct {
-	s      *session
 	n      uint32 // messages in the view, for "*" in sequence sets
 	maxUID uint32 // for "*" in UID sets
 	saved  map[uint32]bool

@@ -30,6 +30,9 @@ type selected struct {
 	flagsSent string
 	// searchRes is the saved SEARCH result, as UIDs (RFC 5182).
 	searchRes []uint32
+	// sortCache keeps the sort keys of messages SORT or THREAD read, by
+	// message id (sort.go).
+	sortCache map[string]*sortInfo
 }
 
 // msgState is what the session knows of one message.

@@ -101,6 +101,11 @@ var capabilities = imap.CapSet{
 	imap.CapID:               {},
 	imap.CapCondStore:        {},
 	imap.CapPreview:          {},
+	imap.CapSort:             {},
+	imap.CapSortDisplay:      {},
+	imap.CapESort:            {},
+	"THREAD=ORDEREDSUBJECT":  {},
+	"THREAD=REFERENCES":      {},
 }
 
 // New returns an IMAP server over store, authenticating with auth.

@@ -119,6 +119,29 @@ def test_smtp_delivery_search_store_copy_move_expunge(inode):
     m.logout()
 
 
+def test_imaplib_sort_and_thread(inode):
+    """SORT and THREAD (RFC 5256) as Python's imaplib sends them, on mail delivered over SMTP."""
+    def threaded(subject, mid, date, refs=b""):
+        return (b"From: Sender <sender@remote.test>\r\nTo: " + ALICE.encode() + b"\r\n"
+                b"Subject: " + subject + b"\r\nMessage-ID: <" + mid + b">\r\nDate: " + date + b"\r\n"
+                + refs + b"\r\nbody\r\n")
+    send(inode, ALICE, threaded(b"Re: plan", b"p2@t", b"Tue, 03 Mar 2026 10:00:00 +0000", b"References: <p1@t>\r\n"))
+    send(inode, ALICE, threaded(b"plan", b"p1@t", b"Mon, 02 Mar 2026 10:00:00 +0000"))
+    send(inode, ALICE, threaded(b"another", b"o1@t", b"Sun, 01 Mar 2026 10:00:00 +0000"))
+    send(inode, ALICE, threaded(b"Re: Re: plan", b"p3@t", b"Wed, 04 Mar 2026 10:00:00 +0000", b"In-Reply-To: <p2@t>\r\n"))
+    m = imap(inode)
+    typ, caps = m.capability()
+    assert b"THREAD=REFERENCES" in caps[0] and b" SORT" in caps[0], caps
+    ok(m.select("INBOX"))
+    assert ok(m.sort("(DATE)", "UTF-8", "ALL")) == [b"3 2 1 4"]
+    assert ok(m.sort("(REVERSE DATE)", "UTF-8", "ALL")) == [b"4 1 2 3"]
+    assert ok(m.sort("(SUBJECT)", "UTF-8", "ALL")) == [b"3 1 2 4"]
+    assert ok(m.uid("SORT", "(SUBJECT)", "UTF-8", "SUBJECT", "plan")) == [b"1 2 4"]
+    assert ok(m.thread("REFERENCES", "UTF-8", "ALL")) == [b"(3)(2 1 4)"]
+    assert ok(m.thread("ORDEREDSUBJECT", "UTF-8", "ALL")) == [b"(3)(2 (1)(4))"]
+    m.logout()
+
+
 def test_pop3_and_imap_deletes_are_the_same(inode):
     for i in range(3):
         send(inode, ALICE, msg(f"p{i}"))

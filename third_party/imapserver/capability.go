@@ -101,6 +101,16 @@ func (c *Conn) availableCaps() []imap.Cap {
 			imap.CapCondStore, // quill: upstream never advertised it
 			imap.CapPreview,   // quill: RFC 8970 (fetch.go PREVIEW)
 		})
+		// quill: SORT, THREAD and ESORT (sort.go), when the session
+		// implements them.
+		if _, ok := c.session.(SessionSort); ok {
+			addAvailableCaps(&caps, available, []imap.Cap{imap.CapSort, imap.CapSortDisplay, imap.CapESort})
+		}
+		if _, ok := c.session.(SessionThread); ok {
+			addAvailableCaps(&caps, available, []imap.Cap{
+				imap.Cap("THREAD=" + ThreadOrderedSubject), imap.Cap("THREAD=" + ThreadReferences),
+			})
+		}
 
 		if appendLimitSession, ok := c.session.(SessionAppendLimit); ok {
 			limit := appendLimitSession.AppendLimit()

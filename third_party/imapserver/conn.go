@@ -366,6 +366,10 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		err = c.handleMove(dec, numKind)
 	case "SEARCH", "UID SEARCH":
 		err = c.handleSearch(tag, dec, numKind)
+	case "SORT", "UID SORT": // quill: RFC 5256, RFC 5267 (sort.go)
+		err = c.handleSort(tag, dec, numKind)
+	case "THREAD", "UID THREAD": // quill: RFC 5256 (sort.go)
+		err = c.handleThread(dec, numKind)
 	case "ID":
 		err = c.handleID(dec)
 	default:
@@ -614,7 +618,7 @@ func (c *Conn) poll(cmd string) error {
 
 	allowExpunge := true
 	switch cmd {
-	case "FETCH", "STORE", "SEARCH":
+	case "FETCH", "STORE", "SEARCH", "SORT", "THREAD": // quill: SORT and THREAD answer sequence numbers too
 		allowExpunge = false
 	}
 

@@ -35,40 +35,16 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 		if !dec.ExpectSP() || !dec.ExpectAString(&charset) || !dec.ExpectSP() {
 			return dec.Err()
 		}
-		switch strings.ToUpper(charset) {
-		case "US-ASCII", "UTF-8":
-			// nothing to do
-		default:
-			return &imap.Error{
-				Type: imap.StatusResponseTypeNo,
-				Code: imap.ResponseCodeBadCharset, // TODO: return list of supported charsets
-				Text: "Only US-ASCII and UTF-8 are supported SEARCH charsets",
-			}
+		if err := checkCharset(charset); err != nil {
+			return err
 		}
 		atom = ""
 		maybeReadSearchKeyAtom(dec, &atom)
 	}
 
-	var criteria imap.SearchCriteria
-	for {
-		var err error
-		if atom != "" {
-			err = readSearchKeyWithAtom(&criteria, dec, atom)
-			atom = ""
-		} else {
-			err = readSearchKey(&criteria, dec)
-		}
-		if err != nil {
-			return fmt.Errorf("in search-key: %w", err)
-		}
-
-		if !dec.SP() {
-			break
-		}
-	}
-
-	if !dec.ExpectCRLF() {
-		return dec.Err()
+	criteria, err := readSearchKeys(dec, atom)
+	if err != nil {
+		return err
 	}
 
 	if err := c.checkState(imap.ConnStateSelected); err != nil {
@@ -80,7 +56,7 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 		options.ReturnAll = true
 	}
 
-	data, err := c.session.Search(numKind, &criteria, &options)
+	data, err := c.session.Search(numKind, criteria, &options)
 	if err != nil {
 		return err
 	}
@@ -93,6 +69,46 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 	} else {
 		return c.writeSearch(data.All, data.ModSeq)
 	}
+}
+
+// checkCharset accepts the charsets SEARCH, SORT and THREAD must know
+// (RFC 9051 §6.4.4, RFC 5256 §3).
+func checkCharset(charset string) error {
+	switch strings.ToUpper(charset) {
+	case "US-ASCII", "UTF-8":
+		return nil
+	}
+	return &imap.Error{
+		Type: imap.StatusResponseTypeNo,
+		Code: imap.ResponseCodeBadCharset,
+		Text: "Only US-ASCII and UTF-8 are supported charsets",
+	}
+}
+
+// readSearchKeys reads the search keys that end a SEARCH, SORT or THREAD
+// command, and its CRLF; atom is a first key already read. (quill:
+// shared by sort.go)
+func readSearchKeys(dec *imapwire.Decoder, atom string) (*imap.SearchCriteria, error) {
+	var criteria imap.SearchCriteria
+	for {
+		var err error
+		if atom != "" {
+			err = readSearchKeyWithAtom(&criteria, dec, atom)
+			atom = ""
+		} else {
+			err = readSearchKey(&criteria, dec)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("in search-key: %w", err)
+		}
+		if !dec.SP() {
+			break
+		}
+	}
+	if !dec.ExpectCRLF() {
+		return nil, dec.Err()
+	}
+	return &criteria, nil
 }
 
 func (c *Conn) writeESearch(tag string, data *imap.SearchData, options *imap.SearchOptions, numKind NumKind) error {
