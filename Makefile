@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e fuzz faults faults-long testssl vet proto clean
+.PHONY: build run test deps unit e2e fuzz faults faults-long repair-bench testssl vet proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -71,6 +71,13 @@ faults:
 # docs/reliability.md records the figures and seeds.
 faults-long:
 	QUILL_TEST_LOGS=$(CURDIR)/faults-long-logs QUILL_FAULTS=1000 $(GO) test -count=1 -timeout 240m -run 'TestFaultsNetns$$' -v ./tests/cluster/ 2>&1 | tee faults-long.log; test $${PIPESTATUS[0]} -eq 0
+
+# How fast repair gives a wiped node's objects their second copy again
+# (a few minutes): REPAIR_OBJECTS messages on 3 nodes, one wiped;
+# docs/benchmarks.md records the figures.
+REPAIR_OBJECTS ?= 60000
+repair-bench:
+	QUILL_REPAIR_OBJECTS=$(REPAIR_OBJECTS) $(GO) test -count=1 -timeout 40m -run 'TestRepairThroughput$$' -v ./tests/cluster/
 
 # testssl.sh against every TLS listener of a fresh node (about 9 minutes);
 # docs/security.md records the result.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
 )
@@ -127,5 +128,25 @@ func TestJudgeLocal(t *testing.T) {
 	}
 	if _, err := judgeLocal(objs, []Outcome{Failed, Applied}); err == nil {
 		t.Fatal("a failed apply went on")
+	}
+}
+
+// A round that left work goes on without the interval's pause, as long as
+// scans stay within their duty; a round with nothing left waits.
+func TestRepairWait(t *testing.T) {
+	for _, c := range []struct {
+		scan, round time.Duration
+		capped      bool
+		want        time.Duration
+	}{
+		{10 * time.Millisecond, 20 * time.Millisecond, false, repairInterval},
+		{time.Second, 2 * time.Second, false, 20 * time.Second},
+		{10 * time.Millisecond, 20 * time.Second, true, repairInterval / 10},
+		{time.Second, 5 * time.Second, true, 15 * time.Second},
+		{time.Second, 30 * time.Second, true, repairInterval / 10},
+	} {
+		if got := repairWait(c.scan, c.round, c.capped); got != c.want {
+			t.Errorf("repairWait(%v, %v, %v) = %v, want %v", c.scan, c.round, c.capped, got, c.want)
+		}
 	}
 }
