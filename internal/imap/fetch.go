@@ -106,6 +106,16 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		for _, bs := range options.BinarySectionSize {
 			rw.WriteBinarySectionSize(bs, imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs))
 		}
+		if emailID, threadID := w.ObjectIDs(); emailID || threadID {
+			if emailID {
+				if id := s.emailID(m, raw); id != "" {
+					rw.WriteEmailID(id)
+				}
+			}
+			if threadID {
+				rw.WriteThreadID("")
+			}
+		}
 		if w.Preview() {
 			rw.WritePreview(preview(raw))
 		}

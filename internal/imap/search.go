@@ -313,6 +313,15 @@ func (ev *evaluator) match(c *imap.SearchCriteria, sm *searchMsg) bool {
 		}
 	}
 	for _, hf := range c.Header {
+		switch hf.Key {
+		case imapserver.SearchKeyEmailID:
+			if sm.load() == nil || sm.s.emailID(m, sm.raw) != hf.Value {
+				return false
+			}
+			continue
+		case imapserver.SearchKeyThreadID:
+			return false // no thread ids (objectid.go)
+		}
 		if sm.load() == nil || !sm.headerMatch(hf.Key, hf.Value) {
 			return false
 		}

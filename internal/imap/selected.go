@@ -33,6 +33,9 @@ type selected struct {
 	// sortCache keeps the sort keys of messages SORT or THREAD read, by
 	// message id (sort.go).
 	sortCache map[string]*sortInfo
+	// emailIDs keeps the EMAILIDs made for messages, by message id
+	// (objectid.go).
+	emailIDs map[string]string
 }
 
 // msgState is what the session knows of one message.

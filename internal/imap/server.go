@@ -104,6 +104,7 @@ var capabilities = imap.CapSet{
 	imap.CapSort:             {},
 	imap.CapSortDisplay:      {},
 	imap.CapESort:            {},
+	imap.CapObjectID:         {},
 	"THREAD=ORDEREDSUBJECT":  {},
 	"THREAD=REFERENCES":      {},
 }

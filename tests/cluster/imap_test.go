@@ -1,8 +1,10 @@
 package cluster_test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -289,4 +291,110 @@ func imapCode(err error) imap.ResponseCode {
 		return ie.Code
 	}
 	return ""
+}
+
+// rawIMAP is a line-level IMAP session for commands the client library
+// does not have (SORT, THREAD, OBJECTID).
+type rawIMAP struct {
+	conn net.Conn
+	r    *bufio.Reader
+	n    int
+}
+
+func dialRawIMAP(n *Node, user, pw string) (*rawIMAP, error) {
+	conn, err := net.DialTimeout("tcp", n.Addrs["imap"], ioTimeout)
+	if err != nil {
+		return nil, err
+	}
+	conn.SetDeadline(time.Now().Add(ioTimeout))
+	c := &rawIMAP{conn: conn, r: bufio.NewReader(conn)}
+	if _, err := c.r.ReadString('\n'); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, err := c.cmd(fmt.Sprintf("LOGIN %q %q", user, pw)); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// cmd sends a command and returns its untagged lines; a tagged NO or BAD
+// is an error.
+func (c *rawIMAP) cmd(s string) ([]string, error) {
+	c.n++
+	tag := fmt.Sprintf("r%d", c.n)
+	c.conn.SetDeadline(time.Now().Add(ioTimeout))
+	if _, err := fmt.Fprintf(c.conn, "%s %s\r\n", tag, s); err != nil {
+		return nil, err
+	}
+	var lines []string
+	for {
+		l, err := c.r.ReadString('\n')
+		if err != nil {
+			return lines, err
+		}
+		l = strings.TrimRight(l, "\r\n")
+		if rest, ok := strings.CutPrefix(l, tag+" "); ok {
+			if !strings.HasPrefix(rest, "OK") {
+				return lines, fmt.Errorf("%s: %s", s, rest)
+			}
+			return append(lines, rest), nil
+		}
+		lines = append(lines, l)
+	}
+}
+
+func (c *rawIMAP) close() {
+	c.cmd("LOGOUT")
+	c.conn.Close()
+}
+
+// SORT, THREAD and OBJECTID (issue 13) give the same answers through every
+// node: the keys, threads and ids come from the messages, not from the
+// node a session is on.
+func TestSortThreadAndObjectIDAcrossNodes(t *testing.T) {
+	nodes := startCluster(t, 3)
+	waitFor(t, "soft state on every node", 30*time.Second, func() bool { return ready(nodes) })
+	const user, pw = "sorted@cluster.example", "pw"
+	nodes[0].addUser(t, user, pw)
+	subjects := []string{"Re: beta", "alpha", "beta", "[list] gamma"}
+	for i, s := range subjects {
+		if err := nodes[i%3].send(user, s); err != nil {
+			fatalf(t, "send %q: %v", s, err)
+		}
+	}
+	var want []string
+	for _, n := range nodes {
+		c, err := dialRawIMAP(n, user, pw)
+		if err != nil {
+			fatalf(t, "through %s: %v", n.ID, err)
+		}
+		var got []string
+		for _, cmd := range []string{"SELECT INBOX", "SORT (SUBJECT) UTF-8 ALL", "UID SORT (REVERSE ARRIVAL) UTF-8 ALL",
+			"THREAD ORDEREDSUBJECT UTF-8 ALL", "FETCH 1:* (EMAILID)", "STATUS INBOX (MAILBOXID)"} {
+			lines, err := c.cmd(cmd)
+			if err != nil {
+				errorf(t, "through %s: %v", n.ID, err)
+				continue
+			}
+			for _, l := range lines {
+				if strings.Contains(l, "SORT") || strings.Contains(l, "THREAD") || strings.Contains(l, "ID (") {
+					got = append(got, l)
+				}
+			}
+		}
+		c.close()
+		if want == nil {
+			want = got
+			t.Logf("through %s: %q", n.ID, got)
+			if len(got) < 9 || got[1] != "* SORT 2 1 3 4" {
+				errorf(t, "through %s: %q, want MAILBOXID, SORT 2 1 3 4, and the rest", n.ID, got)
+			}
+			continue
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			errorf(t, "through %s:\n%q\nthrough %s:\n%q", n.ID, got, nodes[0].ID, want)
+		}
+	}
 }

@@ -106,6 +106,9 @@ func (c *Conn) availableCaps() []imap.Cap {
 		if _, ok := c.session.(SessionSort); ok {
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapSort, imap.CapSortDisplay, imap.CapESort})
 		}
+		if _, ok := c.session.(SessionObjectID); ok {
+			addAvailableCaps(&caps, available, []imap.Cap{imap.CapObjectID})
+		}
 		if _, ok := c.session.(SessionThread); ok {
 			addAvailableCaps(&caps, available, []imap.Cap{
 				imap.Cap("THREAD=" + ThreadOrderedSubject), imap.Cap("THREAD=" + ThreadReferences),

@@ -323,7 +323,8 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 	case "ENABLE":
 		err = c.handleEnable(dec)
 	case "CREATE":
-		err = c.handleCreate(dec)
+		err = c.handleCreate(tag, dec)
+		sendOK = false
 	case "DELETE":
 		err = c.handleDelete(dec)
 	case "RENAME":

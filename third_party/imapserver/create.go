@@ -8,7 +8,7 @@ import (
 	"github.com/quillmail/quill/third_party/imapserver/internal/wire"
 )
 
-func (c *Conn) handleCreate(dec *imapwire.Decoder) error {
+func (c *Conn) handleCreate(tag string, dec *imapwire.Decoder) error {
 	var (
 		name    string
 		options imap.CreateOptions
@@ -41,5 +41,16 @@ func (c *Conn) handleCreate(dec *imapwire.Decoder) error {
 	if err := c.checkState(imap.ConnStateAuthenticated); err != nil {
 		return err
 	}
-	return c.session.Create(name, &options)
+	if err := c.session.Create(name, &options); err != nil {
+		return err
+	}
+	// quill: the tagged OK names the new mailbox's id (RFC 8474 §4.1).
+	resp := &imap.StatusResponse{Type: imap.StatusResponseTypeOK, Text: "CREATE completed"}
+	if id := c.mailboxID(name); id != "" {
+		resp.Code = imap.ResponseCode("MAILBOXID (" + id + ")")
+	}
+	if err := c.poll("CREATE"); err != nil {
+		return err
+	}
+	return c.writeStatusResp(tag, resp)
 }

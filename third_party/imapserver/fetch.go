@@ -22,6 +22,8 @@ type fetchWriterOptions struct {
 	}
 	obsolete map[*imap.FetchItemBodySection]string
 	preview  bool // quill: RFC 8970 PREVIEW
+	emailID  bool // quill: RFC 8474 §5.1 EMAILID
+	threadID bool // quill: RFC 8474 §5.2 THREADID
 }
 
 func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
@@ -162,6 +164,10 @@ func handleFetchAtt(dec *imapwire.Decoder, attName string, options *imap.FetchOp
 			}
 		}
 		writerOptions.preview = true
+	case "EMAILID": // quill: RFC 8474 §5.1
+		writerOptions.emailID = true
+	case "THREADID": // quill: RFC 8474 §5.2
+		writerOptions.threadID = true
 	case "RFC822": // equivalent to BODY[]
 		bs := &imap.FetchItemBodySection{}
 		writerOptions.obsolete[bs] = attName
@@ -518,6 +524,30 @@ func (w *FetchWriter) Preview() bool { return w.options.preview }
 func (w *FetchResponseWriter) WritePreview(text string) {
 	w.writeItemSep()
 	w.enc.Atom("PREVIEW").SP().String(text)
+}
+
+// ObjectIDs reports whether the FETCH asked for EMAILID and THREADID
+// (RFC 8474 §5). (quill)
+func (w *FetchWriter) ObjectIDs() (emailID, threadID bool) {
+	return w.options.emailID, w.options.threadID
+}
+
+// WriteEmailID writes the message's EMAILID (RFC 8474 §5.1). (quill)
+func (w *FetchResponseWriter) WriteEmailID(id string) {
+	w.writeItemSep()
+	w.enc.Atom("EMAILID").SP().Special('(').Atom(id).Special(')')
+}
+
+// WriteThreadID writes the message's THREADID (RFC 8474 §5.2), NIL for
+// "" (no thread id). (quill)
+func (w *FetchResponseWriter) WriteThreadID(id string) {
+	w.writeItemSep()
+	w.enc.Atom("THREADID").SP()
+	if id == "" {
+		w.enc.NIL()
+		return
+	}
+	w.enc.Special('(').Atom(id).Special(')')
 }
 
 // WriteBinarySectionSize writes a binary section size.

@@ -10,7 +10,8 @@ import (
 )
 
 func (c *Conn) handleList(dec *imapwire.Decoder) error {
-	ref, pattern, options, err := readListCmd(dec)
+	var ext statusExt
+	ref, pattern, options, err := readListCmd(dec, &ext)
 	if err != nil {
 		return err
 	}
@@ -20,8 +21,9 @@ func (c *Conn) handleList(dec *imapwire.Decoder) error {
 	}
 
 	w := &ListWriter{
-		conn:    c,
-		options: options,
+		conn:      c,
+		options:   options,
+		statusExt: ext,
 	}
 	return c.session.List(w, ref, pattern, options)
 }
@@ -116,7 +118,7 @@ func (c *Conn) writeLSub(data *imap.ListData) error {
 	return enc.CRLF()
 }
 
-func readListCmd(dec *imapwire.Decoder) (ref string, patterns []string, options *imap.ListOptions, err error) {
+func readListCmd(dec *imapwire.Decoder, ext *statusExt) (ref string, patterns []string, options *imap.ListOptions, err error) {
 	options = &imap.ListOptions{}
 
 	if !dec.ExpectSP() {
@@ -181,7 +183,7 @@ func readListCmd(dec *imapwire.Decoder) (ref string, patterns []string, options 
 		}
 
 		err := dec.ExpectList(func() error {
-			return readReturnOption(dec, options)
+			return readReturnOption(dec, options, ext)
 		})
 		if err != nil {
 			return "", nil, nil, fmt.Errorf("in list-return-opts: %w", err)
@@ -226,7 +228,7 @@ func isListChar(ch byte) bool {
 	}
 }
 
-func readReturnOption(dec *imapwire.Decoder, options *imap.ListOptions) error {
+func readReturnOption(dec *imapwire.Decoder, options *imap.ListOptions, ext *statusExt) error {
 	var name string
 	if !dec.ExpectAtom(&name) {
 		return dec.Err()
@@ -245,7 +247,7 @@ func readReturnOption(dec *imapwire.Decoder, options *imap.ListOptions) error {
 		}
 		options.ReturnStatus = new(imap.StatusOptions)
 		return dec.ExpectList(func() error {
-			return readStatusItem(dec, options.ReturnStatus)
+			return readStatusItem(dec, options.ReturnStatus, ext)
 		})
 	default:
 		return newClientBugError("Unknown LIST RETURN options")
@@ -255,9 +257,10 @@ func readReturnOption(dec *imapwire.Decoder, options *imap.ListOptions) error {
 
 // ListWriter writes LIST responses.
 type ListWriter struct {
-	conn    *Conn
-	options *imap.ListOptions
-	lsub    bool
+	conn      *Conn
+	options   *imap.ListOptions
+	lsub      bool
+	statusExt statusExt // quill: STATUS items go-imap has no field for
 }
 
 // WriteList writes a single LIST response for a mailbox.
@@ -270,7 +273,7 @@ func (w *ListWriter) WriteList(data *imap.ListData) error {
 		return err
 	}
 	if w.options.ReturnStatus != nil && data.Status != nil {
-		if err := w.conn.writeStatus(data.Status, w.options.ReturnStatus); err != nil {
+		if err := w.conn.writeStatus(data.Status, w.options.ReturnStatus, w.statusExt); err != nil {
 			return err
 		}
 	}

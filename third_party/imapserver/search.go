@@ -359,6 +359,16 @@ func readSearchKeyWithAtom(criteria *imap.SearchCriteria, dec *imapwire.Decoder,
 		criteria.Or = append(criteria.Or, or)
 	case "$":
 		criteria.UID = append(criteria.UID, imap.SearchRes())
+	case "EMAILID", "THREADID": // quill: RFC 8474 §6
+		id, err := readObjectID(dec)
+		if err != nil {
+			return err
+		}
+		k := SearchKeyEmailID
+		if key == "THREADID" {
+			k = SearchKeyThreadID
+		}
+		criteria.Header = append(criteria.Header, objectIDCriterion(k, id))
 	case "MODSEQ": // quill: RFC 7162 §3.1.5, not parsed upstream
 		if !dec.ExpectSP() {
 			return dec.Err()

@@ -90,6 +90,11 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 			return err
 		}
 	}
+	if id := c.mailboxID(mailbox); id != "" { // quill: RFC 8474 §4.2
+		if err := c.writeMailboxID(id); err != nil {
+			return err
+		}
+	}
 	if err := c.writeFlags(data.Flags); err != nil {
 		return err
 	}

@@ -14,8 +14,9 @@ func (c *Conn) handleStatus(dec *imapwire.Decoder) error {
 	}
 
 	var options imap.StatusOptions
+	var ext statusExt
 	err := dec.ExpectList(func() error {
-		err := readStatusItem(dec, &options)
+		err := readStatusItem(dec, &options, &ext)
 		if err != nil {
 			return err
 		}
@@ -48,10 +49,20 @@ func (c *Conn) handleStatus(dec *imapwire.Decoder) error {
 		return err
 	}
 
-	return c.writeStatus(data, &options)
+	return c.writeStatus(data, &options, ext)
 }
 
-func (c *Conn) writeStatus(data *imap.StatusData, options *imap.StatusOptions) error {
+// statusExt holds the STATUS items that imap.StatusOptions has no field
+// for. (quill)
+type statusExt struct {
+	mailboxID bool // RFC 8474 §4.3
+}
+
+func (c *Conn) writeStatus(data *imap.StatusData, options *imap.StatusOptions, ext statusExt) error {
+	var mailboxID string
+	if ext.mailboxID {
+		mailboxID = c.mailboxID(data.Mailbox)
+	}
 	enc := newResponseEncoder(c)
 	defer enc.end()
 
@@ -92,12 +103,15 @@ func (c *Conn) writeStatus(data *imap.StatusData, options *imap.StatusOptions) e
 	if options.HighestModSeq { // quill: RFC 7162 §3.1.6
 		listEnc.Item().Atom("HIGHESTMODSEQ").SP().ModSeq(data.HighestModSeq)
 	}
+	if mailboxID != "" { // quill: RFC 8474 §4.3
+		listEnc.Item().Atom("MAILBOXID").SP().Special('(').Atom(mailboxID).Special(')')
+	}
 	listEnc.End()
 
 	return enc.CRLF()
 }
 
-func readStatusItem(dec *imapwire.Decoder, options *imap.StatusOptions) error {
+func readStatusItem(dec *imapwire.Decoder, options *imap.StatusOptions, ext *statusExt) error {
 	var name string
 	if !dec.ExpectAtom(&name) {
 		return dec.Err()
@@ -123,6 +137,8 @@ func readStatusItem(dec *imapwire.Decoder, options *imap.StatusOptions) error {
 		options.NumRecent = true
 	case "HIGHESTMODSEQ": // quill: RFC 7162 §3.1.6
 		options.HighestModSeq = true
+	case "MAILBOXID": // quill: RFC 8474 §4.3
+		ext.mailboxID = true
 	default:
 		return &imap.Error{
 			Type: imap.StatusResponseTypeBad,
