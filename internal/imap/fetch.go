@@ -18,6 +18,8 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 	}
 	needBody := options.Envelope || options.BodyStructure != nil || len(options.BodySection) > 0 ||
 		len(options.BinarySection) > 0 || len(options.BinarySectionSize) > 0 || w.Preview()
+	wantEmailID, _ := w.ObjectIDs()
+	hdrOnly := needBody && headerOnly(options, w.Preview(), wantEmailID)
 	setSeen := false
 	for _, bs := range options.BodySection {
 		setSeen = setSeen || !bs.Peek
@@ -40,7 +42,11 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			// its replica keeps the body (RFC 2180 §4.1.2,
 			// mailbox.ExpungedBodyGrace); after, the others are answered
 			// and the command ends NO [EXPUNGEISSUED] (§4.1.3).
-			raw, err = s.srv.store.Body(s.ctx(), s.user, m.id)
+			if hdrOnly {
+				raw, err = s.header(m)
+			} else {
+				raw, err = s.srv.store.Body(s.ctx(), s.user, m.id)
+			}
 			if errors.Is(err, mailbox.ErrNoMessage) {
 				expungeIssued = true
 				continue

@@ -19,6 +19,7 @@ import (
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/tlscert"
+	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // naiveMatch is the textbook backtracking LIST matcher, the reference for
@@ -296,6 +297,30 @@ func FuzzStartTLS(f *testing.F) {
 		defer plog.mu.Unlock()
 		if len(plog.msg) > 0 {
 			t.Fatalf("server panicked on %q / %q: %s", before, after, plog.msg[0])
+		}
+	})
+}
+
+// FuzzFilterHeader holds filterHeader to the library's answer for
+// HEADER.FIELDS and HEADER.FIELDS.NOT wherever it gives one.
+func FuzzFilterHeader(f *testing.F) {
+	f.Add([]byte("From: a\r\nSubject: x\r\n y\r\nTo: b\r\n\r\n"), "subject", "to")
+	f.Add([]byte("A: 1\r\nb: 2\r\nA: 3\r\n\r\n"), "a", "")
+	f.Add([]byte("X:\r\n\r\n"), "x", "y")
+	f.Add([]byte(" folded\r\nA: 1\r\n\r\n"), "a", "")
+	f.Fuzz(func(t *testing.T, hdr []byte, field, notField string) {
+		for _, sec := range []*imap.FetchItemBodySection{
+			{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{field, "From"}},
+			{Specifier: imap.PartSpecifierHeader, HeaderFieldsNot: []string{notField}},
+		} {
+			got, ok := filterHeader(hdr, sec.HeaderFields, sec.HeaderFieldsNot)
+			if !ok {
+				continue
+			}
+			want := imapserver.ExtractBodySection(bytes.NewReader(hdr), sec)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("header %q, section %+v:\n got %q\nwant %q", hdr, sec, got, want)
+			}
 		}
 	})
 }

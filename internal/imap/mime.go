@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/emersion/go-imap/v2"
@@ -57,7 +58,63 @@ func bodySection(raw []byte, sec *imap.FetchItemBodySection) []byte {
 		}
 		return partial(b, sec.Partial)
 	}
+	if len(sec.Part) == 0 && sec.Specifier == imap.PartSpecifierHeader {
+		if b, ok := filterHeader(raw[:headerLen(raw)], sec.HeaderFields, sec.HeaderFieldsNot); ok {
+			return partial(b, sec.Partial)
+		}
+	}
 	return imapserver.ExtractBodySection(bytes.NewReader(raw), sec)
+}
+
+// filterHeader answers HEADER.FIELDS and HEADER.FIELDS.NOT of a message's
+// header without parsing it into a map: the fields kept, as they are, in
+// their order, then the blank line. It is what a client lists a mailbox
+// with, and the parse cost more than the rest of the FETCH. A header it
+// cannot read plainly (a bare LF, a line without a colon, a name that is not
+// printable ASCII)
+// is left to the library (ok false); FuzzFilterHeader holds the two to
+// the same answers.
+func filterHeader(hdr []byte, fields, not []string) ([]byte, bool) {
+	keep := func(name []byte) bool {
+		if len(fields) > 0 && !slices.ContainsFunc(fields, func(f string) bool { return strings.EqualFold(f, string(name)) }) {
+			return false
+		}
+		return !slices.ContainsFunc(not, func(f string) bool { return strings.EqualFold(f, string(name)) })
+	}
+	out := make([]byte, 0, 256)
+	taking, inField := false, false
+	for len(hdr) > 0 {
+		i := bytes.IndexByte(hdr, '\n')
+		if i < 1 || hdr[i-1] != '\r' || bytes.IndexByte(hdr[:i], 0) >= 0 {
+			return nil, false
+		}
+		line := hdr[:i+1]
+		hdr = hdr[i+1:]
+		switch {
+		case i == 1: // the blank line: the end
+			if len(hdr) > 0 {
+				return nil, false
+			}
+			return append(out, "\r\n"...), true
+		case line[0] == ' ' || line[0] == '\t':
+			if !inField {
+				return nil, false // folding before any field
+			}
+			if taking {
+				out = append(out, line...)
+			}
+		default:
+			colon := bytes.IndexByte(line, ':')
+			if colon < 1 || slices.ContainsFunc(line[:colon], func(c byte) bool { return c < 33 || c > 126 }) {
+				return nil, false // not a field name (RFC 5322 §3.6.8): the library's call
+			}
+			taking, inField = keep(line[:colon]), true
+			if taking {
+				out = append(out, line...)
+			}
+		}
+	}
+	return nil, false // no blank line: a header cut short
 }
 
 func partial(b []byte, p *imap.SectionPartial) []byte {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	lru "github.com/hashicorp/golang-lru"
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/proxy"
@@ -73,6 +74,9 @@ type Server struct {
 	cfg    Config
 	recent *recentTracker
 	srv    *imapserver.Server
+	// headers caches message headers for header-only FETCHes
+	// (headercache.go).
+	headers *lru.Cache
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -112,7 +116,7 @@ var capabilities = imap.CapSet{
 // New returns an IMAP server over store, authenticating with auth.
 func New(store Store, auth Authenticator, cfg Config) *Server {
 	cfg = cfg.withDefaults()
-	s := &Server{store: store, auth: auth, cfg: cfg, recent: newRecentTracker(),
+	s := &Server{store: store, auth: auth, cfg: cfg, recent: newRecentTracker(), headers: newHeaderCache(),
 		sessions: map[*session]struct{}{}, done: make(chan struct{})}
 	s.srv = imapserver.New(&imapserver.Options{
 		NewSession:       s.newSession,

@@ -119,7 +119,7 @@ func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
 		c.enableCondStore(true)
 	}
 
-	w := &FetchWriter{conn: c, options: writerOptions}
+	w := &FetchWriter{conn: c, options: writerOptions, buffered: true}
 	if err := c.session.Fetch(w, numSet, &options); err != nil {
 		return err
 	}
@@ -387,6 +387,10 @@ type FetchWriter struct {
 	conn     *Conn
 	options  fetchWriterOptions
 	modified imap.NumSet // quill: STORE UNCHANGEDSINCE failures
+	// buffered leaves each response in the buffer for the command's
+	// tagged response to flush (FETCH and STORE), not for updates that
+	// IDLE sends with no tagged response after them. (quill)
+	buffered bool
 }
 
 // CreateMessage writes a FETCH response for a message.
@@ -395,13 +399,14 @@ type FetchWriter struct {
 func (cmd *FetchWriter) CreateMessage(seqNum uint32) *FetchResponseWriter {
 	enc := newResponseEncoder(cmd.conn)
 	enc.Atom("*").SP().Number(seqNum).SP().Atom("FETCH").SP().Special('(')
-	return &FetchResponseWriter{enc: enc, options: cmd.options}
+	return &FetchResponseWriter{enc: enc, options: cmd.options, buffered: cmd.buffered}
 }
 
 // FetchResponseWriter writes a single FETCH response for a message.
 type FetchResponseWriter struct {
-	enc     *responseEncoder
-	options fetchWriterOptions
+	enc      *responseEncoder
+	options  fetchWriterOptions
+	buffered bool // quill: see FetchWriter.buffered
 
 	hasItem bool
 }
@@ -622,7 +627,12 @@ func (w *FetchResponseWriter) Close() error {
 	if w.enc == nil {
 		return fmt.Errorf("imapserver: FetchResponseWriter already closed")
 	}
-	err := w.enc.Special(')').CRLF()
+	var err error
+	if w.buffered {
+		err = w.enc.Special(')').CRLFBuffered() // quill: flushed with the tagged response
+	} else {
+		err = w.enc.Special(')').CRLF()
+	}
 	w.enc.end()
 	w.enc = nil
 	return err

@@ -107,7 +107,7 @@ func (c *Conn) handleStore(tag string, dec *imapwire.Decoder, numKind NumKind) e
 		return err
 	}
 
-	w := &FetchWriter{conn: c}
+	w := &FetchWriter{conn: c, buffered: true}
 	err = c.session.Store(w, numSet, &imap.StoreFlags{
 		Op:     op,
 		Silent: silent,

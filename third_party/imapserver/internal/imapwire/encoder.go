@@ -72,6 +72,15 @@ func (enc *Encoder) CRLF() error {
 	return enc.w.Flush()
 }
 
+// CRLFBuffered ends a response without flushing it: the next flush (the
+// command's tagged response at the latest, or a full buffer) sends it.
+// FETCH answers many messages in one command, and a write per message
+// cost more than the rest of the answer. (quill)
+func (enc *Encoder) CRLFBuffered() error {
+	enc.writeString("\r\n")
+	return enc.err
+}
+
 func (enc *Encoder) Atom(s string) *Encoder {
 	return enc.writeString(s)
 }

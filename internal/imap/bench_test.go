@@ -1,0 +1,107 @@
+package imap
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/emersion/go-imap/v2/imapclient"
+	"github.com/quillmail/quill/internal/proxy"
+)
+
+// BenchmarkFetchHeaders is the header FETCH of `quill bench --workload
+// imap` (issue 13, speed of ordinary commands): FETCH 1:* (UID FLAGS
+// RFC822.SIZE BODY.PEEK[HEADER.FIELDS (FROM SUBJECT DATE)]) over 160
+// messages of about 5 KB on one node, through a real connection.
+func BenchmarkFetchHeaders(b *testing.B) {
+	c := openCore(b, b.TempDir())
+	defer c.Close()
+	body := strings.Repeat("The quick brown fox jumps over the lazy dog. 0123456789\r\n", 85)
+	for i := range 160 {
+		deliverTo(b, c, fmt.Sprintf("From: Sender %d <s%d@example.org>\r\nTo: %s\r\nSubject: message %d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\nMessage-ID: <%d@example.org>\r\n\r\n%s", i, i, testUser, i, i, body))
+	}
+	srv := New(&proxy.IMAPStore{P: c.Proxy}, proxy.IMAPAuth{P: c.Proxy}, Config{AuthFailDelay: -1})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Shutdown(context.Background())
+	cl, err := imapclient.DialInsecure(l.Addr().String(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.Login(testUser, testPass).Wait(); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cl.Select("INBOX", nil).Wait(); err != nil {
+		b.Fatal(err)
+	}
+	opts := &imap.FetchOptions{UID: true, Flags: true, RFC822Size: true, BodySection: []*imap.FetchItemBodySection{
+		{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{"FROM", "SUBJECT", "DATE"}, Peek: true}}}
+	b.ResetTimer()
+	for range b.N {
+		msgs, err := cl.Fetch(imap.SeqSet{{Start: 1, Stop: 0}}, opts).Collect()
+		if err != nil || len(msgs) != 160 {
+			b.Fatalf("FETCH: %d messages, %v", len(msgs), err)
+		}
+	}
+}
+
+// countingStore counts the message bodies read.
+type countingStore struct {
+	Store
+	bodies atomic.Int64
+}
+
+func (c *countingStore) Body(ctx context.Context, user, id string) ([]byte, error) {
+	c.bodies.Add(1)
+	return c.Store.Body(ctx, user, id)
+}
+
+// A header-only FETCH (header fields, ENVELOPE) reads each message's bytes
+// once per node, whatever session asks again; the answers are the same
+// from the cache, and a FETCH that needs the body still reads it.
+func TestHeaderFetchReadsEachMessageOnce(t *testing.T) {
+	e := &env{t: t, dir: t.TempDir()}
+	e.core = openCore(t, e.dir)
+	t.Cleanup(func() { e.core.Close() })
+	cs := &countingStore{Store: &proxy.IMAPStore{P: e.core.Proxy}}
+	e.srv = New(cs, proxy.IMAPAuth{P: e.core.Proxy}, Config{AuthFailDelay: -1})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.addr = l.Addr().String()
+	go e.srv.Serve(l)
+	t.Cleanup(func() { e.srv.Shutdown(context.Background()) })
+	for i := range 3 {
+		e.deliver(fmt.Sprintf("From: A <a@example.org>\r\nSubject: s%d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\n\r\nbody %d\r\n", i, i))
+	}
+	const cmd = "FETCH 1:* (ENVELOPE BODY.PEEK[HEADER.FIELDS (SUBJECT)] BODY.PEEK[HEADER])"
+	var answers [][]string
+	for range 2 {
+		r := e.raw(true)
+		r.ok("SELECT INBOX")
+		answers = append(answers, r.ok(cmd))
+	}
+	if got := cs.bodies.Load(); got != 3 {
+		t.Errorf("%d bodies read for two header FETCHes of 3 messages, want 3", got)
+	}
+	if strings.Join(answers[0], "\n") != strings.Join(answers[1], "\n") {
+		t.Errorf("the cached answer differs:\n%q\n%q", answers[0], answers[1])
+	}
+	if !has(answers[1], `BODY[HEADER.FIELDS ("SUBJECT")] {15}`) || !has(answers[1], `"s2"`) {
+		t.Errorf("answer: %q", answers[1])
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok("FETCH 2 BODY.PEEK[TEXT]"); !has(u, "body 1") || cs.bodies.Load() != 4 {
+		t.Errorf("BODY[TEXT]: %q after %d reads", u, cs.bodies.Load())
+	}
+}
