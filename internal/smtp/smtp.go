@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/hangup"
@@ -124,6 +125,12 @@ func New(p Deliverer, cfg Config) *gosmtp.Server {
 	// AUTH is refused per connection before TLS (authSession.Auth), where
 	// go-smtp's switch is for the whole server.
 	s.AllowInsecureAuth = cfg.AuthConfig.Auth != nil
+	// RFC 6531: a sender or recipient address in UTF-8, and a message
+	// with UTF-8 header fields (RFC 6532), come with MAIL's SMTPUTF8; the
+	// message is stored as it came (IMAP gives it out under UTF8=ACCEPT),
+	// and the outbound queue asks the next hop for SMTPUTF8 when an
+	// address needs it. Users' own addresses stay ASCII (ValidateAddress).
+	s.EnableSMTPUTF8 = true
 	return s
 }
 
@@ -150,6 +157,8 @@ type session struct {
 	remote []string
 	// inTx: MAIL was given (the null sender too) and no RSET since.
 	inTx bool
+	// utf8: MAIL had SMTPUTF8 (RFC 6531 §3.4).
+	utf8 bool
 	// authUser is the user authenticated by AUTH, if any (the Received
 	// line then says ESMTPSA, RFC 3848).
 	authUser string
@@ -163,7 +172,7 @@ func (s *session) command(d time.Duration) (context.Context, func()) {
 	return wctx, func() { stop(); cancel() }
 }
 
-func (s *session) Reset() { s.from, s.rcpts, s.remote, s.inTx = "", nil, nil, false }
+func (s *session) Reset() { s.from, s.rcpts, s.remote, s.inTx, s.utf8 = "", nil, nil, false, false }
 
 func (s *session) Logout() error { return nil }
 
@@ -172,9 +181,29 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 		// RFC 1870 §6.1: a declared size over the limit is refused at MAIL.
 		return errTooLarge(s.b.cfg.MaxMessageBytes)
 	}
-	s.from, s.inTx = from, true
+	utf8 := opts != nil && opts.UTF8
+	if !utf8 && !isASCII(from) {
+		return errNeedsUTF8("sender", from)
+	}
+	s.from, s.inTx, s.utf8 = from, true, utf8
 	s.rcpts, s.remote = nil, nil
 	return nil
+}
+
+// errNeedsUTF8 refuses an address in UTF-8 in a transaction that did not
+// say SMTPUTF8 (RFC 6531 §3.5, RFC 6533's 5.6.7).
+func errNeedsUTF8(what, addr string) error {
+	return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 6, 7},
+		Message: fmt.Sprintf("%s <%s> is not ASCII: MAIL needs SMTPUTF8 for it", what, sanitizeUTF8(addr))}
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
@@ -187,6 +216,9 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	if max := s.b.cfg.SubmitRecipients; s.submitting() && max > 0 && len(s.rcpts)+len(s.remote) >= max {
 		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 5, 3},
 			Message: fmt.Sprintf("too many recipients: at most %d per submitted message", max)}
+	}
+	if !s.utf8 && !isASCII(to) {
+		return errNeedsUTF8("recipient", to)
 	}
 	ctx, done := s.command(s.b.cfg.RcptTimeout)
 	defer done()
@@ -440,12 +472,20 @@ func (s *session) writeTrace(w *bytes.Buffer) {
 	helo := sanitize(s.conn.Hostname())
 	for_ := ""
 	if all := append(slices.Clone(s.rcpts), s.remote...); len(all) == 1 {
-		for_ = fmt.Sprintf("\r\n\tfor <%s>", sanitize(all[0]))
+		clean := sanitize
+		if s.utf8 {
+			clean = sanitizeUTF8 // the header is UTF-8 already (RFC 6532)
+		}
+		for_ = fmt.Sprintf("\r\n\tfor <%s>", clean(all[0]))
 	}
-	// RFC 3848: ESMTPS when the message came under TLS.
+	// RFC 3848: ESMTPS when the message came under TLS; RFC 6531 §3.7.3:
+	// UTF8SMTP(S)(A) for a transaction with SMTPUTF8.
 	with := "ESMTP"
+	if s.utf8 {
+		with = "UTF8SMTP"
+	}
 	if _, ok := s.conn.TLSConnectionState(); ok {
-		with = "ESMTPS"
+		with += "S"
 	}
 	if s.authUser != "" {
 		with += "A"
@@ -460,6 +500,17 @@ func returnPath(from string) string { return fmt.Sprintf("Return-Path: <%s>\r\n"
 func sanitize(s string) string {
 	return strings.Map(func(r rune) rune {
 		if r < 0x21 || r > 0x7e || r == '(' || r == ')' {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// sanitizeUTF8 is sanitize letting UTF-8 letters through, for a header of
+// a message that came with SMTPUTF8.
+func sanitizeUTF8(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x21 || r == 0x7f || r == '(' || r == ')' || r == utf8.RuneError || (r >= 0x80 && r < 0xa0) {
 			return -1
 		}
 		return r

@@ -172,3 +172,57 @@ func TestSizeBoundaryAndBareLF(t *testing.T) {
 		t.Fatalf("bare LF not normalised: %q", last)
 	}
 }
+
+// SMTPUTF8 (RFC 6531): advertised; an address in UTF-8 needs it at MAIL
+// (553 5.6.7 without), and with it a UTF-8 sender and UTF-8 header fields
+// are taken, stored as they came, with "UTF8SMTP" in the trace.
+func TestSMTPUTF8(t *testing.T) {
+	addr, p := startServer(t, 1<<20)
+	c, err := gosmtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Hello("client.test"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := c.Extension("SMTPUTF8"); !ok {
+		t.Fatal("SMTPUTF8 not advertised")
+	}
+	if err := c.Mail("jürgen@münchen.example", nil); smtpCode(err) != 5536 {
+		t.Fatalf("UTF-8 sender without SMTPUTF8: %v, want 553 5.6.7", err)
+	}
+	if err := c.Mail("a@far.net", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt("jürgen@example.org", nil); smtpCode(err) != 5536 {
+		t.Fatalf("UTF-8 recipient without SMTPUTF8: %v, want 553 5.6.7", err)
+	}
+	c.Reset()
+	if err := c.Mail("jürgen@münchen.example", &gosmtp.MailOptions{UTF8: true}); err != nil {
+		t.Fatalf("UTF-8 sender with SMTPUTF8: %v", err)
+	}
+	if err := c.Rcpt("jürgen@example.org", nil); smtpCode(err) != 5501 {
+		t.Fatalf("UTF-8 recipient with SMTPUTF8: %v, want 550 5.1.1 (no such user)", err)
+	}
+	if err := c.Rcpt("alice@example.org", nil); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := "From: Jürgen <jürgen@münchen.example>\r\nTo: alice@example.org\r\nSubject: Grüße\r\n\r\nHallo\r\n"
+	w.Write([]byte(msg))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bodies := inboxBodies(t, p, "alice@example.org")
+	if len(bodies) != 1 {
+		t.Fatalf("%d messages", len(bodies))
+	}
+	got := string(bodies[0])
+	if !strings.Contains(got, "Return-Path: <jürgen@münchen.example>") || !strings.Contains(got, "with UTF8SMTP") || !strings.HasSuffix(got, msg) {
+		t.Errorf("stored message:\n%s", got)
+	}
+}

@@ -142,6 +142,28 @@ def test_imaplib_sort_and_thread(inode):
     m.logout()
 
 
+def test_smtputf8_sender_read_under_utf8_accept(inode):
+    """SMTPUTF8 (RFC 6531) from Python's smtplib, read back by imaplib after ENABLE UTF8=ACCEPT (RFC 6855)."""
+    import smtplib
+    host, port = inode.smtp_addr
+    msg = ("From: Jürgen <jürgen@münchen.example>\r\nTo: " + ALICE + "\r\nSubject: Grüße aus München\r\n\r\nHallo\r\n").encode()
+    with smtplib.SMTP(host, port, timeout=TIMEOUT) as s:
+        s.ehlo()
+        assert s.has_extn("smtputf8")
+        s.command_encoding = "utf-8"  # a UTF-8 address without SMTPUTF8: refused
+        code, text = s.docmd("MAIL FROM:<jürgen@münchen.example>")
+        assert code == 553 and b"5.6.7" in text, (code, text)
+        s.command_encoding = "ascii"
+        s.rset()
+        assert s.sendmail("jürgen@münchen.example", [ALICE], msg, mail_options=["SMTPUTF8"]) == {}
+    m = imap(inode)
+    ok(m.enable("UTF8=ACCEPT"))
+    ok(m.select("INBOX"))
+    data = ok(m.fetch("1", "(BODY.PEEK[HEADER.FIELDS (FROM SUBJECT)])"))
+    assert "Grüße aus München".encode() in data[0][1] and "jürgen@münchen".encode() in data[0][1], data
+    m.logout()
+
+
 def test_pop3_and_imap_deletes_are_the_same(inode):
     for i in range(3):
         send(inode, ALICE, msg(f"p{i}"))

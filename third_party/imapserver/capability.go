@@ -49,8 +49,14 @@ func (c *Conn) availableCaps() []imap.Cap {
 			caps = append(caps, imap.CapLiteralMinus)
 		}
 	}
-	// quill: ID (RFC 2971) is valid in every state.
+	// quill: ID (RFC 2971) is valid in every state. ENABLE is listed
+	// before login too (as Dovecot does): Python's imaplib reads the
+	// capabilities once, before login, and refuses to send ENABLE unless
+	// they had it; the command itself still needs authentication.
 	addAvailableCaps(&caps, available, []imap.Cap{imap.CapID})
+	if available.Has(imap.CapIMAP4rev1) && c.state == imap.ConnStateNotAuthenticated {
+		caps = append(caps, imap.CapEnable)
+	}
 	if c.canStartTLS() {
 		caps = append(caps, imap.CapStartTLS)
 	}

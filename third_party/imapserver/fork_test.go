@@ -343,11 +343,11 @@ func TestClientErrorsAreBADClientBug(t *testing.T) {
 func TestCapabilitiesAdvertiseLiteralPlusAndCondStore(t *testing.T) {
 	ts := newTestServer(t, nil)
 	c, greeting := ts.dial()
-	if want := "* OK [CAPABILITY IMAP4rev1 SASL-IR LITERAL+ ID AUTH=PLAIN] IMAP server ready"; greeting != want {
+	if want := "* OK [CAPABILITY IMAP4rev1 SASL-IR LITERAL+ ID ENABLE AUTH=PLAIN] IMAP server ready"; greeting != want {
 		t.Fatalf("greeting:\n got %q\nwant %q", greeting, want)
 	}
 	c.expectCmd("a", "CAPABILITY",
-		"* CAPABILITY IMAP4rev1 SASL-IR LITERAL+ ID AUTH=PLAIN",
+		"* CAPABILITY IMAP4rev1 SASL-IR LITERAL+ ID ENABLE AUTH=PLAIN",
 		"a OK CAPABILITY completed")
 	c.expectCmd("b", "LOGIN alice secret",
 		"b OK [CAPABILITY IMAP4rev1 SASL-IR LITERAL+ ID UNSELECT ENABLE IDLE UTF8=ACCEPT CONDSTORE] Logged in")
@@ -358,7 +358,7 @@ func TestCapabilitiesAdvertiseLiteralPlusAndCondStore(t *testing.T) {
 	// Without LITERAL+ in Options.Caps, LITERAL- is advertised.
 	minus := newTestServer(t, func(o *Options) { delete(o.Caps, imap.CapLiteralPlus) })
 	_, greeting = minus.dial()
-	if want := "* OK [CAPABILITY IMAP4rev1 SASL-IR LITERAL- ID AUTH=PLAIN] IMAP server ready"; greeting != want {
+	if want := "* OK [CAPABILITY IMAP4rev1 SASL-IR LITERAL- ID ENABLE AUTH=PLAIN] IMAP server ready"; greeting != want {
 		t.Fatalf("greeting without LITERAL+:\n got %q\nwant %q", greeting, want)
 	}
 }
