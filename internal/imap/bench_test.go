@@ -64,10 +64,8 @@ func (c *countingStore) Body(ctx context.Context, user, id string) ([]byte, erro
 	return c.Store.Body(ctx, user, id)
 }
 
-// A header-only FETCH (header fields, ENVELOPE) reads each message's bytes
-// once per node, whatever session asks again; the answers are the same
-// from the cache, and a FETCH that needs the body still reads it.
-func TestHeaderFetchReadsEachMessageOnce(t *testing.T) {
+// newCountingEnv is newEnv with a store that counts the bodies read.
+func newCountingEnv(t *testing.T) (*env, *countingStore) {
 	e := &env{t: t, dir: t.TempDir()}
 	e.core = openCore(t, e.dir)
 	t.Cleanup(func() { e.core.Close() })
@@ -80,6 +78,14 @@ func TestHeaderFetchReadsEachMessageOnce(t *testing.T) {
 	e.addr = l.Addr().String()
 	go e.srv.Serve(l)
 	t.Cleanup(func() { e.srv.Shutdown(context.Background()) })
+	return e, cs
+}
+
+// A header-only FETCH (header fields, ENVELOPE) reads each message's bytes
+// once per node, whatever session asks again; the answers are the same
+// from the cache, and a FETCH that needs the body still reads it.
+func TestHeaderFetchReadsEachMessageOnce(t *testing.T) {
+	e, cs := newCountingEnv(t)
 	for i := range 3 {
 		e.deliver(fmt.Sprintf("From: A <a@example.org>\r\nSubject: s%d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\n\r\nbody %d\r\n", i, i))
 	}

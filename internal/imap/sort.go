@@ -41,8 +41,9 @@ type sortMsg struct {
 }
 
 // matching returns the selected messages that match criteria, in mailbox
-// order, with their sort keys.
-func (s *session) matching(criteria *imap.SearchCriteria) []sortMsg {
+// order, with their sort keys if keys is set (ARRIVAL and SIZE need none,
+// and then no message is read for them).
+func (s *session) matching(criteria *imap.SearchCriteria, keys bool) []sortMsg {
 	sel := s.sel
 	ev := newEvaluator(sel)
 	if sel.sortCache == nil || len(sel.sortCache) > maxSortCache {
@@ -52,6 +53,10 @@ func (s *session) matching(criteria *imap.SearchCriteria) []sortMsg {
 	for i, m := range sel.msgs {
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
 		if !ev.match(criteria, sm) {
+			continue
+		}
+		if !keys {
+			out = append(out, sortMsg{seq: uint32(i + 1), m: m})
 			continue
 		}
 		info := sel.sortCache[m.id]
@@ -162,7 +167,10 @@ func asciiLower(s string) string {
 // Sort answers SORT and UID SORT (RFC 5256 §3): messages that tie on
 // every key stay in mailbox order.
 func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriterion, criteria *imap.SearchCriteria) ([]uint32, error) {
-	msgs := s.matching(criteria)
+	keys := slices.ContainsFunc(program, func(c imapserver.SortCriterion) bool {
+		return c.Key != imapserver.SortArrival && c.Key != imapserver.SortSize
+	})
+	msgs := s.matching(criteria, keys)
 	slices.SortStableFunc(msgs, func(a, b sortMsg) int {
 		for _, c := range program {
 			r := compareKey(c.Key, &a, &b)
@@ -212,7 +220,7 @@ func compareKey(k imapserver.SortKey, a, b *sortMsg) int {
 
 // Thread answers THREAD and UID THREAD (RFC 5256 §3).
 func (s *session) Thread(kind imapserver.NumKind, algorithm imapserver.ThreadAlgorithm, criteria *imap.SearchCriteria) ([]imapserver.Thread, error) {
-	msgs := s.matching(criteria)
+	msgs := s.matching(criteria, true)
 	nodes := make([]threadMsg, len(msgs))
 	for i, m := range msgs {
 		num := m.seq

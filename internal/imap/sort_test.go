@@ -204,3 +204,26 @@ func FuzzThreadReferences(f *testing.F) {
 		}
 	})
 }
+
+// SORT by ARRIVAL or SIZE reads no message: both keys are in the index.
+func TestSortByArrivalReadsNoMessage(t *testing.T) {
+	e, cs := newCountingEnv(t)
+	for i := range 3 {
+		e.deliver(fmt.Sprintf("Subject: %d\r\n\r\n%s\r\n", i, strings.Repeat("x", 10*(3-i))))
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok("SORT (REVERSE ARRIVAL) UTF-8 ALL"); !has(u, "* SORT 3 2 1") {
+		t.Errorf("SORT (REVERSE ARRIVAL): %q", u)
+	}
+	if u := r.ok("SORT (SIZE) UTF-8 ALL"); !has(u, "* SORT 3 2 1") {
+		t.Errorf("SORT (SIZE): %q", u)
+	}
+	if n := cs.bodies.Load(); n != 0 {
+		t.Errorf("%d messages read for SORT by ARRIVAL and SIZE, want 0", n)
+	}
+	r.ok("SORT (SUBJECT) UTF-8 ALL")
+	if n := cs.bodies.Load(); n != 3 {
+		t.Errorf("%d messages read for SORT by SUBJECT, want 3", n)
+	}
+}
