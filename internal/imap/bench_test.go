@@ -1,9 +1,13 @@
 package imap
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,5 +113,66 @@ func TestHeaderFetchReadsEachMessageOnce(t *testing.T) {
 	r.ok("SELECT INBOX")
 	if u := r.ok("FETCH 2 BODY.PEEK[TEXT]"); !has(u, "body 1") || cs.bodies.Load() != 4 {
 		t.Errorf("BODY[TEXT]: %q after %d reads", u, cs.bodies.Load())
+	}
+}
+
+// BenchmarkLargeMailbox times what a client does on a large INBOX (issue
+// 13's large-mailbox goals): SELECT, FETCH 1:* (FLAGS), SEARCH UNSEEN,
+// SORT (REVERSE ARRIVAL), SEARCH SUBJECT and SEARCH TEXT. The mailbox has
+// QUILL_LARGE_MAILBOX messages (skipped when unset; filling it takes
+// about a millisecond a message).
+func BenchmarkLargeMailbox(b *testing.B) {
+	n, _ := strconv.Atoi(os.Getenv("QUILL_LARGE_MAILBOX"))
+	if n <= 0 {
+		b.Skip("set QUILL_LARGE_MAILBOX to the number of messages")
+	}
+	c := openCore(b, b.TempDir())
+	defer c.Close()
+	body := strings.Repeat("Lorem ipsum dolor sit amet, consectetur adipiscing elit. 0123456789\r\n", 30)
+	for i := range n {
+		deliverTo(b, c, fmt.Sprintf("From: Sender %d <s%d@example.org>\r\nSubject: topic %d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\n\r\n%sword%d\r\n", i%97, i%97, i%1000, body, i))
+	}
+	srv := New(&proxy.IMAPStore{P: c.Proxy}, proxy.IMAPAuth{P: c.Proxy}, Config{AuthFailDelay: -1})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Shutdown(context.Background())
+	conn, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReaderSize(conn, 1<<20)
+	tag := 0
+	cmd := func(s string) {
+		tag++
+		t := fmt.Sprintf("b%d", tag)
+		fmt.Fprintf(conn, "%s %s\r\n", t, s)
+		for {
+			line, err := r.ReadSlice('\n')
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			if bytes.HasPrefix(line, []byte(t+" ")) {
+				if !bytes.HasPrefix(line, []byte(t+" OK")) {
+					b.Fatalf("%s: %s", s, line)
+				}
+				return
+			}
+		}
+	}
+	r.ReadString('\n')
+	cmd("LOGIN " + testUser + " " + testPass)
+	for _, c := range []string{"SELECT INBOX", "FETCH 1:* (FLAGS)", "SEARCH UNSEEN", "SORT (REVERSE ARRIVAL) UTF-8 ALL", "SEARCH SUBJECT \"topic 7\"", "SEARCH TEXT word12345"} {
+		b.Run(strings.Fields(c)[0]+"_"+strings.Join(strings.Fields(c)[1:], "_"), func(b *testing.B) {
+			for range b.N {
+				cmd(c)
+			}
+		})
 	}
 }
