@@ -55,6 +55,19 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 				return err
 			}
 		}
+		emailID := ""
+		if wantEmailID {
+			// Made before the response starts: a message expunged
+			// meanwhile is left out like one whose body is gone.
+			emailID, err = s.emailID(m, raw)
+			if errors.Is(err, mailbox.ErrNoMessage) {
+				expungeIssued = true
+				continue
+			}
+			if err != nil {
+				return storeErr("FETCH EMAILID", err)
+			}
+		}
 		flagsChanged := false
 		if setSeen && !m.gone && !m.has(`\Seen`) {
 			// RFC 9051 §6.4.5: BODY[...] (not .PEEK) sets \Seen.
@@ -112,15 +125,11 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		for _, bs := range options.BinarySectionSize {
 			rw.WriteBinarySectionSize(bs, imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs))
 		}
-		if emailID, threadID := w.ObjectIDs(); emailID || threadID {
-			if emailID {
-				if id := s.emailID(m, raw); id != "" {
-					rw.WriteEmailID(id)
-				}
-			}
-			if threadID {
-				rw.WriteThreadID("")
-			}
+		if emailID != "" {
+			rw.WriteEmailID(emailID)
+		}
+		if _, threadID := w.ObjectIDs(); threadID {
+			rw.WriteThreadID("")
 		}
 		if w.Preview() {
 			rw.WritePreview(preview(raw))

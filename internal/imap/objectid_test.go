@@ -43,6 +43,12 @@ func TestObjectID(t *testing.T) {
 	if got := firstID(r.ok(`LIST "" Projects RETURN (STATUS (MAILBOXID))`)); got != created {
 		t.Errorf("LIST-STATUS gave MAILBOXID %q, CREATE %q", got, created)
 	}
+	// A trailing delimiter only declares children: the id is the
+	// mailbox's all the same (RFC 8474 §4.1).
+	_, st = r.cmd("CREATE Parent/")
+	if id := firstID([]string{st}); id == "" || id != firstID(r.ok("STATUS Parent (MAILBOXID)")) {
+		t.Errorf("CREATE Parent/: %q", st)
+	}
 	inbox := firstID(r.ok("EXAMINE INBOX"))
 	if inbox == "" || inbox == created {
 		t.Errorf("INBOX MAILBOXID %q (Projects %q)", inbox, created)
@@ -88,5 +94,18 @@ func TestObjectID(t *testing.T) {
 	}
 	if got := firstID(u[1:]); got != second {
 		t.Errorf("MOVE: EMAILID %q, the source's %q", got, second)
+	}
+}
+
+// One message delivered to two users has an EMAILID in each account that
+// does not give the other away.
+func TestEmailIDPerUser(t *testing.T) {
+	m := &msgState{id: "x"}
+	raw := []byte("Subject: same\r\n\r\nbody\r\n")
+	if emailObjectID("a@example.org", raw, m) == emailObjectID("b@example.org", raw, m) {
+		t.Error("two users share an EMAILID")
+	}
+	if emailObjectID("a@example.org", raw, m) != emailObjectID("A@example.org", raw, m) {
+		t.Error("the user's case changes the EMAILID")
 	}
 }

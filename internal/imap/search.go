@@ -127,6 +127,7 @@ type searchMsg struct {
 
 	loaded bool
 	raw    []byte
+	err    error // why raw could not be read
 	hdr    *textproto.Header
 	body   string // lower-cased: raw body and decoded text of the parts
 	bodyOK bool
@@ -136,7 +137,7 @@ func (sm *searchMsg) load() []byte {
 	if !sm.loaded {
 		sm.loaded = true
 		if !sm.m.gone {
-			sm.raw, _ = sm.s.srv.store.Body(sm.s.ctx(), sm.s.user, sm.m.id)
+			sm.raw, sm.err = sm.s.srv.store.Body(sm.s.ctx(), sm.s.user, sm.m.id)
 		}
 	}
 	return sm.raw
@@ -315,7 +316,10 @@ func (ev *evaluator) match(c *imap.SearchCriteria, sm *searchMsg) bool {
 	for _, hf := range c.Header {
 		switch hf.Key {
 		case imapserver.SearchKeyEmailID:
-			if sm.load() == nil || sm.s.emailID(m, sm.raw) != hf.Value {
+			if sm.load() == nil {
+				return false
+			}
+			if id, err := sm.s.emailID(m, sm.raw); err != nil || id != hf.Value {
 				return false
 			}
 			continue

@@ -2,11 +2,13 @@ package imap
 
 import (
 	"cmp"
+	"errors"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
@@ -42,8 +44,10 @@ type sortMsg struct {
 
 // matching returns the selected messages that match criteria, in mailbox
 // order, with their sort keys if keys is set (ARRIVAL and SIZE need none,
-// and then no message is read for them).
-func (s *session) matching(criteria *imap.SearchCriteria, keys bool) []sortMsg {
+// and then no message is read for them). A message whose bytes cannot be
+// read now (a replica away) fails the command rather than sort as if it
+// had no header; one expunged meanwhile sorts with empty keys.
+func (s *session) matching(cmd string, criteria *imap.SearchCriteria, keys bool) ([]sortMsg, error) {
 	sel := s.sel
 	ev := newEvaluator(sel)
 	if sel.sortCache == nil || len(sel.sortCache) > maxSortCache {
@@ -62,13 +66,16 @@ func (s *session) matching(criteria *imap.SearchCriteria, keys bool) []sortMsg {
 		info := sel.sortCache[m.id]
 		if info == nil {
 			info = readSortInfo(sm)
-			if !m.gone {
+			if sm.err != nil && !errors.Is(sm.err, mailbox.ErrNoMessage) {
+				return nil, storeErr(cmd, sm.err)
+			}
+			if !m.gone && sm.err == nil {
 				sel.sortCache[m.id] = info
 			}
 		}
 		out = append(out, sortMsg{seq: uint32(i + 1), m: m, info: info})
 	}
-	return out
+	return out, nil
 }
 
 func readSortInfo(sm *searchMsg) *sortInfo {
@@ -117,8 +124,13 @@ func readSortInfo(sm *searchMsg) *sortInfo {
 	return info
 }
 
-// maxRefs bounds the References one message contributes to threading.
-const maxRefs = 200
+// maxRefs bounds the References one message contributes to threading, and
+// maxMsgID the length of one id (RFC 5322's line limit): a mailbox of
+// hostile messages must not make THREAD's tables grow without bound.
+const (
+	maxRefs  = 200
+	maxMsgID = 998
+)
 
 // msgIDList returns the message ids of a References or In-Reply-To
 // field: what lies between < and >, without folding or spaces.
@@ -139,7 +151,7 @@ func msgIDList(v string) []string {
 			}
 			return r
 		}, v[i+1:i+j])
-		if id != "" {
+		if id != "" && len(id) <= maxMsgID {
 			out = append(out, id)
 		}
 		v = v[i+j+1:]
@@ -166,11 +178,14 @@ func asciiLower(s string) string {
 
 // Sort answers SORT and UID SORT (RFC 5256 §3): messages that tie on
 // every key stay in mailbox order.
-func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriterion, criteria *imap.SearchCriteria) ([]uint32, error) {
+func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriterion, criteria *imap.SearchCriteria) ([]uint32, uint64, error) {
 	keys := slices.ContainsFunc(program, func(c imapserver.SortCriterion) bool {
 		return c.Key != imapserver.SortArrival && c.Key != imapserver.SortSize
 	})
-	msgs := s.matching(criteria, keys)
+	msgs, err := s.matching("SORT", criteria, keys)
+	if err != nil {
+		return nil, 0, err
+	}
 	slices.SortStableFunc(msgs, func(a, b sortMsg) int {
 		for _, c := range program {
 			r := compareKey(c.Key, &a, &b)
@@ -184,13 +199,18 @@ func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriteri
 		return 0
 	})
 	out := make([]uint32, len(msgs))
+	var modSeq uint64
 	for i, m := range msgs {
 		out[i] = m.seq
 		if kind == imapserver.NumKindUID {
 			out[i] = m.m.uid
 		}
+		modSeq = max(modSeq, m.m.modSeq)
 	}
-	return out, nil
+	if !hasModSeq(criteria) {
+		modSeq = 0
+	}
+	return out, modSeq, nil
 }
 
 // stringKeys are the sort keys that compare a string of the header.
@@ -220,7 +240,10 @@ func compareKey(k imapserver.SortKey, a, b *sortMsg) int {
 
 // Thread answers THREAD and UID THREAD (RFC 5256 §3).
 func (s *session) Thread(kind imapserver.NumKind, algorithm imapserver.ThreadAlgorithm, criteria *imap.SearchCriteria) ([]imapserver.Thread, error) {
-	msgs := s.matching(criteria, true)
+	msgs, err := s.matching("THREAD", criteria, true)
+	if err != nil {
+		return nil, err
+	}
 	nodes := make([]threadMsg, len(msgs))
 	for i, m := range msgs {
 		num := m.seq

@@ -65,6 +65,12 @@ func TestThreadReferences(t *testing.T) {
 	if got != want {
 		t.Errorf("REFERENCES:\n got %s\nwant %s", got, want)
 	}
+	// A message with no references has no parent, even one another
+	// message's References gave it (RFC 5256 step 1B).
+	got = imapserver.FormatThreads(references([]threadMsg{tm(1, "x", "a"), tm(2, "y", "c", "a", "b"), tm(3, "z", "b")}))
+	if want := "(1)(3 2)"; got != want {
+		t.Errorf("REFERENCES, a parent from another's References: got %s, want %s", got, want)
+	}
 	// Two root messages of the same base subject, neither a reply,
 	// meet under a dummy.
 	got = imapserver.FormatThreads(references([]threadMsg{tm(1, "topic", "p"), tm(2, "[x] topic", "q"), tm(3, "Re: topic", "r", "q")}))
@@ -127,6 +133,17 @@ func TestSortAndThreadCommands(t *testing.T) {
 		if !has(u, want) {
 			t.Errorf("%s:\n got %q\nwant %q", cmd, u, want)
 		}
+	}
+	// RFC 7162 §3.1.5: with a MODSEQ key, the highest mod-sequence ends
+	// the answer.
+	if u := r.ok("SORT (ARRIVAL) UTF-8 MODSEQ 1"); !has(u, "* SORT 1 2 3 4 (MODSEQ ") {
+		t.Errorf("SORT with MODSEQ: %q", u)
+	}
+	if u := r.ok("SORT RETURN (COUNT) (ARRIVAL) UTF-8 MODSEQ 1"); !has(u, "COUNT 4 MODSEQ ") {
+		t.Errorf("ESORT with MODSEQ: %q", u)
+	}
+	if u := r.ok("SORT (ARRIVAL) UTF-8 ALL"); has(u, "MODSEQ") {
+		t.Errorf("SORT without MODSEQ: %q", u)
 	}
 	if u := r.ok("SORT RETURN (MIN MAX COUNT) (SUBJECT) UTF-8 ALL"); !has(u, "MIN 1 MAX 4 COUNT 4") {
 		t.Errorf("ESORT MIN/MAX are the first and last in sort order: %q", u)
@@ -225,5 +242,23 @@ func TestSortByArrivalReadsNoMessage(t *testing.T) {
 	r.ok("SORT (SUBJECT) UTF-8 ALL")
 	if n := cs.bodies.Load(); n != 3 {
 		t.Errorf("%d messages read for SORT by SUBJECT, want 3", n)
+	}
+}
+
+// BenchmarkThreadChain threads a chain of replies, each naming every
+// message before it (up to maxRefs): linear, not quadratic, in its length.
+func BenchmarkThreadChain(b *testing.B) {
+	const n = 50000
+	msgs := make([]threadMsg, n)
+	for i := range msgs {
+		var refs []string
+		for j := max(0, i-maxRefs); j < i; j++ {
+			refs = append(refs, fmt.Sprint(j))
+		}
+		msgs[i] = tm(uint32(i+1), "Re: chain", fmt.Sprint(i), refs...)
+	}
+	b.ResetTimer()
+	for range b.N {
+		references(msgs)
 	}
 }

@@ -192,6 +192,9 @@ type container struct {
 }
 
 func (c *container) isAncestorOf(d *container) bool {
+	if len(c.children) == 0 {
+		return c == d // no one's ancestor: no walk (a new message's case)
+	}
 	for p := d; p != nil; p = p.parent {
 		if p == c {
 			return true
@@ -261,10 +264,14 @@ func references(msgs []threadMsg) []imapserver.Thread {
 				p.link(ch)
 			}
 		}
-		// (1B) The last reference is this message's parent, replacing
-		// any parent it had (a truncated References elsewhere).
+		// (1B) The last reference, or none, is this message's parent:
+		// any parent it had (from a truncated References elsewhere) goes
+		// first, and a link that would make a loop is not made.
+		if c.parent != nil {
+			c.parent.unlink(c)
+		}
 		if len(refs) > 0 {
-			if p := get(refs[len(refs)-1]); p != c && !c.isAncestorOf(p) {
+			if p := get(refs[len(refs)-1]); p != c {
 				p.link(c)
 			}
 		}

@@ -36,7 +36,14 @@ func (c *Conn) mailboxID(mailbox string) string {
 		return ""
 	}
 	id, err := so.MailboxID(mailbox)
-	if err != nil || !ValidObjectID(id) {
+	if err != nil {
+		// The command itself succeeded: it answers without the id
+		// rather than fail, and the cause goes to the log.
+		c.server.logger().Printf("MAILBOXID of %q: %v", mailbox, err)
+		return ""
+	}
+	if !ValidObjectID(id) {
+		c.server.logger().Printf("MAILBOXID of %q: %q is not an object id", mailbox, id)
 		return ""
 	}
 	return id

@@ -52,10 +52,12 @@ type Thread struct {
 
 // SessionSort is a session that supports SORT (RFC 5256) and ESORT
 // (RFC 5267): it returns the numbers (sequence numbers or UIDs, by kind)
-// of the messages that match criteria, in the order of the sort program.
+// of the messages that match criteria, in the order of the sort program,
+// and, when criteria has a MODSEQ key, the highest mod-sequence of those
+// messages (RFC 7162 §3.1.5), else 0.
 type SessionSort interface {
 	Session
-	Sort(kind NumKind, program []SortCriterion, criteria *imap.SearchCriteria) ([]uint32, error)
+	Sort(kind NumKind, program []SortCriterion, criteria *imap.SearchCriteria) ([]uint32, uint64, error)
 }
 
 // SessionThread is a session that supports THREAD (RFC 5256).
@@ -132,7 +134,7 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 	if !ok {
 		return newClientBugError("SORT is not supported")
 	}
-	nums, err := ss.Sort(numKind, program, criteria)
+	nums, modSeq, err := ss.Sort(numKind, program, criteria)
 	if err != nil {
 		return err
 	}
@@ -140,13 +142,16 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 		c.enableCondStore(true)
 	}
 	if extended {
-		return c.writeESort(tag, nums, &options, numKind)
+		return c.writeESort(tag, nums, modSeq, &options, numKind)
 	}
 	enc := newResponseEncoder(c)
 	defer enc.end()
 	enc.Atom("*").SP().Atom("SORT")
 	for _, n := range nums {
 		enc.SP().Number(n)
+	}
+	if modSeq != 0 && len(nums) > 0 { // RFC 7162 §3.1.5: sort-data ends with it
+		enc.SP().Special('(').Atom("MODSEQ").SP().ModSeq(modSeq).Special(')')
 	}
 	return enc.CRLF()
 }
@@ -181,7 +186,7 @@ func readSortReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions) erro
 
 // writeESort answers SORT RETURN (RFC 5267 §3.2): MIN and MAX are the
 // first and the last message in sort order, ALL lists them in that order.
-func (c *Conn) writeESort(tag string, nums []uint32, options *imap.SearchOptions, numKind NumKind) error {
+func (c *Conn) writeESort(tag string, nums []uint32, modSeq uint64, options *imap.SearchOptions, numKind NumKind) error {
 	enc := newResponseEncoder(c)
 	defer enc.end()
 	enc.Atom("*").SP().Atom("ESEARCH").SP().Special('(').Atom("TAG").SP().String(tag).Special(')')
@@ -201,6 +206,9 @@ func (c *Conn) writeESort(tag string, nums []uint32, options *imap.SearchOptions
 	}
 	if options.ReturnCount {
 		enc.SP().Atom("COUNT").SP().Number(uint32(len(nums)))
+	}
+	if modSeq != 0 && len(nums) > 0 { // RFC 7162 §3.1.5 with RFC 4731
+		enc.SP().Atom("MODSEQ").SP().ModSeq(modSeq)
 	}
 	return enc.CRLF()
 }
