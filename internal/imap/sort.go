@@ -178,13 +178,13 @@ func asciiLower(s string) string {
 
 // Sort answers SORT and UID SORT (RFC 5256 §3): messages that tie on
 // every key stay in mailbox order.
-func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriterion, criteria *imap.SearchCriteria) ([]uint32, uint64, error) {
+func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriterion, criteria *imap.SearchCriteria) ([]uint32, []uint64, error) {
 	keys := slices.ContainsFunc(program, func(c imapserver.SortCriterion) bool {
 		return c.Key != imapserver.SortArrival && c.Key != imapserver.SortSize
 	})
 	msgs, err := s.matching("SORT", criteria, keys)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	slices.SortStableFunc(msgs, func(a, b sortMsg) int {
 		for _, c := range program {
@@ -199,18 +199,20 @@ func (s *session) Sort(kind imapserver.NumKind, program []imapserver.SortCriteri
 		return 0
 	})
 	out := make([]uint32, len(msgs))
-	var modSeq uint64
+	var modSeqs []uint64
+	if hasModSeq(criteria) {
+		modSeqs = make([]uint64, len(msgs))
+	}
 	for i, m := range msgs {
 		out[i] = m.seq
 		if kind == imapserver.NumKindUID {
 			out[i] = m.m.uid
 		}
-		modSeq = max(modSeq, m.m.modSeq)
+		if modSeqs != nil {
+			modSeqs[i] = m.m.modSeq
+		}
 	}
-	if !hasModSeq(criteria) {
-		modSeq = 0
-	}
-	return out, modSeq, nil
+	return out, modSeqs, nil
 }
 
 // stringKeys are the sort keys that compare a string of the header.

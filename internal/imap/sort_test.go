@@ -145,6 +145,17 @@ func TestSortAndThreadCommands(t *testing.T) {
 	if u := r.ok("SORT (ARRIVAL) UTF-8 ALL"); has(u, "MODSEQ") {
 		t.Errorf("SORT without MODSEQ: %q", u)
 	}
+	// With MIN alone, the MODSEQ is MIN's message's, not the highest of
+	// all (message 1 is changed last, so it has the highest).
+	r.ok(`STORE 1 +FLAGS.SILENT (\Flagged)`)
+	var ms4 string
+	for _, l := range r.ok("FETCH 4 (MODSEQ)") {
+		fmt.Sscanf(l, "* 4 FETCH (MODSEQ (%s", &ms4)
+	}
+	ms4 = strings.TrimRight(ms4, ")")
+	if u := r.ok("SORT RETURN (MIN) (REVERSE ARRIVAL) UTF-8 MODSEQ 1"); ms4 == "" || !has(u, "MIN 4 MODSEQ "+ms4) {
+		t.Errorf("ESORT MIN with MODSEQ: %q, want message 4's MODSEQ %s", u, ms4)
+	}
 	if u := r.ok("SORT RETURN (MIN MAX COUNT) (SUBJECT) UTF-8 ALL"); !has(u, "MIN 1 MAX 4 COUNT 4") {
 		t.Errorf("ESORT MIN/MAX are the first and last in sort order: %q", u)
 	}

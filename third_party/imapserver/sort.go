@@ -53,11 +53,11 @@ type Thread struct {
 // SessionSort is a session that supports SORT (RFC 5256) and ESORT
 // (RFC 5267): it returns the numbers (sequence numbers or UIDs, by kind)
 // of the messages that match criteria, in the order of the sort program,
-// and, when criteria has a MODSEQ key, the highest mod-sequence of those
-// messages (RFC 7162 §3.1.5), else 0.
+// and, when criteria has a MODSEQ key, each one's mod-sequence (RFC 7162
+// §3.1.5), else nil.
 type SessionSort interface {
 	Session
-	Sort(kind NumKind, program []SortCriterion, criteria *imap.SearchCriteria) ([]uint32, uint64, error)
+	Sort(kind NumKind, program []SortCriterion, criteria *imap.SearchCriteria) (nums []uint32, modSeqs []uint64, err error)
 }
 
 // SessionThread is a session that supports THREAD (RFC 5256).
@@ -134,7 +134,7 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 	if !ok {
 		return newClientBugError("SORT is not supported")
 	}
-	nums, modSeq, err := ss.Sort(numKind, program, criteria)
+	nums, modSeqs, err := ss.Sort(numKind, program, criteria)
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,11 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 		c.enableCondStore(true)
 	}
 	if extended {
-		return c.writeESort(tag, nums, modSeq, &options, numKind)
+		return c.writeESort(tag, nums, modSeqs, &options, numKind)
+	}
+	var modSeq uint64
+	for _, m := range modSeqs {
+		modSeq = max(modSeq, m)
 	}
 	enc := newResponseEncoder(c)
 	defer enc.end()
@@ -186,7 +190,24 @@ func readSortReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions) erro
 
 // writeESort answers SORT RETURN (RFC 5267 §3.2): MIN and MAX are the
 // first and the last message in sort order, ALL lists them in that order.
-func (c *Conn) writeESort(tag string, nums []uint32, modSeq uint64, options *imap.SearchOptions, numKind NumKind) error {
+func (c *Conn) writeESort(tag string, nums []uint32, modSeqs []uint64, options *imap.SearchOptions, numKind NumKind) error {
+	// RFC 7162 §3.1.5: the highest mod-sequence of the messages the
+	// answer names: all of them with ALL or COUNT, else MIN's and MAX's.
+	var modSeq uint64
+	if len(modSeqs) == len(nums) && len(nums) > 0 {
+		if options.ReturnAll || options.ReturnCount {
+			for _, m := range modSeqs {
+				modSeq = max(modSeq, m)
+			}
+		} else {
+			if options.ReturnMin {
+				modSeq = modSeqs[0]
+			}
+			if options.ReturnMax {
+				modSeq = max(modSeq, modSeqs[len(modSeqs)-1])
+			}
+		}
+	}
 	enc := newResponseEncoder(c)
 	defer enc.end()
 	enc.Atom("*").SP().Atom("ESEARCH").SP().Special('(').Atom("TAG").SP().String(tag).Special(')')
