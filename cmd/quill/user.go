@@ -228,7 +228,7 @@ func init() {
 			return w.Flush()
 		},
 	}
-	cmd.AddCommand(add, passwd, set, del, list, hash)
+	cmd.AddCommand(add, passwd, set, del, list, hash, quotaCommand(&c))
 	rootCmd.AddCommand(cmd)
 }
 

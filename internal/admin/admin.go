@@ -118,6 +118,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("PUT /api/users/{address}/password", s.setPassword)
 	mux.HandleFunc("PUT /api/users/{address}/replication", s.setReplication)
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
+	mux.HandleFunc("GET /api/users/{address}/quota", s.getQuota)
+	mux.HandleFunc("PUT /api/users/{address}/quota", s.setQuota)
 	mux.HandleFunc("GET /api/tls", s.listCerts)
 	mux.HandleFunc("PUT /api/tls", s.setCert)
 	mux.HandleFunc("DELETE /api/tls/{name...}", s.deleteCert)
@@ -291,6 +293,39 @@ func (s *Server) setReplication(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Logger.Info("replication settings changed", "user", addr, "replicas", u.Replicas, "write_policy", u.WritePolicy)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// quotaJSON is a user's quota limits (PUT) and usage (GET): bytes and
+// messages, 0 for no limit.
+type quotaJSON struct {
+	Storage      int64 `json:"storage"`
+	Messages     int64 `json:"messages"`
+	StorageUsed  int64 `json:"storage_used"`
+	MessagesUsed int64 `json:"messages_used"`
+}
+
+func (s *Server) getQuota(w http.ResponseWriter, r *http.Request) {
+	u, err := s.Users.Usage(r.Context(), r.PathValue("address"))
+	if err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	writeJSON(w, http.StatusOK, quotaJSON{Storage: u.QuotaStorage, Messages: u.QuotaMessages, StorageUsed: u.Storage, MessagesUsed: u.Messages})
+}
+
+func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) {
+	var q quotaJSON
+	if err := readJSON(r, &q); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	addr := r.PathValue("address")
+	if err := s.Users.SetQuota(r.Context(), addr, q.Storage, q.Messages); err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("quota changed", "user", addr, "storage", q.Storage, "messages", q.Messages)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -30,6 +30,10 @@ type Store interface {
 	StoreFlags(ctx context.Context, user string, mbox uint64, uids []uint32, op mailbox.FlagOp, flags []string, unchangedSince uint64) ([]mailbox.Message, []uint32, error)
 	ExpungeDeleted(ctx context.Context, user string, mbox uint64, uids []uint32) ([]uint32, error)
 	Copy(ctx context.Context, user string, src uint64, uids []uint32, dst string, move bool) (*mailbox.CopyResult, error)
+	// MailboxUsage is Mailbox (nil for name "") with what the user's mail
+	// takes over all mailboxes and the user's quota limits (RFC 9208),
+	// from one call to the user's writer: APPEND and COPY need both.
+	MailboxUsage(ctx context.Context, user, name string) (*mailbox.Mailbox, mailbox.Usage, error)
 	// Subscribe tells of changes to the user's mail until its cancel is
 	// called or ctx ends.
 	Subscribe(ctx context.Context, user string) (<-chan mailbox.Change, func())

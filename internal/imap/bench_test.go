@@ -14,6 +14,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-imap/v2/imapclient"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
 )
 
@@ -22,30 +23,7 @@ import (
 // RFC822.SIZE BODY.PEEK[HEADER.FIELDS (FROM SUBJECT DATE)]) over 160
 // messages of about 5 KB on one node, through a real connection.
 func BenchmarkFetchHeaders(b *testing.B) {
-	c := openCore(b, b.TempDir())
-	defer c.Close()
-	body := strings.Repeat("The quick brown fox jumps over the lazy dog. 0123456789\r\n", 85)
-	for i := range 160 {
-		deliverTo(b, c, fmt.Sprintf("From: Sender %d <s%d@example.org>\r\nTo: %s\r\nSubject: message %d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\nMessage-ID: <%d@example.org>\r\n\r\n%s", i, i, testUser, i, i, body))
-	}
-	srv := New(&proxy.IMAPStore{P: c.Proxy}, proxy.IMAPAuth{P: c.Proxy}, Config{AuthFailDelay: -1})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go srv.Serve(l)
-	defer srv.Shutdown(context.Background())
-	cl, err := imapclient.DialInsecure(l.Addr().String(), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.Login(testUser, testPass).Wait(); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := cl.Select("INBOX", nil).Wait(); err != nil {
-		b.Fatal(err)
-	}
+	cl := benchSession(b, 160)
 	opts := &imap.FetchOptions{UID: true, Flags: true, RFC822Size: true, BodySection: []*imap.FetchItemBodySection{
 		{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{"FROM", "SUBJECT", "DATE"}, Peek: true}}}
 	b.ResetTimer()
@@ -57,10 +35,78 @@ func BenchmarkFetchHeaders(b *testing.B) {
 	}
 }
 
+// BenchmarkBodyAndStore times the IMAP mix's other two commands on one
+// node (a real store, fsync and all): UID FETCH of one message's BODY.PEEK[]
+// (no flag change) and UID STORE of a flag on one message.
+func BenchmarkBodyAndStore(b *testing.B) {
+	n := 160
+	if v, err := strconv.Atoi(os.Getenv("QUILL_BENCH_MESSAGES")); err == nil && v > 0 {
+		n = v // a larger mailbox shows what a command costs per message held
+	}
+	cl := benchSession(b, n)
+	b.Run("fetch_body_peek", func(b *testing.B) {
+		opts := &imap.FetchOptions{UID: true, BodySection: []*imap.FetchItemBodySection{{Peek: true}}}
+		for i := range b.N {
+			msgs, err := cl.Fetch(imap.UIDSetNum(imap.UID(i%n+1)), opts).Collect()
+			if err != nil || len(msgs) != 1 {
+				b.Fatalf("FETCH: %d messages, %v", len(msgs), err)
+			}
+		}
+	})
+	b.Run("store", func(b *testing.B) {
+		for i := range b.N {
+			op := imap.StoreFlagsAdd
+			if (i/n)%2 == 1 {
+				op = imap.StoreFlagsDel
+			}
+			flags := &imap.StoreFlags{Op: op, Flags: []imap.Flag{imap.FlagFlagged}, Silent: true}
+			if _, err := cl.Store(imap.UIDSetNum(imap.UID(i%n+1)), flags, nil).Collect(); err != nil {
+				b.Fatalf("STORE: %v", err)
+			}
+		}
+	})
+}
+
+// benchSession delivers n messages of about 5 KB to the test user of a
+// new one-node core and returns a client logged in with INBOX selected.
+func benchSession(b *testing.B, n int) *imapclient.Client {
+	c := openCore(b, b.TempDir())
+	b.Cleanup(func() { c.Close() })
+	body := strings.Repeat("The quick brown fox jumps over the lazy dog. 0123456789\r\n", 85)
+	for i := range n {
+		deliverTo(b, c, fmt.Sprintf("From: Sender %d <s%d@example.org>\r\nTo: %s\r\nSubject: message %d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\nMessage-ID: <%d@example.org>\r\n\r\n%s", i, i, testUser, i, i, body))
+	}
+	srv := New(&proxy.IMAPStore{P: c.Proxy}, proxy.IMAPAuth{P: c.Proxy}, Config{AuthFailDelay: -1})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Serve(l)
+	b.Cleanup(func() { srv.Shutdown(context.Background()) })
+	cl, err := imapclient.DialInsecure(l.Addr().String(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cl.Close() })
+	if err := cl.Login(testUser, testPass).Wait(); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cl.Select("INBOX", nil).Wait(); err != nil {
+		b.Fatal(err)
+	}
+	return cl
+}
+
 // countingStore counts the message bodies read.
 type countingStore struct {
 	Store
 	bodies atomic.Int64
+	lists  atomic.Int64 // Messages calls: whole-mailbox reads
+}
+
+func (c *countingStore) Messages(ctx context.Context, user string, mbox uint64) ([]mailbox.Message, error) {
+	c.lists.Add(1)
+	return c.Store.Messages(ctx, user, mbox)
 }
 
 func (c *countingStore) Body(ctx context.Context, user, id string) ([]byte, error) {
@@ -83,6 +129,35 @@ func newCountingEnv(t *testing.T) (*env, *countingStore) {
 	go e.srv.Serve(l)
 	t.Cleanup(func() { e.srv.Shutdown(context.Background()) })
 	return e, cs
+}
+
+// A session's own STORE, or the \Seen a FETCH sets, is not followed by a
+// read of the whole mailbox when nothing else changed it; a change made by
+// another session in between still is, and still reaches the client.
+func TestOwnChangeNeedsNoResync(t *testing.T) {
+	e, cs := newCountingEnv(t)
+	for i := range 3 {
+		deliverTo(t, e.core, fmt.Sprintf("Subject: %d\r\n\r\nbody\r\n", i))
+	}
+	a, b := e.raw(true), e.raw(true)
+	a.ok("SELECT INBOX")
+	b.ok("SELECT INBOX")
+	before := cs.lists.Load()
+	a.ok(`STORE 1 +FLAGS (\Flagged)`)
+	a.ok("FETCH 2 (BODY[])")
+	a.ok(`UID STORE 1:3 +FLAGS.SILENT (\Answered)`)
+	a.ok("NOOP")
+	if n := cs.lists.Load() - before; n != 0 {
+		t.Errorf("own changes read the mailbox %d times", n)
+	}
+	// Another session's change before this one's STORE: read and told.
+	b.ok(`STORE 3 +FLAGS (\Draft)`)
+	before = cs.lists.Load()
+	u := a.ok(`STORE 1 -FLAGS (\Flagged)`)
+	u = append(u, a.ok("NOOP")...)
+	if cs.lists.Load() == before || !has(u, `* 3 FETCH (`) || !has(u, `\Answered \Draft`) {
+		t.Errorf("a change elsewhere was not read or not told: %q", u)
+	}
 }
 
 // A header-only FETCH (header fields, ENVELOPE) reads each message's bytes

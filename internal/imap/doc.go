@@ -13,7 +13,10 @@
 // new messages (EXISTS), flag changes (FETCH) and expunges (EXPUNGE) made by
 // other sessions, SMTP delivery or POP3 are found by Poll after a command or
 // during IDLE, and an expunge is held back (the message stays numbered, a
-// "ghost") while a FETCH, STORE or SEARCH is answered.
+// "ghost") while a FETCH, STORE or SEARCH is answered. Once the client
+// enables QRESYNC (RFC 7162 §3.2), expunges go out as VANISHED with UIDs,
+// and a SELECT with QRESYNC parameters or a UID FETCH VANISHED reports the
+// UIDs that are gone as computed from the mailbox (qresync.go).
 //
 // Soft state: which messages are \Recent (RFC 3501 §2.3.2) is kept in memory
 // per node, as the highest UID some session has already been told about per

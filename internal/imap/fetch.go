@@ -30,6 +30,15 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 	setSeen = setSeen && !sel.readOnly
 	condStore := s.condStore()
 	expungeIssued := false
+	if uids, ok := numSet.(imap.UIDSet); ok && w.Vanished() {
+		// RFC 7162 §3.2.6: the UIDs of the set that are gone, before the
+		// FETCH responses (qresync.go says which).
+		if gone := vanishedUIDs(uids, sel.view(), sel.lastUID()); len(gone) > 0 {
+			if err := w.WriteVanishedEarlier(gone); err != nil {
+				return err
+			}
+		}
+	}
 
 	for _, i := range idx {
 		m := sel.msgs[i]
@@ -76,6 +85,9 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 				return storeErr("FETCH (setting \\Seen)", err)
 			}
 			if len(upd) == 1 {
+				if mailbox.SameFlags(upd[0].Flags, mailbox.ApplyFlags(m.flags, mailbox.FlagsAdd, []string{`\Seen`})) {
+					sel.ownChanges([]uint64{upd[0].ModSeq})
+				}
 				m.flags, m.modSeq = upd[0].Flags, upd[0].ModSeq
 				flagsChanged = true
 			}

@@ -91,16 +91,7 @@ func resolveUIDSet(set imap.UIDSet, view []uint32) []int {
 	last := view[len(view)-1]
 	var out []int
 	for _, r := range set {
-		start, stop := uint32(r.Start), uint32(r.Stop)
-		if start == 0 {
-			start = last
-		}
-		if stop == 0 {
-			stop = last
-		}
-		if start > stop {
-			start, stop = stop, start
-		}
+		start, stop := uidRange(r, last)
 		lo := sort.Search(len(view), func(i int) bool { return view[i] >= start })
 		for i := lo; i < len(view) && view[i] <= stop; i++ {
 			out = append(out, i)
@@ -108,6 +99,19 @@ func resolveUIDSet(set imap.UIDSet, view []uint32) []int {
 	}
 	sort.Ints(out)
 	return dedupInts(out)
+}
+
+// uidRange returns a range's ends in ascending order, "*" being last (so
+// "n:*" with n past last is last:n, RFC 9051 §6.4.9).
+func uidRange(r imap.UIDRange, last uint32) (lo, hi uint32) {
+	lo, hi = uint32(r.Start), uint32(r.Stop)
+	if lo == 0 {
+		lo = last
+	}
+	if hi == 0 {
+		hi = last
+	}
+	return min(lo, hi), max(lo, hi)
 }
 
 // resolveUIDs returns the view indexes of a list of UIDs (a saved SEARCH

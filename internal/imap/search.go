@@ -391,17 +391,7 @@ func seqContains(set imap.SeqSet, seq, n uint32) bool {
 // the mailbox (so "n:*" always includes it, RFC 9051 §6.4.9).
 func uidContains(set imap.UIDSet, uid, maxUID uint32) bool {
 	for _, r := range set {
-		a, b := uint32(r.Start), uint32(r.Stop)
-		if a == 0 {
-			a = maxUID
-		}
-		if b == 0 {
-			b = maxUID
-		}
-		if a > b {
-			a, b = b, a
-		}
-		if uid >= a && uid <= b {
+		if a, b := uidRange(r, maxUID); uid >= a && uid <= b {
 			return true
 		}
 	}

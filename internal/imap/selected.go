@@ -2,6 +2,7 @@ package imap
 
 import (
 	"errors"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ type selected struct {
 
 	msgs    []*msgState
 	uidHigh uint32 // highest UID ever announced
+	uidNext uint32 // the mailbox's UIDNEXT when last synced
 	modSeq  uint64 // the mailbox's HIGHESTMODSEQ when last synced
 	// ghosts counts messages expunged elsewhere but still numbered here,
 	// because the EXPUNGE could not yet be sent.
@@ -168,6 +170,7 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 			return err
 		}
 		sel.modSeq = mb.HighestModSeq
+		sel.uidNext = max(sel.uidNext, mb.UIDNext)
 	}
 	condStore := s.condStore()
 
@@ -202,12 +205,14 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	// EXPUNGE, highest sequence number first, so each number is the
 	// message's current one.
 	if allowExpunge && sel.ghosts > 0 {
+		var idx []int
 		for i := len(sel.msgs) - 1; i >= 0; i-- {
 			if sel.msgs[i].gone {
-				if err := w.WriteExpunge(uint32(i + 1)); err != nil {
-					return err
-				}
+				idx = append(idx, i)
 			}
+		}
+		if err := sel.writeExpunged(w, idx); err != nil {
+			return err
 		}
 		kept = kept[:0]
 		for _, m := range sel.msgs {
@@ -275,6 +280,26 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 		}
 	}
 	return nil
+}
+
+// ownChanges notes MODSEQs this session's own change took (each one what
+// its STORE made of the message's flags as the session knew them). When
+// they are exactly the ones after the last sync, nothing else changed the
+// mailbox meanwhile (every new message, flag change and expunge takes a
+// MODSEQ, one after the other per mailbox), the session's view is already
+// the mailbox's, and the next poll need not read the whole mailbox again:
+// on a large mailbox that read cost more than the STORE.
+func (sel *selected) ownChanges(modSeqs []uint64) {
+	if len(modSeqs) == 0 {
+		return
+	}
+	slices.Sort(modSeqs)
+	for i, ms := range modSeqs {
+		if ms != sel.modSeq+uint64(i)+1 {
+			return
+		}
+	}
+	sel.modSeq = modSeqs[len(modSeqs)-1]
 }
 
 // flagsChanged returns the mailbox's flags when they differ from what the
@@ -385,13 +410,17 @@ func (s *session) Expunge(w *imapserver.ExpungeWriter, uids *imap.UIDSet) error 
 	for _, u := range gone {
 		goneSet[u] = true
 	}
+	var idx []int
 	for i := len(sel.msgs) - 1; i >= 0; i-- {
 		if goneSet[sel.msgs[i].uid] {
-			if err := w.WriteExpunge(uint32(i + 1)); err != nil {
-				return err
-			}
-			sel.msgs = append(sel.msgs[:i], sel.msgs[i+1:]...)
+			idx = append(idx, i)
 		}
+	}
+	if err := sel.writeExpunged(w, idx); err != nil {
+		return err
+	}
+	for _, i := range idx {
+		sel.msgs = append(sel.msgs[:i], sel.msgs[i+1:]...)
 	}
 	return nil
 }
@@ -442,9 +471,18 @@ func (s *session) Store(w *imapserver.FetchWriter, numSet imap.NumSet, flags *im
 	}
 	condStore := s.condStore() || options.UnchangedSince != 0
 	_, isUID := numSet.(imap.UIDSet)
+	var own []uint64
+	explained := true
 	for k := range updated {
 		m := sel.msgs[byUID[updated[k].UID]]
+		if updated[k].ModSeq > sel.modSeq {
+			own = append(own, updated[k].ModSeq)
+			explained = explained && mailbox.SameFlags(updated[k].Flags, mailbox.ApplyFlags(m.flags, op, names))
+		}
 		m.flags, m.modSeq = updated[k].Flags, updated[k].ModSeq
+	}
+	if explained {
+		sel.ownChanges(own)
 	}
 	// A keyword new to the session is announced before a FETCH shows it.
 	if all, changed := sel.flagsChanged(); changed {
@@ -526,11 +564,22 @@ func (s *session) Copy(numSet imap.NumSet, dest string) (*imap.CopyData, error) 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.srv.store.Mailbox(s.ctx(), s.user, dest); errors.Is(err, mailbox.ErrNoMailbox) {
+	_, usage, err := s.srv.store.MailboxUsage(s.ctx(), s.user, dest)
+	if errors.Is(err, mailbox.ErrNoMailbox) {
 		return nil, no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
+	}
+	if err != nil {
+		return nil, storeErr(what, err)
 	}
 	if len(uids) == 0 {
 		return nil, nil
+	}
+	var size int64
+	for _, i := range resolveUIDs(uids, s.sel.view()) {
+		size += s.sel.msgs[i].size
+	}
+	if err := checkQuota(what, usage, int64(len(uids)), size); err != nil {
+		return nil, err
 	}
 	res, err := s.srv.store.Copy(s.ctx(), s.user, s.sel.id, uids, dest, false)
 	if err != nil {
@@ -570,16 +619,20 @@ func (s *session) Move(w *imapserver.MoveWriter, numSet imap.NumSet, dest string
 		moved[u] = true
 	}
 	sel := s.sel
+	var idx []int
 	for i := len(sel.msgs) - 1; i >= 0; i-- {
 		if moved[sel.msgs[i].uid] {
-			if err := w.WriteExpunge(uint32(i + 1)); err != nil {
-				return err
-			}
-			if sel.msgs[i].gone {
-				sel.ghosts--
-			}
-			sel.msgs = append(sel.msgs[:i], sel.msgs[i+1:]...)
+			idx = append(idx, i)
 		}
+	}
+	if err := sel.writeExpunged(w, idx); err != nil {
+		return err
+	}
+	for _, i := range idx {
+		if sel.msgs[i].gone {
+			sel.ghosts--
+		}
+		sel.msgs = append(sel.msgs[:i], sel.msgs[i+1:]...)
 	}
 	return nil
 }

@@ -509,7 +509,8 @@ const maxFlags = 128
 
 func (s *session) Append(name string, r imap.LiteralReader, options *imap.AppendOptions) (*imap.AppendData, error) {
 	what := fmt.Sprintf("APPEND to %q", name)
-	if _, err := s.srv.store.Mailbox(s.ctx(), s.user, name); err != nil {
+	_, usage, err := s.srv.store.MailboxUsage(s.ctx(), s.user, name)
+	if err != nil {
 		if errors.Is(err, mailbox.ErrNoMailbox) {
 			// RFC 9051 §6.3.12: TRYCREATE when the mailbox does not exist.
 			return nil, no(imap.ResponseCodeTryCreate, "%s: no such mailbox", what)
@@ -521,6 +522,9 @@ func (s *session) Append(name string, r imap.LiteralReader, options *imap.Append
 	}
 	raw, err := io.ReadAll(io.LimitReader(r, s.srv.cfg.MaxMessageBytes+1))
 	if err != nil {
+		return nil, err
+	}
+	if err := checkQuota(what, usage, 1, int64(len(raw))); err != nil {
 		return nil, err
 	}
 	if len(options.Flags) > maxFlags {
@@ -577,6 +581,7 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 		sel.msgs = append(sel.msgs, m)
 	}
 	sel.uidHigh = maxUID
+	sel.uidNext = mb.UIDNext
 	data.NumMessages = uint32(len(sel.msgs))
 	data.Flags = sel.mailboxFlags()
 	sel.flagsSent = flagSetKey(data.Flags)

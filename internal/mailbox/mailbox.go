@@ -79,6 +79,39 @@ type Mailbox struct {
 	Created       time.Time `json:"created"`
 }
 
+// Usage is what a user's mail takes over all mailboxes, and the user's
+// quota limits (0: none).
+type Usage struct {
+	Storage       int64 `json:"storage"`
+	Messages      int64 `json:"messages"`
+	QuotaStorage  int64 `json:"quota_storage,omitempty"`
+	QuotaMessages int64 `json:"quota_messages,omitempty"`
+}
+
+// Over reports whether adding messages of size bytes would take the user
+// past a limit (RFC 9208 §5.1: an APPEND, COPY or delivery that would
+// exceed the quota fails). n and size 0 ask whether the user is at a limit
+// already (the size of the message to come is not known).
+// String says what is used of what, for errors and logs.
+func (u Usage) String() string {
+	var parts []string
+	if u.QuotaStorage > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d bytes", u.Storage, u.QuotaStorage))
+	}
+	if u.QuotaMessages > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d messages", u.Messages, u.QuotaMessages))
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("%d bytes, %d messages, no quota", u.Storage, u.Messages)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (u Usage) Over(n, size int64) bool {
+	n, size = max(n, 1), max(size, 1) // no message is empty
+	return (u.QuotaMessages > 0 && u.Messages+n > u.QuotaMessages) || (u.QuotaStorage > 0 && u.Storage+size > u.QuotaStorage)
+}
+
 // Message is the index record of one message in a mailbox.
 type Message struct {
 	UID    uint32

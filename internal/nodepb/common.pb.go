@@ -572,6 +572,10 @@ type Profile struct {
 	// Subscribed names that have no mailbox (RFC 9051 §6.3.7: a
 	// subscription outlives its mailbox and may precede it).
 	Subscriptions []string `protobuf:"bytes,13,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
+	// Quota limits (RFC 9208): bytes of mail and number of messages; 0 is
+	// no limit.
+	QuotaStorage  int64 `protobuf:"varint,14,opt,name=quota_storage,json=quotaStorage,proto3" json:"quota_storage,omitempty"`
+	QuotaMessages int64 `protobuf:"varint,15,opt,name=quota_messages,json=quotaMessages,proto3" json:"quota_messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -695,6 +699,20 @@ func (x *Profile) GetSubscriptions() []string {
 		return x.Subscriptions
 	}
 	return nil
+}
+
+func (x *Profile) GetQuotaStorage() int64 {
+	if x != nil {
+		return x.QuotaStorage
+	}
+	return 0
+}
+
+func (x *Profile) GetQuotaMessages() int64 {
+	if x != nil {
+		return x.QuotaMessages
+	}
+	return 0
 }
 
 // MessageObject is a message as the replication manager replicates it:
@@ -1258,7 +1276,7 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\vspecial_use\x18\x04 \x01(\tR\n" +
 	"specialUse\x12!\n" +
 	"\fuid_reserved\x18\x05 \x01(\rR\vuidReserved\x12(\n" +
-	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\xb0\x03\n" +
+	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\xfc\x03\n" +
 	"\aProfile\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12#\n" +
 	"\rpassword_hash\x18\x02 \x01(\tR\fpasswordHash\x12\x18\n" +
@@ -1273,7 +1291,9 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	" \x01(\tR\vwritePolicy\x12*\n" +
 	"\x11last_uid_validity\x18\v \x01(\rR\x0flastUidValidity\x12!\n" +
 	"\fscram_sha256\x18\f \x01(\tR\vscramSha256\x12$\n" +
-	"\rsubscriptions\x18\r \x03(\tR\rsubscriptions\"\xc0\x02\n" +
+	"\rsubscriptions\x18\r \x03(\tR\rsubscriptions\x12#\n" +
+	"\rquota_storage\x18\x0e \x01(\x03R\fquotaStorage\x12%\n" +
+	"\x0equota_messages\x18\x0f \x01(\x03R\rquotaMessages\"\xc0\x02\n" +
 	"\rMessageObject\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +

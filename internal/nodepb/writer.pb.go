@@ -236,6 +236,8 @@ type ApplyRequest struct {
 	Replicas      int32                  `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	Policy        string                 `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
 	ScramSha256   string                 `protobuf:"bytes,6,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
+	QuotaStorage  int64                  `protobuf:"varint,7,opt,name=quota_storage,json=quotaStorage,proto3" json:"quota_storage,omitempty"`    // op quota
+	QuotaMessages int64                  `protobuf:"varint,8,opt,name=quota_messages,json=quotaMessages,proto3" json:"quota_messages,omitempty"` // op quota
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +314,20 @@ func (x *ApplyRequest) GetScramSha256() string {
 	return ""
 }
 
+func (x *ApplyRequest) GetQuotaStorage() int64 {
+	if x != nil {
+		return x.QuotaStorage
+	}
+	return 0
+}
+
+func (x *ApplyRequest) GetQuotaMessages() int64 {
+	if x != nil {
+		return x.QuotaMessages
+	}
+	return 0
+}
+
 type MailboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
@@ -320,6 +336,8 @@ type MailboxRequest struct {
 	NewName       string                 `protobuf:"bytes,4,opt,name=new_name,json=newName,proto3" json:"new_name,omitempty"`
 	SpecialUse    string                 `protobuf:"bytes,5,opt,name=special_use,json=specialUse,proto3" json:"special_use,omitempty"`
 	On            bool                   `protobuf:"varint,6,opt,name=on,proto3" json:"on,omitempty"`
+	Usage         bool                   `protobuf:"varint,7,opt,name=usage,proto3" json:"usage,omitempty"`                       // Mailboxes: count what the user's mail takes, if it has limits
+	UsageAll      bool                   `protobuf:"varint,8,opt,name=usage_all,json=usageAll,proto3" json:"usage_all,omitempty"` // Mailboxes: count it in any case (reports)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -396,10 +414,30 @@ func (x *MailboxRequest) GetOn() bool {
 	return false
 }
 
+func (x *MailboxRequest) GetUsage() bool {
+	if x != nil {
+		return x.Usage
+	}
+	return false
+}
+
+func (x *MailboxRequest) GetUsageAll() bool {
+	if x != nil {
+		return x.UsageAll
+	}
+	return false
+}
+
 type MailboxesReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Mailboxes     []*Mailbox             `protobuf:"bytes,1,rep,name=mailboxes,proto3" json:"mailboxes,omitempty"`
 	Subscriptions []string               `protobuf:"bytes,2,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"` // subscribed names with no mailbox
+	// What the user's mail takes, over all mailboxes, and the user's quota
+	// limits (0: none), for QUOTA (RFC 9208) and delivery's check.
+	StorageUsed   int64 `protobuf:"varint,3,opt,name=storage_used,json=storageUsed,proto3" json:"storage_used,omitempty"`
+	MessagesUsed  int64 `protobuf:"varint,4,opt,name=messages_used,json=messagesUsed,proto3" json:"messages_used,omitempty"`
+	QuotaStorage  int64 `protobuf:"varint,5,opt,name=quota_storage,json=quotaStorage,proto3" json:"quota_storage,omitempty"`
+	QuotaMessages int64 `protobuf:"varint,6,opt,name=quota_messages,json=quotaMessages,proto3" json:"quota_messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -446,6 +484,34 @@ func (x *MailboxesReply) GetSubscriptions() []string {
 		return x.Subscriptions
 	}
 	return nil
+}
+
+func (x *MailboxesReply) GetStorageUsed() int64 {
+	if x != nil {
+		return x.StorageUsed
+	}
+	return 0
+}
+
+func (x *MailboxesReply) GetMessagesUsed() int64 {
+	if x != nil {
+		return x.MessagesUsed
+	}
+	return 0
+}
+
+func (x *MailboxesReply) GetQuotaStorage() int64 {
+	if x != nil {
+		return x.QuotaStorage
+	}
+	return 0
+}
+
+func (x *MailboxesReply) GetQuotaMessages() int64 {
+	if x != nil {
+		return x.QuotaMessages
+	}
+	return 0
 }
 
 type ViewMessage struct {
@@ -1182,14 +1248,16 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\x05place\x18\x01 \x01(\v2\x10.quill.v1.PlacedR\x05place\x12+\n" +
 	"\amessage\x18\x02 \x01(\v2\x11.quill.v1.MessageR\amessage\x12\x14\n" +
 	"\x05nodes\x18\x03 \x03(\tR\x05nodes\x12\x16\n" +
-	"\x06cancel\x18\x04 \x01(\bR\x06cancel\"\xa3\x01\n" +
+	"\x06cancel\x18\x04 \x01(\bR\x06cancel\"\xef\x01\n" +
 	"\fApplyRequest\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\tR\x02op\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04hash\x18\x03 \x01(\tR\x04hash\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\x05R\breplicas\x12\x16\n" +
 	"\x06policy\x18\x05 \x01(\tR\x06policy\x12!\n" +
-	"\fscram_sha256\x18\x06 \x01(\tR\vscramSha256\"\x94\x01\n" +
+	"\fscram_sha256\x18\x06 \x01(\tR\vscramSha256\x12#\n" +
+	"\rquota_storage\x18\a \x01(\x03R\fquotaStorage\x12%\n" +
+	"\x0equota_messages\x18\b \x01(\x03R\rquotaMessages\"\xc7\x01\n" +
 	"\x0eMailboxRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
@@ -1197,10 +1265,16 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\bnew_name\x18\x04 \x01(\tR\anewName\x12\x1f\n" +
 	"\vspecial_use\x18\x05 \x01(\tR\n" +
 	"specialUse\x12\x0e\n" +
-	"\x02on\x18\x06 \x01(\bR\x02on\"g\n" +
+	"\x02on\x18\x06 \x01(\bR\x02on\x12\x14\n" +
+	"\x05usage\x18\a \x01(\bR\x05usage\x12\x1b\n" +
+	"\tusage_all\x18\b \x01(\bR\busageAll\"\xfb\x01\n" +
 	"\x0eMailboxesReply\x12/\n" +
 	"\tmailboxes\x18\x01 \x03(\v2\x11.quill.v1.MailboxR\tmailboxes\x12$\n" +
-	"\rsubscriptions\x18\x02 \x03(\tR\rsubscriptions\"T\n" +
+	"\rsubscriptions\x18\x02 \x03(\tR\rsubscriptions\x12!\n" +
+	"\fstorage_used\x18\x03 \x01(\x03R\vstorageUsed\x12#\n" +
+	"\rmessages_used\x18\x04 \x01(\x03R\fmessagesUsed\x12#\n" +
+	"\rquota_storage\x18\x05 \x01(\x03R\fquotaStorage\x12%\n" +
+	"\x0equota_messages\x18\x06 \x01(\x03R\rquotaMessages\"T\n" +
 	"\vViewMessage\x12+\n" +
 	"\amessage\x18\x01 \x01(\v2\x11.quill.v1.MessageR\amessage\x12\x18\n" +
 	"\aholders\x18\x02 \x03(\tR\aholders\"o\n" +

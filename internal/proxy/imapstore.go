@@ -93,6 +93,23 @@ func (s *IMAPStore) MailboxList(ctx context.Context, user string) ([]mailbox.Mai
 	return rep.Mailboxes, rep.Subscriptions, nil
 }
 
+// MailboxUsage implements imap.Store.
+func (s *IMAPStore) MailboxUsage(ctx context.Context, user, name string) (*mailbox.Mailbox, mailbox.Usage, error) {
+	ctx, cancel := withOpTimeout(ctx)
+	defer cancel()
+	rep, err := s.P.usage(ctx, user)
+	if err != nil || name == "" {
+		return nil, rep.Usage, err
+	}
+	want := mailbox.NormName(name)
+	for i := range rep.Mailboxes {
+		if rep.Mailboxes[i].Name == want {
+			return &rep.Mailboxes[i], rep.Usage, nil
+		}
+	}
+	return nil, rep.Usage, fmt.Errorf("user %s mailbox %q: %w", user, name, mailbox.ErrNoMailbox)
+}
+
 func (s *IMAPStore) find(ctx context.Context, user string, match func(*mailbox.Mailbox) bool, what string) (*mailbox.Mailbox, error) {
 	all, err := s.Mailboxes(ctx, user)
 	if err != nil {

@@ -72,16 +72,17 @@ type Proxy struct {
 	Policy   replica.Policy
 }
 
-// CheckRecipient says whether mail for addr is accepted here: nil, or an
-// error wrapping userdb.ErrNotFound or ErrForeignDomain, or another error when
-// the user's manager cannot be reached (a temporary failure).
-func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
+// CheckRecipient says whether mail of size bytes (0: not known yet) for
+// addr is accepted here: nil, or an error wrapping userdb.ErrNotFound,
+// ErrForeignDomain or userdb.ErrOverQuota, or another error when the user's
+// manager cannot be reached (a temporary failure).
+func (p *Proxy) CheckRecipient(ctx context.Context, addr string, size int64) error {
 	addr = userdb.Normalize(addr)
 	lctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
-	_, _, err := p.Users.Lookup(lctx, addr)
-	cancel()
+	defer cancel()
+	prof, _, err := p.Users.Lookup(lctx, addr)
 	if err == nil {
-		return nil
+		return p.checkQuota(lctx, prof, size)
 	}
 	if !errors.Is(err, userdb.ErrNotFound) {
 		return err
@@ -95,6 +96,34 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string) error {
 		return fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)
 	}
 	return fmt.Errorf("recipient %s: %w", addr, userdb.ErrNotFound)
+}
+
+// checkQuota refuses a message that would take a user with a quota past
+// it (RFC 9208 §5.1 for IMAP; for SMTP, what the recipient's size allows
+// when the message is announced). A user with no limits costs nothing
+// more; a user with limits, a look at the writer's usage.
+func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, size int64) error {
+	if prof.QuotaStorage <= 0 && prof.QuotaMessages <= 0 {
+		return nil
+	}
+	rep, err := p.usage(ctx, prof.Address)
+	if err != nil {
+		return fmt.Errorf("recipient %s: quota: %w", prof.Address, err)
+	}
+	if rep.Usage.Over(1, size) {
+		return fmt.Errorf("recipient %s: %s: %w", prof.Address, rep.Usage, userdb.ErrOverQuota)
+	}
+	return nil
+}
+
+// usage lists a user's mailboxes with what their mail takes, counted by
+// the writer only for a user with quota limits.
+func (p *Proxy) usage(ctx context.Context, user string) (*writer.MailboxesReply, error) {
+	rep, err := p.Writers.For(user).Mailboxes(ctx, &writer.MailboxRequest{User: user, Usage: true})
+	if err != nil {
+		return &writer.MailboxesReply{}, err
+	}
+	return rep, nil
 }
 
 // ServesDomain reports whether the cluster serves a domain (any live node

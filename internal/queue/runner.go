@@ -66,7 +66,7 @@ const (
 type Local interface {
 	// ServesDomain says whether the domain's mail stays here.
 	ServesDomain(domain string) bool
-	CheckRecipient(ctx context.Context, addr string) error
+	CheckRecipient(ctx context.Context, addr string, size int64) error
 	Deliver(ctx context.Context, rcpts []string, raw []byte) error
 }
 
@@ -446,9 +446,11 @@ func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, b
 	var ok []int
 	for i, r := range rcpts {
 		out[i].Rcpt, out[i].Remote = r, q.Cfg.Hostname
-		switch err := q.Local.CheckRecipient(ctx, r); {
+		switch err := q.Local.CheckRecipient(ctx, r, int64(len(body))); {
 		case err == nil:
 			ok = append(ok, i)
+		case errors.Is(err, userdb.ErrOverQuota):
+			out[i].Status, out[i].Text = "4.2.2", "mailbox full"
 		case errors.Is(err, userdb.ErrNotFound):
 			out[i].Permanent, out[i].Status, out[i].Text = true, "5.1.1", "no such user here"
 		default:

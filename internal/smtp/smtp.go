@@ -94,7 +94,10 @@ type Deliverer interface {
 	// an error wrapping userdb.ErrNotFound (no such user) or
 	// proxy.ErrForeignDomain (not ours to relay), or another error (a
 	// temporary failure).
-	CheckRecipient(ctx context.Context, addr string) error
+	// size is the size the client declared (RFC 1870), 0 when it did not;
+	// an error wrapping userdb.ErrOverQuota says the recipient's quota
+	// leaves no room.
+	CheckRecipient(ctx context.Context, addr string, size int64) error
 	// Deliver stores a message for the recipients and returns once it is
 	// durable under their write policy; DeliverJunk the same into their
 	// junk mailboxes (a DMARC p=quarantine, a spam verdict).
@@ -162,6 +165,8 @@ type session struct {
 	// authUser is the user authenticated by AUTH, if any (the Received
 	// line then says ESMTPSA, RFC 3848).
 	authUser string
+	// size is the message size MAIL declared (RFC 1870), 0 if none.
+	size int64
 }
 
 // command returns the context of one command's work, bounded by d: it ends
@@ -172,7 +177,9 @@ func (s *session) command(d time.Duration) (context.Context, func()) {
 	return wctx, func() { stop(); cancel() }
 }
 
-func (s *session) Reset() { s.from, s.rcpts, s.remote, s.inTx, s.utf8 = "", nil, nil, false, false }
+func (s *session) Reset() {
+	s.from, s.rcpts, s.remote, s.inTx, s.utf8, s.size = "", nil, nil, false, false, 0
+}
 
 func (s *session) Logout() error { return nil }
 
@@ -186,7 +193,10 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 		return errNeedsUTF8("sender", from)
 	}
 	s.from, s.inTx, s.utf8 = from, true, utf8
-	s.rcpts, s.remote = nil, nil
+	s.rcpts, s.remote, s.size = nil, nil, 0
+	if opts != nil {
+		s.size = opts.Size
+	}
 	return nil
 }
 
@@ -222,11 +232,16 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	}
 	ctx, done := s.command(s.b.cfg.RcptTimeout)
 	defer done()
-	err := s.b.p.CheckRecipient(ctx, to)
+	err := s.b.p.CheckRecipient(ctx, to, s.size)
 	switch {
 	case err == nil:
 		s.rcpts = append(s.rcpts, to)
 		return nil
+	case errors.Is(err, userdb.ErrOverQuota):
+		// RFC 3463 4.2.2: mailbox full, for now (the user may make room).
+		s.b.cfg.Logger.Info("recipient refused: over quota", "rcpt", to, "err", err)
+		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
+			Message: fmt.Sprintf("<%s>: mailbox full", to)}
 	case errors.Is(err, userdb.ErrNotFound):
 		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
 			Message: fmt.Sprintf("<%s>: no such user here", to)}

@@ -226,3 +226,66 @@ func TestSMTPUTF8(t *testing.T) {
 		t.Errorf("stored message:\n%s", got)
 	}
 }
+
+// A recipient at their quota, or one whose room is smaller than the size
+// MAIL declared, is refused at RCPT with 452 4.2.2 (RFC 3463: mailbox
+// full, a temporary failure); the other recipients still get the message.
+func TestOverQuotaAtRcpt(t *testing.T) {
+	addr, p := startServer(t, 1<<20)
+	ctx := context.Background()
+	if err := p.Users.SetQuota(ctx, "alice@example.org", 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Users.SetQuota(ctx, "bob@example.org", 2000, 0); err != nil {
+		t.Fatal(err)
+	}
+	send := func(size int, rcpts ...string) []error {
+		c, err := gosmtp.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Hello("client.test")
+		if err := c.Mail("a@far.net", &gosmtp.MailOptions{Size: int64(size)}); err != nil {
+			t.Fatal(err)
+		}
+		var errs []error
+		ok := 0
+		for _, r := range rcpts {
+			err := c.Rcpt(r, nil)
+			errs = append(errs, err)
+			if err == nil {
+				ok++
+			}
+		}
+		if ok > 0 {
+			w, err := c.Data()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Write(bytes.Repeat([]byte("x"), max(size-2, 0)))
+			w.Write([]byte("\r\n"))
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return errs
+	}
+	if errs := send(100, "alice@example.org"); errs[0] != nil {
+		t.Fatalf("first message within quota: %v", errs[0])
+	}
+	// Alice is at her one message; Bob's 2,000 bytes do not hold 3,000.
+	errs := send(3000, "alice@example.org", "bob@example.org")
+	for i, err := range errs {
+		if smtpCode(err) != 4522 || !strings.Contains(err.Error(), "mailbox full") {
+			t.Errorf("recipient %d over quota: %v, want 452 4.2.2", i, err)
+		}
+	}
+	// Bob has room for a small one.
+	if errs := send(100, "bob@example.org"); errs[0] != nil {
+		t.Fatalf("small message within Bob's quota: %v", errs[0])
+	}
+	if n := len(inboxBodies(t, p, "alice@example.org")); n != 1 {
+		t.Fatalf("alice has %d messages, want 1", n)
+	}
+}

@@ -20,6 +20,10 @@ import (
 // ErrNotFound is returned for a user that has no profile.
 var ErrNotFound = errors.New("no such user")
 
+// ErrOverQuota says a user's quota leaves no room for a message (SMTP 452
+// 4.2.2, IMAP NO [OVERQUOTA]).
+var ErrOverQuota = errors.New("over quota")
+
 // ProfileReplicas is how many nodes keep each user profile (the two ranked
 // highest for its bucket), so one crash never stops a login.
 const ProfileReplicas = 2
@@ -65,6 +69,11 @@ type Profile struct {
 	// subscription outlives a deleted mailbox and may name one not yet
 	// made (RFC 9051 §6.3.7); an existing mailbox's is its Subscribed.
 	Subscriptions []string `json:"subscriptions,omitempty"`
+	// QuotaStorage and QuotaMessages limit the user's mail, over all
+	// mailboxes: bytes and messages (RFC 9208's STORAGE, in bytes here,
+	// and MESSAGE); 0 is no limit.
+	QuotaStorage  int64 `json:"quota_storage,omitempty"`
+	QuotaMessages int64 `json:"quota_messages,omitempty"`
 }
 
 // MailboxDef is the hard state of one mailbox of a user.

@@ -1083,6 +1083,29 @@ func (m *Manager) SetReplication(ctx context.Context, addr string, replicas int,
 	return err
 }
 
+// SetQuota sets a user's quota limits (RFC 9208's STORAGE, in bytes, and
+// MESSAGE): delivery, APPEND and COPY that would pass them are refused; 0
+// is no limit. Sessions open at the time apply them from their next login.
+func (m *Manager) SetQuota(ctx context.Context, addr string, storage, messages int64) error {
+	addr = userdb.Normalize(addr)
+	if storage < 0 || messages < 0 {
+		return fmt.Errorf("user %s: quota of %d bytes and %d messages: limits cannot be negative", addr, storage, messages)
+	}
+	_, err := m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "quota", Address: addr, QuotaStorage: storage, QuotaMessages: messages})
+	return err
+}
+
+// Usage returns what a user's mail takes over all mailboxes, and their
+// quota limits.
+func (m *Manager) Usage(ctx context.Context, addr string) (mailbox.Usage, error) {
+	addr = userdb.Normalize(addr)
+	rep, err := m.writers.For(addr).Mailboxes(ctx, &writer.MailboxRequest{User: addr, UsageAll: true})
+	if err != nil {
+		return mailbox.Usage{}, fmt.Errorf("user %s: usage: %w", addr, err)
+	}
+	return rep.Usage, nil
+}
+
 // DeleteUser replaces a user's profile by a tombstone and removes the
 // user's fragments from every node in the mail map.
 func (m *Manager) DeleteUser(ctx context.Context, addr string) error {

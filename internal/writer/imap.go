@@ -24,6 +24,11 @@ type MailboxRequest struct {
 	NewName    string `json:"new_name,omitempty"`
 	SpecialUse string `json:"special_use,omitempty"`
 	On         bool   `json:"on,omitempty"`
+	// Usage asks Mailboxes to count what the user's mail takes when the
+	// user has quota limits, UsageAll in any case (it walks every
+	// message, so only quota checks and reports ask).
+	Usage    bool `json:"usage,omitempty"`
+	UsageAll bool `json:"usage_all,omitempty"`
 }
 
 // MailboxesReply lists mailboxes.
@@ -31,6 +36,8 @@ type MailboxesReply struct {
 	Mailboxes []mailbox.Mailbox `json:"mailboxes"`
 	// Subscriptions are subscribed names with no mailbox.
 	Subscriptions []string `json:"subscriptions,omitempty"`
+	// Usage is what the user's mail takes and may take.
+	Usage mailbox.Usage `json:"usage"`
 }
 
 // MessagesReply is a mailbox view.
@@ -56,8 +63,9 @@ func (m *Manager) withWriter(ctx context.Context, user string, fn func(w *userWr
 }
 
 func toMailbox(def *userdb.MailboxDef, b *boxView) mailbox.Mailbox {
+	uidNext, modseq := b.shown()
 	return mailbox.Mailbox{ID: uint64(def.UIDValidity), Name: def.Name, UIDValidity: def.UIDValidity,
-		UIDNext: max(b.used, 1), HighestModSeq: max(b.usedMod, 1), Subscribed: def.Subscribed, SpecialUse: def.SpecialUse}
+		UIDNext: uidNext, HighestModSeq: modseq, Subscribed: def.Subscribed, SpecialUse: def.SpecialUse}
 }
 
 func findDef(p *userdb.Profile, req *MailboxRequest) (*userdb.MailboxDef, error) {
@@ -99,7 +107,14 @@ func (m *Manager) mailboxes(ctx context.Context, req *MailboxRequest) (*Mailboxe
 				return err
 			}
 			out.Mailboxes = append(out.Mailboxes, toMailbox(def, b))
+			if req.UsageAll || (req.Usage && (p.QuotaStorage > 0 || p.QuotaMessages > 0)) {
+				for _, vm := range b.msgs {
+					out.Usage.Messages++
+					out.Usage.Storage += vm.Size
+				}
+			}
 		}
+		out.Usage.QuotaStorage, out.Usage.QuotaMessages = p.QuotaStorage, p.QuotaMessages
 		out.Subscriptions = append([]string(nil), p.Subscriptions...)
 		return nil
 	})

@@ -266,7 +266,8 @@ func (s server) Confirm(ctx context.Context, p *nodepb.ConfirmRequest) (*nodepb.
 		Message: mailbox.MessageFromPB(p.Message), Nodes: cluster.IDsFromPB(p.Nodes), Cancel: p.Cancel})
 }
 func (s server) Apply(ctx context.Context, p *nodepb.ApplyRequest) (*nodepb.Profile, error) {
-	prof, err := s.l.Apply(ctx, &ApplyRequest{Op: p.Op, Address: p.Address, Hash: p.Hash, SCRAM: p.ScramSha256, Replicas: int(p.Replicas), Policy: p.Policy})
+	prof, err := s.l.Apply(ctx, &ApplyRequest{Op: p.Op, Address: p.Address, Hash: p.Hash, SCRAM: p.ScramSha256, Replicas: int(p.Replicas), Policy: p.Policy,
+		QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages})
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +278,8 @@ func (s server) Mailboxes(ctx context.Context, p *nodepb.MailboxRequest) (*nodep
 	if err != nil {
 		return nil, err
 	}
-	out := &nodepb.MailboxesReply{Subscriptions: rep.Subscriptions}
+	out := &nodepb.MailboxesReply{Subscriptions: rep.Subscriptions, StorageUsed: rep.Usage.Storage, MessagesUsed: rep.Usage.Messages,
+		QuotaStorage: rep.Usage.QuotaStorage, QuotaMessages: rep.Usage.QuotaMessages}
 	for i := range rep.Mailboxes {
 		out.Mailboxes = append(out.Mailboxes, mailbox.MailboxToPB(&rep.Mailboxes[i]))
 	}
@@ -370,19 +372,21 @@ func (r *ConfirmRequest) toPB() *nodepb.ConfirmRequest {
 }
 
 func (r *ApplyRequest) toPB() *nodepb.ApplyRequest {
-	return &nodepb.ApplyRequest{Op: r.Op, Address: r.Address, Hash: r.Hash, ScramSha256: r.SCRAM, Replicas: int32(r.Replicas), Policy: r.Policy}
+	return &nodepb.ApplyRequest{Op: r.Op, Address: r.Address, Hash: r.Hash, ScramSha256: r.SCRAM, Replicas: int32(r.Replicas), Policy: r.Policy,
+		QuotaStorage: r.QuotaStorage, QuotaMessages: r.QuotaMessages}
 }
 
 func (r *MailboxRequest) toPB() *nodepb.MailboxRequest {
-	return &nodepb.MailboxRequest{User: r.User, Name: r.Name, Id: r.ID, NewName: r.NewName, SpecialUse: r.SpecialUse, On: r.On}
+	return &nodepb.MailboxRequest{User: r.User, Name: r.Name, Id: r.ID, NewName: r.NewName, SpecialUse: r.SpecialUse, On: r.On, Usage: r.Usage, UsageAll: r.UsageAll}
 }
 
 func mailboxRequestFromPB(p *nodepb.MailboxRequest) *MailboxRequest {
-	return &MailboxRequest{User: p.User, Name: p.Name, ID: p.Id, NewName: p.NewName, SpecialUse: p.SpecialUse, On: p.On}
+	return &MailboxRequest{User: p.User, Name: p.Name, ID: p.Id, NewName: p.NewName, SpecialUse: p.SpecialUse, On: p.On, Usage: p.Usage, UsageAll: p.UsageAll}
 }
 
 func mailboxesReplyFromPB(p *nodepb.MailboxesReply) *MailboxesReply {
-	out := &MailboxesReply{Subscriptions: p.Subscriptions}
+	out := &MailboxesReply{Subscriptions: p.Subscriptions, Usage: mailbox.Usage{Storage: p.StorageUsed, Messages: p.MessagesUsed,
+		QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages}}
 	for _, mb := range p.Mailboxes {
 		out.Mailboxes = append(out.Mailboxes, mailbox.MailboxFromPB(mb))
 	}

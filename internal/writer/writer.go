@@ -248,8 +248,9 @@ func (b *boxView) removed(id string, v replica.Stamp) bool {
 
 // allocation is a UID handed out and not yet confirmed or cancelled.
 type allocation struct {
-	at   time.Time
-	from cluster.Member // the node that will confirm it, and its boot
+	at     time.Time
+	modseq uint64         // the MODSEQ it took (0: not known, a handoff's)
+	from   cluster.Member // the node that will confirm it, and its boot
 	// handed says a handoff brought it from the previous writer: its
 	// delivery confirms here.
 	handed bool
@@ -469,7 +470,7 @@ func (m *Manager) alloc(ctx context.Context, req *AllocRequest) (*AllocReply, er
 			return err
 		}
 		uid, modseq := b.take()
-		b.inflight[uid] = allocation{at: time.Now(), from: req.From}
+		b.inflight[uid] = allocation{at: time.Now(), modseq: modseq, from: req.From}
 		out.Place = mailbox.Placed{User: p.Address, Mailbox: def.Name, UIDValidity: def.UIDValidity, UID: uid, ModSeq: modseq}
 		out.Spread, out.Replicas, out.Policy = p.Spread, p.Replicas, replica.Policy(p.WritePolicy)
 		out.MailMap, _ = m.mailMap(p.Address)
@@ -550,7 +551,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 
 // ApplyRequest changes a user's profile.
 type ApplyRequest struct {
-	Op      string `json:"op"` // add, passwd, scram, replication, delete
+	Op      string `json:"op"` // add, passwd, scram, replication, quota, delete
 	Address string `json:"address"`
 	// Hash is the new password's argon2id hash (add, passwd), or for op
 	// scram the hash the SCRAM keys were derived beside: they are stored
@@ -562,6 +563,10 @@ type ApplyRequest struct {
 	// replication; 0 and "" restore the cluster defaults).
 	Replicas int    `json:"replicas,omitempty"`
 	Policy   string `json:"policy,omitempty"`
+	// QuotaStorage and QuotaMessages are the user's quota limits (op
+	// quota; 0 is no limit).
+	QuotaStorage  int64 `json:"quota_storage,omitempty"`
+	QuotaMessages int64 `json:"quota_messages,omitempty"`
 }
 
 // apply runs a profile change at the user's manager.
@@ -612,6 +617,12 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 			return nil, err
 		}
 		p.Replicas, p.WritePolicy = req.Replicas, req.Policy
+		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
+	case "quota":
+		if err != nil {
+			return nil, err
+		}
+		p.QuotaStorage, p.QuotaMessages = req.QuotaStorage, req.QuotaMessages
 		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
 	case "delete":
 		if err != nil {
@@ -737,6 +748,54 @@ func (b *boxView) expire(alive []cluster.MemberInfo) {
 
 // visible returns the view's messages a session may see, in UID order:
 // those below the oldest allocation still in flight.
+// maxHiddenScan bounds the UIDs shown walks to find the messages an
+// allocation in flight hides; past it, it walks the view.
+const maxHiddenScan = 4096
+
+// shown is the UIDNEXT and HIGHESTMODSEQ sessions are told while
+// allocations are in flight. Those hide every UID from the lowest of them
+// up (visible), and a message that then appears must be news to a
+// session that has synced: UIDNEXT stays at the lowest hidden UID, and
+// HIGHESTMODSEQ below the lowest MODSEQ an allocation in flight or a
+// hidden message took (they were taken after everything shown before, so
+// neither figure ever goes down). Without this a session that synced
+// while a later delivery was confirmed but hidden would take its
+// HIGHESTMODSEQ as seen and not look again when the message appeared.
+func (b *boxView) shown() (uidNext uint32, modseq uint64) {
+	uidNext, modseq = max(b.used, 1), max(b.usedMod, 1)
+	if len(b.inflight) == 0 {
+		return uidNext, modseq
+	}
+	limit, minMod := uint32(1<<32-1), uint64(1<<64-1)
+	for uid, a := range b.inflight {
+		limit = min(limit, uid)
+		if a.modseq > 0 {
+			minMod = min(minMod, a.modseq)
+		}
+	}
+	hide := func(vm *ViewMsg) {
+		if vm.UID >= limit && vm.ModSeq > 0 {
+			minMod = min(minMod, vm.ModSeq)
+		}
+	}
+	if b.used > limit && b.used-limit <= maxHiddenScan {
+		for uid := limit; uid < b.used; uid++ {
+			if vm := b.msgs[uid]; vm != nil {
+				hide(vm)
+			}
+		}
+	} else if b.used > limit {
+		for _, vm := range b.msgs {
+			hide(vm)
+		}
+	}
+	uidNext = max(min(uidNext, limit), 1)
+	if minMod != 1<<64-1 {
+		modseq = max(min(modseq, minMod-1), 1)
+	}
+	return uidNext, modseq
+}
+
 func (b *boxView) visible() []ViewMsg {
 	limit := uint32(1<<32 - 1)
 	for uid := range b.inflight {

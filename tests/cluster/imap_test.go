@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -396,5 +397,81 @@ func TestSortThreadAndObjectIDAcrossNodes(t *testing.T) {
 		if strings.Join(got, "\n") != strings.Join(want, "\n") {
 			errorf(t, "through %s:\n%q\nthrough %s:\n%q", n.ID, got, nodes[0].ID, want)
 		}
+	}
+	qresyncAcrossNodes(t, nodes, user, pw)
+	quotaAcrossNodes(t, nodes, user, pw)
+}
+
+// quotaAcrossNodes sets a quota through one node and finds it enforced and
+// reported through the others: the usage is counted by the user's writer,
+// wherever the messages lie.
+func quotaAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
+	var q struct {
+		MessagesUsed int64 `json:"messages_used"`
+	}
+	if err := nodes[0].api("GET", "/api/users/"+user+"/quota", nil, &q); err != nil {
+		fatalf(t, "quota through %s: %v", nodes[0].ID, err)
+	}
+	if err := nodes[0].api("PUT", "/api/users/"+user+"/quota", map[string]int64{"messages": q.MessagesUsed + 1}, nil); err != nil {
+		fatalf(t, "set quota through %s: %v", nodes[0].ID, err)
+	}
+	if err := nodes[1].send(user, "the last one that fits"); err != nil {
+		fatalf(t, "delivery within quota through %s: %v", nodes[1].ID, err)
+	}
+	if err := nodes[2].send(user, "one too many"); err == nil || !strings.Contains(err.Error(), "452") {
+		errorf(t, "delivery past the quota through %s: %v, want 452 4.2.2", nodes[2].ID, err)
+	}
+	c, err := dialRawIMAP(nodes[2], user, pw)
+	if err != nil {
+		fatalf(t, "through %s: %v", nodes[2].ID, err)
+	}
+	defer c.close()
+	lines, err := c.cmd("GETQUOTAROOT INBOX")
+	want := fmt.Sprintf(`MESSAGE %d %d)`, q.MessagesUsed+1, q.MessagesUsed+1)
+	if err != nil || !strings.Contains(strings.Join(lines, "\n"), want) {
+		errorf(t, "GETQUOTAROOT through %s: %q, %v; want %s", nodes[2].ID, lines, err, want)
+	}
+}
+
+// qresyncAcrossNodes checks QRESYNC (RFC 7162 §3.2) through three nodes: a
+// session on the first hears an expunge made through the second as
+// VANISHED, and a session on the third that resynchronises from the first
+// one's state gets the expunge as VANISHED (EARLIER) and the flag change
+// as a FETCH.
+func qresyncAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
+	var conns [3]*rawIMAP
+	for i := range conns {
+		c, err := dialRawIMAP(nodes[i], user, pw)
+		if err != nil {
+			fatalf(t, "through %s: %v", nodes[i].ID, err)
+		}
+		defer c.close()
+		conns[i] = c
+	}
+	must := func(i int, cmd string) []string {
+		lines, err := conns[i].cmd(cmd)
+		if err != nil {
+			fatalf(t, "through %s: %v", nodes[i].ID, err)
+		}
+		return lines
+	}
+	must(0, "ENABLE QRESYNC")
+	sel := strings.Join(must(0, "SELECT INBOX"), "\n")
+	v := regexp.MustCompile(`UIDVALIDITY (\d+)`).FindStringSubmatch(sel)
+	h := regexp.MustCompile(`HIGHESTMODSEQ (\d+)`).FindStringSubmatch(sel)
+	if v == nil || h == nil {
+		fatalf(t, "SELECT through %s: %q", nodes[0].ID, sel)
+	}
+	must(1, "SELECT INBOX")
+	must(1, `UID STORE 1 +FLAGS.SILENT (\Deleted)`)
+	must(1, "UID EXPUNGE 1")
+	must(1, `UID STORE 2 +FLAGS.SILENT (\Flagged)`)
+	if got := strings.Join(must(0, "NOOP"), "\n"); !strings.Contains(got, "* VANISHED 1") || strings.Contains(got, "EXPUNGE") {
+		errorf(t, "NOOP through %s after an expunge through %s: %q", nodes[0].ID, nodes[1].ID, got)
+	}
+	must(2, "ENABLE QRESYNC")
+	got := strings.Join(must(2, fmt.Sprintf("SELECT INBOX (QRESYNC (%s %s))", v[1], h[1])), "\n")
+	if !strings.Contains(got, "* VANISHED (EARLIER) 1") || !regexp.MustCompile(`FETCH \(UID 2 FLAGS \([^)]*\\Flagged`).MatchString(got) {
+		errorf(t, "SELECT QRESYNC through %s: %q", nodes[2].ID, got)
 	}
 }

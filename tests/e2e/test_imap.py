@@ -10,10 +10,11 @@ import socket
 import subprocess
 import threading
 import time
+import zlib
 
 import pytest
 
-from mailutil import pop3, retr, send
+from mailutil import pop3, retr, send, smtp
 
 DOMAIN = "quill.test"
 ALICE = f"alice@{DOMAIN}"
@@ -140,6 +141,132 @@ def test_imaplib_sort_and_thread(inode):
     assert ok(m.thread("REFERENCES", "UTF-8", "ALL")) == [b"(3)(2 1 4)"]
     assert ok(m.thread("ORDEREDSUBJECT", "UTF-8", "ALL")) == [b"(3)(2 (1)(4))"]
     m.logout()
+
+
+class DeflateIMAP:
+    """A raw IMAP session that speaks COMPRESS=DEFLATE (RFC 4978) the way
+    Thunderbird does: zlib raw deflate, each command ended with a partial
+    flush (Z_PARTIAL_FLUSH), which a reader that waits for the next block
+    would never answer."""
+
+    def __init__(self, node):
+        host, port = node.addrs["imap"]
+        self.s = socket.create_connection((host, port), timeout=TIMEOUT)
+        self.buf = b""
+        self.zin = None
+        self.zout = None
+        self.n = 0
+        assert self.line().startswith(b"* OK")
+
+    def _more(self):
+        data = self.s.recv(65536)
+        assert data, "connection closed"
+        self.buf += self.zin.decompress(data) if self.zin else data
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._more()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        m = re.search(rb"\{(\d+)\}$", line)
+        if m:  # a literal: inline it
+            n = int(m.group(1))
+            while len(self.buf) < n:
+                self._more()
+            line, self.buf = line + b"\r\n" + self.buf[:n], self.buf[n:]
+            rest = self.line()
+            line += rest
+        return line
+
+    def cmd(self, text: str) -> tuple[list[bytes], bytes]:
+        self.n += 1
+        tag = f"z{self.n}".encode()
+        data = tag + b" " + text.encode() + b"\r\n"
+        if self.zout:
+            data = self.zout.compress(data) + self.zout.flush(zlib.Z_PARTIAL_FLUSH)
+        self.s.sendall(data)
+        lines = []
+        while True:
+            line = self.line()
+            if line.startswith(tag + b" "):
+                return lines, line[len(tag) + 1:]
+            lines.append(line)
+
+    def compress(self):
+        _, st = self.cmd("COMPRESS DEFLATE")
+        assert st.startswith(b"OK"), st
+        assert self.buf == b"", self.buf
+        self.zin = zlib.decompressobj(-15)
+        self.zout = zlib.compressobj(6, zlib.DEFLATED, -15)
+
+
+def test_compress_deflate_and_qresync(inode):
+    """COMPRESS=DEFLATE with zlib's partial flushes (what mbsync and
+    Thunderbird send), then QRESYNC through it: a session that comes back
+    after another one expunged and flagged mail learns both in its SELECT."""
+    for i in range(3):
+        send(inode, ALICE, msg(f"resync {i}", ((f"line {i} " * 40 + "\r\n") * 40).encode()))
+    a = imap(inode)
+    ok(a.enable("QRESYNC"))
+    assert a.response("ENABLED")[1] == [b"QRESYNC"], a.response("ENABLED")
+    ok(a.select("INBOX"))
+    uidvalidity = a.response("UIDVALIDITY")[1][0].decode()
+    modseq = a.response("HIGHESTMODSEQ")[1][0].decode()
+    a.logout()
+
+    b = imap(inode)
+    ok(b.select("INBOX"))
+    ok(b.uid("STORE", "1", "+FLAGS", r"(\Deleted)"))
+    ok(b.expunge())
+    ok(b.uid("STORE", "3", "+FLAGS", r"(\Flagged)"))
+    b.logout()
+
+    z = DeflateIMAP(inode)
+    _, st = z.cmd(f'LOGIN "{ALICE}" "{PW}"')
+    assert st.startswith(b"OK"), st
+    caps, _ = z.cmd("CAPABILITY")
+    assert b"COMPRESS=DEFLATE" in caps[0] and b"QRESYNC" in caps[0], caps
+    z.compress()
+    _, st = z.cmd("COMPRESS DEFLATE")
+    assert st.startswith(b"NO [COMPRESSIONACTIVE]"), st
+    lines, st = z.cmd("ENABLE QRESYNC")
+    assert st.startswith(b"OK") and b"* ENABLED QRESYNC" in lines, lines
+    lines, st = z.cmd(f"SELECT INBOX (QRESYNC ({uidvalidity} {modseq}))")
+    assert st.startswith(b"OK"), (lines, st)
+    assert b"* VANISHED (EARLIER) 1" in lines, lines
+    fetched = [l for l in lines if b"FETCH" in l]
+    assert len(fetched) == 1 and b"UID 3 " in fetched[0] and b"\\Flagged" in fetched[0], lines
+    lines, st = z.cmd("UID FETCH 2 (BODY.PEEK[TEXT])")
+    assert st.startswith(b"OK") and (b"line 1 " * 40 + b"\r\n") * 40 in lines[0], (lines, st)
+    z.cmd("LOGOUT")
+    z.s.close()
+
+
+def test_quota_refuses_delivery_and_append(inode):
+    """Per-user quota (RFC 9208) set with the CLI: RCPT past it is 452 4.2.2,
+    APPEND is NO [OVERQUOTA], imaplib's GETQUOTAROOT shows the figures."""
+    out = inode.cli("user", "quota", ALICE, "--messages", "2", "--storage", "1M").stdout
+    assert "of 1.0M" in out and "0 of 2 messages" in out, out
+    for i in range(2):
+        assert send(inode, ALICE, msg(f"quota {i}")) == {}
+    with smtp(inode) as s:
+        s.ehlo()
+        assert s.mail("sender@remote.test")[0] == 250
+        code, text = s.rcpt(ALICE)
+        assert code == 452 and b"4.2.2" in text and b"mailbox full" in text, (code, text)
+    m = imap(inode)
+    typ, data = m.getquotaroot("INBOX")
+    assert typ == "OK", data
+    roots, quotas = data
+    assert roots == [b'INBOX ""'] and re.fullmatch(rb'"" \(STORAGE 1 1024 MESSAGE 2 2\)', quotas[0]), data
+    typ, data = m.append("INBOX", None, None, msg("one too many"))
+    assert typ == "NO" and b"OVERQUOTA" in data[0], (typ, data)
+    ok(m.select("INBOX"))
+    ok(m.store("1", "+FLAGS", r"(\Deleted)"))
+    ok(m.expunge())
+    m.logout()
+    assert send(inode, ALICE, msg("room again")) == {}
+    out = inode.cli("user", "quota", ALICE, "--messages", "0", "--storage", "0").stdout
+    assert "2 of no limit messages" in out and "of no limit" in out, out
 
 
 def test_smtputf8_sender_read_under_utf8_accept(inode):

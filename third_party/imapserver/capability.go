@@ -112,6 +112,15 @@ func (c *Conn) availableCaps() []imap.Cap {
 		if _, ok := c.session.(SessionSort); ok {
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapSort, imap.CapSortDisplay, imap.CapESort})
 		}
+		if qs, ok := c.session.(SessionQuota); ok && available.Has(imap.CapQuota) { // quill: quota.go
+			caps = append(caps, quotaCaps(qs)...)
+		}
+		if !c.compressed { // quill: compress.go
+			addAvailableCaps(&caps, available, []imap.Cap{CapCompressDeflate})
+		}
+		if _, ok := c.session.(SessionQResync); ok { // quill: qresync.go
+			addAvailableCaps(&caps, available, []imap.Cap{imap.CapQResync})
+		}
 		if _, ok := c.session.(SessionObjectID); ok {
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapObjectID})
 		}

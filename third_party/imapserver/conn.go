@@ -88,6 +88,8 @@ type Conn struct {
 	cmdCtx context.Context
 
 	badCount int // quill: consecutive BAD answers
+	// compressed: COMPRESS DEFLATE is active (quill; compress.go).
+	compressed bool
 }
 
 func newConn(c net.Conn, server *Server) *Conn {
@@ -169,6 +171,9 @@ func (c *Conn) serve() {
 	defer func() {
 		c.server.mutex.Lock()
 		delete(c.server.conns, c)
+		if c.compressed { // quill: compress.go
+			c.server.compressed--
+		}
 		c.server.mutex.Unlock()
 	}()
 
@@ -354,9 +359,11 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 	case "FETCH", "UID FETCH":
 		err = c.handleFetch(dec, numKind)
 	case "EXPUNGE":
-		err = c.handleExpunge(dec)
+		err = c.handleExpunge(tag, dec)
+		sendOK = false
 	case "UID EXPUNGE":
-		err = c.handleUIDExpunge(dec)
+		err = c.handleUIDExpunge(tag, dec)
+		sendOK = false
 	case "STORE", "UID STORE":
 		err = c.handleStore(tag, dec, numKind)
 		sendOK = false
@@ -373,6 +380,15 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		err = c.handleThread(dec, numKind)
 	case "ID":
 		err = c.handleID(dec)
+	case "GETQUOTA": // quill: RFC 9208 (quota.go)
+		err = c.handleGetQuota(dec)
+	case "GETQUOTAROOT":
+		err = c.handleGetQuotaRoot(dec)
+	case "SETQUOTA":
+		err = c.handleSetQuota(dec)
+	case "COMPRESS": // quill: RFC 4978 (compress.go)
+		err = c.handleCompress(tag, dec)
+		sendOK = false
 	default:
 		if c.state == imap.ConnStateNotAuthenticated {
 			// Don't allow a single unknown command before authentication to
@@ -716,6 +732,10 @@ func newClientBugError(text string) error {
 	}
 }
 
+// errExpungeNotAllowed is a session's mistake: an EXPUNGE or VANISHED
+// where RFC 9051 §7.5.1 forbids it (during FETCH, STORE, SEARCH).
+var errExpungeNotAllowed = errors.New("imapserver: EXPUNGE updates are not allowed in this context")
+
 // UpdateWriter writes status updates.
 type UpdateWriter struct {
 	conn         *Conn
@@ -725,7 +745,7 @@ type UpdateWriter struct {
 // WriteExpunge writes an EXPUNGE response.
 func (w *UpdateWriter) WriteExpunge(seqNum uint32) error {
 	if !w.allowExpunge {
-		return fmt.Errorf("imapserver: EXPUNGE updates are not allowed in this context")
+		return errExpungeNotAllowed
 	}
 	return w.conn.writeExpunge(seqNum)
 }

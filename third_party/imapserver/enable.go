@@ -32,12 +32,20 @@ func (c *Conn) handleEnable(dec *imapwire.Decoder) error {
 			if c.server.options.caps().Has(imap.CapCondStore) {
 				enabled = append(enabled, req)
 			}
+		case imap.CapQResync: // quill: RFC 7162 §3.2.3
+			if _, ok := c.session.(SessionQResync); ok && c.server.options.caps().Has(imap.CapQResync) {
+				enabled = append(enabled, req)
+			}
 		}
 	}
 
 	c.mutex.Lock()
 	for _, e := range enabled {
 		c.enabled[e] = struct{}{}
+		if e == imap.CapQResync {
+			// QRESYNC implies CONDSTORE (RFC 7162 §3.2.3).
+			c.enabled[imap.CapCondStore] = struct{}{}
+		}
 	}
 	c.mutex.Unlock()
 

@@ -5,27 +5,44 @@ import (
 	"github.com/quillmail/quill/third_party/imapserver/internal/imapwire"
 )
 
-func (c *Conn) handleExpunge(dec *imapwire.Decoder) error {
+func (c *Conn) handleExpunge(tag string, dec *imapwire.Decoder) error {
 	if !dec.ExpectCRLF() {
 		return dec.Err()
 	}
-	return c.expunge(nil)
+	return c.expunge(tag, "EXPUNGE", nil)
 }
 
-func (c *Conn) handleUIDExpunge(dec *imapwire.Decoder) error {
+func (c *Conn) handleUIDExpunge(tag string, dec *imapwire.Decoder) error {
 	var uidSet imap.UIDSet
 	if !dec.ExpectSP() || !dec.ExpectUIDSet(&uidSet) || !dec.ExpectCRLF() {
 		return dec.Err()
 	}
-	return c.expunge(&uidSet)
+	return c.expunge(tag, "UID EXPUNGE", &uidSet)
 }
 
-func (c *Conn) expunge(uids *imap.UIDSet) error {
+// expunge runs EXPUNGE or UID EXPUNGE and writes its tagged OK (quill:
+// with QRESYNC enabled and a message expunged, the OK carries the
+// mailbox's new HIGHESTMODSEQ, RFC 7162 §3.2.10, which the session
+// reports after the poll).
+func (c *Conn) expunge(tag, name string, uids *imap.UIDSet) error {
 	if err := c.checkState(imap.ConnStateSelected); err != nil {
 		return err
 	}
 	w := &ExpungeWriter{conn: c}
-	return c.session.Expunge(w, uids)
+	if err := c.session.Expunge(w, uids); err != nil {
+		return err
+	}
+	if err := c.poll(name); err != nil {
+		return err
+	}
+	enc := newResponseEncoder(c)
+	defer enc.end()
+	enc.Atom(tag).SP().Atom("OK").SP()
+	if qs, ok := c.session.(SessionQResync); ok && w.vanished {
+		enc.Special('[').Atom("HIGHESTMODSEQ").SP().ModSeq(qs.HighestModSeq()).Special(']').SP()
+	}
+	enc.Text(name + " completed")
+	return enc.CRLF()
 }
 
 func (c *Conn) writeExpunge(seqNum uint32) error {
@@ -37,7 +54,8 @@ func (c *Conn) writeExpunge(seqNum uint32) error {
 
 // ExpungeWriter writes EXPUNGE updates.
 type ExpungeWriter struct {
-	conn *Conn
+	conn     *Conn
+	vanished bool // quill: a VANISHED went out (qresync.go)
 }
 
 // WriteExpunge notifies the client that the message with the provided sequence

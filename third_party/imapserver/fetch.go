@@ -24,6 +24,7 @@ type fetchWriterOptions struct {
 	preview  bool // quill: RFC 8970 PREVIEW
 	emailID  bool // quill: RFC 8474 §5.1 EMAILID
 	threadID bool // quill: RFC 8474 §5.2 THREADID
+	vanished bool // quill: RFC 7162 §3.2.6 UID FETCH modifier VANISHED
 }
 
 func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
@@ -78,18 +79,23 @@ func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
 		}
 	}
 
-	// quill: fetch-modifiers of RFC 7162 §3.1.4 (CHANGEDSINCE), which
-	// upstream did not parse.
+	// quill: fetch-modifiers of RFC 7162 §3.1.4 (CHANGEDSINCE) and §3.2.6
+	// (VANISHED), which upstream did not parse.
+	changedSince := false
 	if dec.SP() {
 		err := dec.ExpectList(func() error {
 			var name string
-			if !dec.ExpectAtom(&name) || !dec.ExpectSP() {
+			if !dec.ExpectAtom(&name) {
 				return dec.Err()
 			}
-			if !strings.EqualFold(name, "CHANGEDSINCE") {
+			switch {
+			case strings.EqualFold(name, "VANISHED"):
+				writerOptions.vanished = true
+				return nil
+			case !strings.EqualFold(name, "CHANGEDSINCE"):
 				return newClientBugError("Unknown FETCH modifier " + name)
 			}
-			if !dec.ExpectModSeq(&options.ChangedSince) {
+			if !dec.ExpectSP() || !dec.ExpectModSeq(&options.ChangedSince) {
 				return dec.Err()
 			}
 			if options.ChangedSince > MaxModSeq {
@@ -97,6 +103,7 @@ func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
 			}
 			// RFC 7162 §3.1.4.1: CHANGEDSINCE implies MODSEQ.
 			options.ModSeq = true
+			changedSince = true
 			return nil
 		})
 		if err != nil {
@@ -110,6 +117,18 @@ func (c *Conn) handleFetch(dec *imapwire.Decoder, numKind NumKind) error {
 
 	if err := c.checkState(imap.ConnStateSelected); err != nil {
 		return err
+	}
+	// RFC 7162 §3.2.6: VANISHED only in UID FETCH, with CHANGEDSINCE, once
+	// QRESYNC is enabled; otherwise BAD.
+	if writerOptions.vanished {
+		switch {
+		case numKind != NumKindUID:
+			return newClientBugError("VANISHED is a UID FETCH modifier")
+		case !changedSince:
+			return newClientBugError("VANISHED needs CHANGEDSINCE")
+		case !c.qresyncEnabled():
+			return newClientBugError("QRESYNC must be enabled first (ENABLE QRESYNC)")
+		}
 	}
 
 	if numKind == NumKindUID {

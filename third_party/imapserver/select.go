@@ -13,19 +13,31 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 	if !dec.ExpectSP() || !dec.ExpectMailbox(&mailbox) {
 		return dec.Err()
 	}
-	// quill: select-params of RFC 7162 §3.1.8 (CONDSTORE), not parsed
-	// upstream.
+	// quill: select-params of RFC 7162 §3.1.8 (CONDSTORE) and §3.2.5
+	// (QRESYNC), not parsed upstream.
 	condStore := false
+	var qresync *QResyncParams
 	if dec.SP() {
 		err := dec.ExpectList(func() error {
 			var name string
 			if !dec.ExpectAtom(&name) {
 				return dec.Err()
 			}
-			if !strings.EqualFold(name, "CONDSTORE") {
+			switch {
+			case strings.EqualFold(name, "CONDSTORE"):
+				condStore = true
+			case strings.EqualFold(name, "QRESYNC") && qresync == nil:
+				if !dec.ExpectSP() {
+					return dec.Err()
+				}
+				p, err := readQResyncParams(dec)
+				if err != nil {
+					return err
+				}
+				qresync = p
+			default:
 				return newClientBugError("Unknown SELECT parameter " + name)
 			}
-			condStore = true
 			return nil
 		})
 		if err != nil {
@@ -38,6 +50,11 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 
 	if err := c.checkState(imap.ConnStateAuthenticated); err != nil {
 		return err
+	}
+	// RFC 7162 §3.2.5: QRESYNC parameters without ENABLE QRESYNC are BAD
+	// (and leave the selected mailbox as it was).
+	if qresync != nil && !c.qresyncEnabled() {
+		return newClientBugError("QRESYNC must be enabled first (ENABLE QRESYNC)")
 	}
 
 	if c.state == imap.ConnStateSelected {
@@ -109,6 +126,17 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 
 	c.state = imap.ConnStateSelected
 	// TODO: forbid write commands in read-only mode
+
+	// quill: what changed since the client last had the mailbox (RFC 7162
+	// §3.2.5.2), before the tagged OK.
+	if qs, ok := c.session.(SessionQResync); ok && qresync != nil {
+		if err := qs.QResync(&FetchWriter{conn: c, buffered: true}, qresync); err != nil {
+			// The SELECT failed: nothing stays selected.
+			c.session.Unselect()
+			c.state = imap.ConnStateAuthenticated
+			return err
+		}
+	}
 
 	var (
 		cmdName string

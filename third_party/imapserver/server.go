@@ -69,6 +69,11 @@ type Options struct {
 	// a command runs under the connection's context, which ends when the
 	// connection does.
 	CommandContext func(parent context.Context, conn net.Conn) (ctx context.Context, stop func())
+	// MaxCompressed bounds the connections under COMPRESS DEFLATE at once
+	// (quill: each holds a compressor of about 0.8 MB); past it COMPRESS
+	// is answered NO [LIMIT] and the session goes on uncompressed. 0 is
+	// DefaultMaxCompressed.
+	MaxCompressed int
 	// Raw ingress and egress data will be written to this writer, if any.
 	// Note, this may include sensitive information such as credentials used
 	// during authentication.
@@ -105,6 +110,8 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*Conn]struct{}
 	closed    bool
+	// compressed counts connections under COMPRESS (quill; compress.go).
+	compressed int
 }
 
 // New creates a new server.
