@@ -23,6 +23,9 @@ type Store interface {
 	Messages(ctx context.Context, user string, mbox uint64) ([]mailbox.Message, error)
 	Body(ctx context.Context, user, id string) ([]byte, error)
 	Append(ctx context.Context, user, name string, raw []byte, flags []string, date time.Time) (*mailbox.Mailbox, mailbox.Message, error)
+	// AppendMulti stores several messages in a mailbox, all or none
+	// (MULTIAPPEND, RFC 3502), and returns them in their order.
+	AppendMulti(ctx context.Context, user, name string, msgs []mailbox.NewMessage) (*mailbox.Mailbox, []mailbox.Message, error)
 	CreateMailbox(ctx context.Context, user, name, specialUse string) (*mailbox.Mailbox, error)
 	DeleteMailbox(ctx context.Context, user, name string) error
 	RenameMailbox(ctx context.Context, user, from, to string) error

@@ -111,6 +111,8 @@ var capabilities = imap.CapSet{
 	imap.CapObjectID:              {},
 	imap.CapQResync:               {},
 	imap.CapQuota:                 {},
+	imap.CapMultiAppend:           {},
+	imap.CapCatenate:              {},
 	imapserver.CapCompressDeflate: {},
 	"THREAD=ORDEREDSUBJECT":       {},
 	"THREAD=REFERENCES":           {},

@@ -509,6 +509,47 @@ const maxFlags = 128
 
 func (s *session) Append(name string, r imap.LiteralReader, options *imap.AppendOptions) (*imap.AppendData, error) {
 	what := fmt.Sprintf("APPEND to %q", name)
+	if r.Size() > s.srv.cfg.MaxMessageBytes {
+		return nil, no(imap.ResponseCodeTooBig, "%s: message of %d bytes is over the limit of %d", what, r.Size(), s.srv.cfg.MaxMessageBytes)
+	}
+	raw, err := io.ReadAll(io.LimitReader(r, s.srv.cfg.MaxMessageBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := s.newMessages(what, name, []imapserver.AppendMessage{{Options: *options, Data: raw}})
+	if err != nil {
+		return nil, err
+	}
+	mb, msg, err := s.srv.store.Append(s.ctx(), s.user, name, msgs[0].Raw, msgs[0].Flags, msgs[0].Date)
+	if err != nil {
+		return nil, storeErr(what, err)
+	}
+	return &imap.AppendData{UID: imap.UID(msg.UID), UIDValidity: mb.UIDValidity}, nil
+}
+
+// AppendMulti implements imapserver.SessionMultiAppend (RFC 3502): the
+// messages of one APPEND, stored all or none.
+func (s *session) AppendMulti(name string, in []imapserver.AppendMessage) (*imapserver.MultiAppendData, error) {
+	what := fmt.Sprintf("APPEND of %d messages to %q", len(in), name)
+	msgs, err := s.newMessages(what, name, in)
+	if err != nil {
+		return nil, err
+	}
+	mb, stored, err := s.srv.store.AppendMulti(s.ctx(), s.user, name, msgs)
+	if err != nil {
+		return nil, storeErr(what, err)
+	}
+	out := &imapserver.MultiAppendData{UIDValidity: mb.UIDValidity}
+	for _, m := range stored {
+		out.UIDs = append(out.UIDs, imap.UID(m.UID))
+	}
+	return out, nil
+}
+
+// newMessages checks an APPEND's messages (the mailbox exists, each is
+// within the size limit and the flag limit, all of them within the
+// user's quota) and returns them as the store takes them.
+func (s *session) newMessages(what, name string, in []imapserver.AppendMessage) ([]mailbox.NewMessage, error) {
 	_, usage, err := s.srv.store.MailboxUsage(s.ctx(), s.user, name)
 	if err != nil {
 		if errors.Is(err, mailbox.ErrNoMailbox) {
@@ -517,32 +558,30 @@ func (s *session) Append(name string, r imap.LiteralReader, options *imap.Append
 		}
 		return nil, storeErr(what, err)
 	}
-	if r.Size() > s.srv.cfg.MaxMessageBytes {
-		return nil, no(imap.ResponseCodeTooBig, "%s: message of %d bytes is over the limit of %d", what, r.Size(), s.srv.cfg.MaxMessageBytes)
+	out := make([]mailbox.NewMessage, 0, len(in))
+	var total int64
+	for i, m := range in {
+		if int64(len(m.Data)) > s.srv.cfg.MaxMessageBytes {
+			return nil, no(imap.ResponseCodeTooBig, "%s: message %d of %d bytes is over the limit of %d", what, i+1, len(m.Data), s.srv.cfg.MaxMessageBytes)
+		}
+		if len(m.Options.Flags) > maxFlags {
+			return nil, bad("%s: more than %d flags", what, maxFlags)
+		}
+		flags := make([]string, 0, len(m.Options.Flags))
+		for _, f := range m.Options.Flags {
+			flags = append(flags, string(f))
+		}
+		date := m.Options.Time
+		if date.IsZero() {
+			date = time.Now()
+		}
+		total += int64(len(m.Data))
+		out = append(out, mailbox.NewMessage{Raw: m.Data, Flags: flags, Date: date})
 	}
-	raw, err := io.ReadAll(io.LimitReader(r, s.srv.cfg.MaxMessageBytes+1))
-	if err != nil {
+	if err := checkQuota(what, usage, int64(len(in)), total); err != nil {
 		return nil, err
 	}
-	if err := checkQuota(what, usage, 1, int64(len(raw))); err != nil {
-		return nil, err
-	}
-	if len(options.Flags) > maxFlags {
-		return nil, bad("%s: more than %d flags", what, maxFlags)
-	}
-	flags := make([]string, 0, len(options.Flags))
-	for _, f := range options.Flags {
-		flags = append(flags, string(f))
-	}
-	date := options.Time
-	if date.IsZero() {
-		date = time.Now()
-	}
-	mb, msg, err := s.srv.store.Append(s.ctx(), s.user, name, raw, flags, date)
-	if err != nil {
-		return nil, storeErr(what, err)
-	}
-	return &imap.AppendData{UID: imap.UID(msg.UID), UIDValidity: mb.UIDValidity}, nil
+	return out, nil
 }
 
 // --- selection

@@ -88,10 +88,6 @@ type Usage struct {
 	QuotaMessages int64 `json:"quota_messages,omitempty"`
 }
 
-// Over reports whether adding messages of size bytes would take the user
-// past a limit (RFC 9208 §5.1: an APPEND, COPY or delivery that would
-// exceed the quota fails). n and size 0 ask whether the user is at a limit
-// already (the size of the message to come is not known).
 // String says what is used of what, for errors and logs.
 func (u Usage) String() string {
 	var parts []string
@@ -107,9 +103,21 @@ func (u Usage) String() string {
 	return strings.Join(parts, ", ")
 }
 
+// Over reports whether adding n messages of size bytes in all would take
+// the user past a limit (RFC 9208 §5.1: an APPEND, COPY or delivery that
+// would exceed the quota fails). n and size 0 ask whether the user is at
+// a limit already (the size of the message to come is not known).
 func (u Usage) Over(n, size int64) bool {
 	n, size = max(n, 1), max(size, 1) // no message is empty
 	return (u.QuotaMessages > 0 && u.Messages+n > u.QuotaMessages) || (u.QuotaStorage > 0 && u.Storage+size > u.QuotaStorage)
+}
+
+// NewMessage is a message a client stores (IMAP APPEND): its bytes, flags
+// and internal date.
+type NewMessage struct {
+	Raw   []byte
+	Flags []string
+	Date  time.Time
 }
 
 // Message is the index record of one message in a mailbox.

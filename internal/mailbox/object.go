@@ -293,6 +293,21 @@ func (m *Manager) Fill(u *replica.Update) error {
 // Scan implements replica.Scanner: every message this node holds, with its
 // replica set.
 func (m *Manager) Scan(fn func(h replica.Held) error) error {
+	return m.eachRecord(func(user string, v []byte) error {
+		var msg Message
+		if err := decodeMessage(v, &msg); err != nil {
+			return nil
+		}
+		if len(msg.Replicas) == 0 {
+			return nil // stored before replication: its node is its only copy
+		}
+		return fn(replica.Held{Object: ObjectName(user, msg.ID), User: user, Replicas: msg.Replicas, Want: msg.Want})
+	})
+}
+
+// eachRecord calls fn with the user and the encoded record of every
+// message this node holds.
+func (m *Manager) eachRecord(fn func(user string, v []byte) error) error {
 	it, err := m.db.PrefixIter(nil, store.KindPrefix(store.KindMessage))
 	if err != nil {
 		return err
@@ -304,15 +319,7 @@ func (m *Manager) Scan(fn func(h replica.Held) error) error {
 		if i < 0 {
 			continue
 		}
-		var msg Message
-		if err := decodeMessage(it.Value(), &msg); err != nil {
-			continue
-		}
-		if len(msg.Replicas) == 0 {
-			continue // stored before replication: its node is its only copy
-		}
-		user := string(k[:i])
-		if err := fn(replica.Held{Object: ObjectName(user, msg.ID), User: user, Replicas: msg.Replicas, Want: msg.Want}); err != nil {
+		if err := fn(string(k[:i]), it.Value()); err != nil {
 			return err
 		}
 	}

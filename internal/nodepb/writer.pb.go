@@ -166,6 +166,7 @@ type ConfirmRequest struct {
 	Message       *Message               `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Nodes         []string               `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	Cancel        bool                   `protobuf:"varint,4,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	Unused        bool                   `protobuf:"varint,5,opt,name=unused,proto3" json:"unused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +225,13 @@ func (x *ConfirmRequest) GetNodes() []string {
 func (x *ConfirmRequest) GetCancel() bool {
 	if x != nil {
 		return x.Cancel
+	}
+	return false
+}
+
+func (x *ConfirmRequest) GetUnused() bool {
+	if x != nil {
+		return x.Unused
 	}
 	return false
 }
@@ -1243,12 +1251,13 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\bmail_map\x18\x02 \x03(\tR\amailMap\x12\x16\n" +
 	"\x06spread\x18\x03 \x01(\x05R\x06spread\x12\x1a\n" +
 	"\breplicas\x18\x04 \x01(\x05R\breplicas\x12\x16\n" +
-	"\x06policy\x18\x05 \x01(\tR\x06policy\"\x93\x01\n" +
+	"\x06policy\x18\x05 \x01(\tR\x06policy\"\xab\x01\n" +
 	"\x0eConfirmRequest\x12&\n" +
 	"\x05place\x18\x01 \x01(\v2\x10.quill.v1.PlacedR\x05place\x12+\n" +
 	"\amessage\x18\x02 \x01(\v2\x11.quill.v1.MessageR\amessage\x12\x14\n" +
 	"\x05nodes\x18\x03 \x03(\tR\x05nodes\x12\x16\n" +
-	"\x06cancel\x18\x04 \x01(\bR\x06cancel\"\xef\x01\n" +
+	"\x06cancel\x18\x04 \x01(\bR\x06cancel\x12\x16\n" +
+	"\x06unused\x18\x05 \x01(\bR\x06unused\"\xef\x01\n" +
 	"\fApplyRequest\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\tR\x02op\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +

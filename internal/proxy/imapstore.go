@@ -209,6 +209,81 @@ func (s *IMAPStore) Append(ctx context.Context, user, name string, raw []byte, f
 	return mb, stored[user], err
 }
 
+// AppendMulti implements imap.Store (IMAP MULTIAPPEND, RFC 3502): every
+// message is stored, or none. A guard UID is allocated first: the writer
+// shows sessions no UID above one in flight, so the messages, each stored
+// and confirmed like an APPEND after it, stay hidden until the guard is
+// given up, and then appear together. When one cannot be stored, those
+// stored before are expunged while still hidden. The guard is a gap in
+// the mailbox's UIDs. If this node dies between the first store and the
+// end, the writer drops the guard (allocTimeout, or the node leaving) and
+// what was stored appears: the append is atomic against failures to
+// store, not against the loss of the node doing it.
+func (s *IMAPStore) AppendMulti(ctx context.Context, user, name string, msgs []mailbox.NewMessage) (*mailbox.Mailbox, []mailbox.Message, error) {
+	ctx, cancel := withOpTimeout(ctx)
+	defer cancel()
+	user = userdb.Normalize(user)
+	mb, err := s.Mailbox(ctx, user, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	// As for APPEND: once the literals are in, the outcome no longer
+	// depends on the client staying.
+	pctx, pcancel := withOpTimeout(context.WithoutCancel(ctx))
+	defer pcancel()
+	actx, acancel := context.WithTimeout(pctx, writerCallTimeout)
+	guard, err := s.P.Writers.For(user).Alloc(actx, &writer.AllocRequest{User: user, Mailbox: mb.Name, From: s.P.member(s.P.Self)})
+	acancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	release := func() { s.P.confirm(pctx, &writer.ConfirmRequest{Place: guard.Place, Cancel: true, Unused: true}) }
+	stored := make([]mailbox.Message, 0, len(msgs))
+	for i, m := range msgs {
+		var placed map[string]mailbox.Message
+		err := appendFault(i)
+		if err == nil {
+			placed, err = s.P.place(pctx, []string{user}, mb.Name, m.Flags, m.Raw, m.Date)
+		}
+		if err == nil {
+			stored = append(stored, placed[user])
+			continue
+		}
+		err = fmt.Errorf("message %d of %d: %w", i+1, len(msgs), err)
+		if len(stored) > 0 {
+			uids := make([]uint32, len(stored))
+			for j, st := range stored {
+				uids[j] = st.UID
+			}
+			gone, xerr := s.expunge(pctx, user, mb.ID, uids, false)
+			if xerr == nil && len(gone) < len(uids) {
+				xerr = fmt.Errorf("%d of %d expunged", len(gone), len(uids))
+			}
+			if xerr != nil {
+				err = fmt.Errorf("%w; the %d messages stored before it could not all be removed: %v", err, len(stored), xerr)
+			}
+		}
+		release()
+		return nil, nil, err
+	}
+	release()
+	mb, err = s.Mailbox(pctx, user, name)
+	return mb, stored, err
+}
+
+// appendFault is called before each message of a MULTIAPPEND is stored;
+// an error fails that message. Only tests set it (SetAppendFaultForTest).
+var appendFault = func(i int) error { return nil }
+
+// SetAppendFaultForTest makes f run before message i (from 0) of every
+// MULTIAPPEND is stored, its error failing that message, until the
+// returned function restores the default.
+func SetAppendFaultForTest(f func(i int) error) (restore func()) {
+	old := appendFault
+	appendFault = f
+	return func() { appendFault = old }
+}
+
 // CreateMailbox implements imap.Store.
 func (s *IMAPStore) CreateMailbox(ctx context.Context, user, name, specialUse string) (*mailbox.Mailbox, error) {
 	ctx, cancel := withOpTimeout(ctx)

@@ -263,7 +263,7 @@ func (s server) Alloc(ctx context.Context, p *nodepb.AllocRequest) (*nodepb.Allo
 }
 func (s server) Confirm(ctx context.Context, p *nodepb.ConfirmRequest) (*nodepb.Empty, error) {
 	return &nodepb.Empty{}, s.l.Confirm(ctx, &ConfirmRequest{Place: mailbox.PlacedFromPB(p.Place),
-		Message: mailbox.MessageFromPB(p.Message), Nodes: cluster.IDsFromPB(p.Nodes), Cancel: p.Cancel})
+		Message: mailbox.MessageFromPB(p.Message), Nodes: cluster.IDsFromPB(p.Nodes), Cancel: p.Cancel, Unused: p.Unused})
 }
 func (s server) Apply(ctx context.Context, p *nodepb.ApplyRequest) (*nodepb.Profile, error) {
 	prof, err := s.l.Apply(ctx, &ApplyRequest{Op: p.Op, Address: p.Address, Hash: p.Hash, SCRAM: p.ScramSha256, Replicas: int(p.Replicas), Policy: p.Policy,
@@ -368,7 +368,7 @@ func allocReplyFromPB(p *nodepb.AllocReply) *AllocReply {
 
 func (r *ConfirmRequest) toPB() *nodepb.ConfirmRequest {
 	return &nodepb.ConfirmRequest{Place: mailbox.PlacedToPB(&r.Place), Message: mailbox.MessageToPB(&r.Message),
-		Nodes: cluster.IDsToPB(r.Nodes), Cancel: r.Cancel}
+		Nodes: cluster.IDsToPB(r.Nodes), Cancel: r.Cancel, Unused: r.Unused}
 }
 
 func (r *ApplyRequest) toPB() *nodepb.ApplyRequest {

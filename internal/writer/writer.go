@@ -489,6 +489,10 @@ type ConfirmRequest struct {
 	// Cancel says the message could not be stored: the UID is given up,
 	// and stops hiding the UIDs above it.
 	Cancel bool `json:"cancel,omitempty"`
+	// Unused says a cancelled UID was never meant to store anything (a
+	// MULTIAPPEND's guard, proxy.IMAPStore.AppendMulti): nothing can be
+	// stored under it, so the view need not be loaded again.
+	Unused bool `json:"unused,omitempty"`
 }
 
 // confirm records a stored message in the view and the mail map.
@@ -524,7 +528,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 		// what this one knows: never hand that UID out again.
 		b.follow(req.Place.UID+1, req.Place.ModSeq)
 		b.markUsed(req.Place.UID, req.Place.ModSeq)
-	} else if b.loaded {
+	} else if b.loaded && !req.Unused {
 		// A store whose answer was lost (a coordinator cut off after
 		// it applied) may have stored the message all the same:
 		// load the view again so it is not hidden until the next

@@ -586,6 +586,9 @@ func TestFaultsNetns(t *testing.T) {
 		// Each acknowledged message is one object on each of its
 		// replicas; profiles and messages not acknowledged add more.
 		errorf(t, "the nodes hold %d objects, fewer than %d acknowledged messages × %d replicas", objects, acked-res.lost-res.oneWindow, netReplicas)
+		defer census(t, nodes, netReplicas)
+	} else if os.Getenv("QUILL_CENSUS") != "" {
+		defer census(t, nodes, netReplicas)
 	}
 
 	// The strongest check of replication: one node gone for good, every

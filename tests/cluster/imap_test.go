@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -346,6 +347,20 @@ func (c *rawIMAP) cmd(s string) ([]string, error) {
 	}
 }
 
+// dialEach opens a raw session through each node, closed at cleanup.
+func dialEach(t *testing.T, nodes []*Node, user, pw string) []*rawIMAP {
+	conns := make([]*rawIMAP, len(nodes))
+	for i, n := range nodes {
+		c, err := dialRawIMAP(n, user, pw)
+		if err != nil {
+			fatalf(t, "through %s: %v", n.ID, err)
+		}
+		t.Cleanup(c.close)
+		conns[i] = c
+	}
+	return conns
+}
+
 func (c *rawIMAP) close() {
 	c.cmd("LOGOUT")
 	c.conn.Close()
@@ -399,7 +414,44 @@ func TestSortThreadAndObjectIDAcrossNodes(t *testing.T) {
 		}
 	}
 	qresyncAcrossNodes(t, nodes, user, pw)
+	multiAppendAcrossNodes(t, nodes, user, pw)
 	quotaAcrossNodes(t, nodes, user, pw)
+}
+
+// multiAppendAcrossNodes: a MULTIAPPEND through one node, one of its
+// messages built by CATENATE from a stored message, is seen whole by a
+// session on another node, and the catenated bytes read the same through
+// a third.
+func multiAppendAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
+	conns := dialEach(t, nodes[:3], user, pw)
+	sel, err := conns[0].cmd("SELECT INBOX")
+	exists := regexp.MustCompile(`\* (\d+) EXISTS`).FindStringSubmatch(strings.Join(sel, "\n"))
+	if err != nil || exists == nil {
+		fatalf(t, "SELECT through %s: %q, %v", nodes[0].ID, sel, err)
+	}
+	head, plain := "Subject: catenated\r\n\r\n", "Subject: plain\r\n\r\nplain\r\n"
+	if _, err := conns[1].cmd("SELECT INBOX"); err != nil {
+		fatalf(t, "through %s: %v", nodes[1].ID, err)
+	}
+	lines, err := conns[1].cmd(fmt.Sprintf("APPEND INBOX {%d+}\r\n%s CATENATE (TEXT {%d+}\r\n%s URL \";UID=2/;SECTION=TEXT\")",
+		len(plain), plain, len(head), head))
+	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "APPENDUID") {
+		fatalf(t, "MULTIAPPEND through %s: %q, %v", nodes[1].ID, lines, err)
+	}
+	n, _ := strconv.Atoi(exists[1])
+	want := fmt.Sprintf("* %d EXISTS", n+2)
+	waitFor(t, "the other node's session to see both messages", 10*time.Second, func() bool {
+		got, err := conns[0].cmd("NOOP")
+		return err == nil && strings.Contains(strings.Join(got, "\n"), want)
+	})
+	if _, err := conns[2].cmd("SELECT INBOX"); err != nil {
+		fatalf(t, "through %s: %v", nodes[2].ID, err)
+	}
+	src, err1 := conns[2].cmd("UID FETCH 2 BODY.PEEK[TEXT]")
+	got, err2 := conns[2].cmd(fmt.Sprintf("FETCH %d BODY.PEEK[TEXT]", n+2))
+	if err1 != nil || err2 != nil || len(src) < 2 || len(got) < 2 || src[1] != got[1] {
+		errorf(t, "through %s: the catenated text %q (%v) is not the source's %q (%v)", nodes[2].ID, got, err2, src, err1)
+	}
 }
 
 // quotaAcrossNodes sets a quota through one node and finds it enforced and
@@ -439,15 +491,7 @@ func quotaAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
 // one's state gets the expunge as VANISHED (EARLIER) and the flag change
 // as a FETCH.
 func qresyncAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
-	var conns [3]*rawIMAP
-	for i := range conns {
-		c, err := dialRawIMAP(nodes[i], user, pw)
-		if err != nil {
-			fatalf(t, "through %s: %v", nodes[i].ID, err)
-		}
-		defer c.close()
-		conns[i] = c
-	}
+	conns := dialEach(t, nodes[:3], user, pw)
 	must := func(i int, cmd string) []string {
 		lines, err := conns[i].cmd(cmd)
 		if err != nil {

@@ -121,6 +121,12 @@ func (c *Conn) availableCaps() []imap.Cap {
 		if _, ok := c.session.(SessionQResync); ok { // quill: qresync.go
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapQResync})
 		}
+		if _, ok := c.session.(SessionMultiAppend); ok { // quill: append.go
+			addAvailableCaps(&caps, available, []imap.Cap{imap.CapMultiAppend})
+		}
+		if _, ok := c.session.(SessionCatenate); ok {
+			addAvailableCaps(&caps, available, []imap.Cap{imap.CapCatenate})
+		}
 		if _, ok := c.session.(SessionObjectID); ok {
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapObjectID})
 		}
