@@ -185,6 +185,9 @@ func FuzzCommands(f *testing.F) {
 		"a THREAD ORDEREDSUBJECT US-ASCII ALL", "a FETCH 1:* (EMAILID THREADID)", "a SEARCH OR EMAILID Mx THREADID T-_",
 		"a STATUS INBOX (MAILBOXID UIDNEXT)", "a LIST \"\" * RETURN (STATUS (MAILBOXID))", "a SORT (ARRIVAL CC DATE SIZE TO) UTF-8 MODSEQ 1",
 		"a SELECT INBOX (CONDSTORE)", "a ID (\"a\" NIL)", "a ENABLE CONDSTORE IMAP4rev2", "a EXPUNGE", "a UID EXPUNGE 1:*",
+		"a APPEND INBOX {2+}\r\nab (\\Seen) {3+}\r\nabc", "a APPEND INBOX CATENATE (TEXT {2+}\r\nab URL \"/INBOX/;UID=1/;SECTION=1.MIME\")",
+		"a NOTIFY SET STATUS (selected (MessageNew (UID BODY.PEEK[HEADER]) MessageExpunge FlagChange)) (subtree (INBOX a) (MailboxName))",
+		"a NOTIFY NONE",
 	} {
 		f.Add([]byte(s))
 	}

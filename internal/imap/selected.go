@@ -346,11 +346,27 @@ func (s *session) Idle(w *imapserver.UpdateWriter, stop <-chan struct{}) error {
 	}
 	tick := time.NewTicker(s.srv.cfg.IdlePoll)
 	defer tick.Stop()
+	// With NOTIFY on, its goroutine takes the changes (notify.go); IDLE
+	// reports what it says, and the selected mailbox as always.
+	changes := s.changes
+	var notified <-chan struct{}
+	if s.notify != nil {
+		changes, notified = nil, s.notify.ready
+	}
 	for {
 		select {
 		case <-stop:
 			return nil
-		case c, ok := <-s.changes:
+		case <-notified:
+			if err := s.NotifyFlush(w); err != nil {
+				return err
+			}
+			if s.sel != nil {
+				if err := s.sync(w, true); err != nil {
+					return err
+				}
+			}
+		case c, ok := <-changes:
 			if !ok {
 				<-stop
 				return nil

@@ -113,6 +113,7 @@ var capabilities = imap.CapSet{
 	imap.CapQuota:                 {},
 	imap.CapMultiAppend:           {},
 	imap.CapCatenate:              {},
+	imapserver.CapNotify:          {},
 	imapserver.CapCompressDeflate: {},
 	"THREAD=ORDEREDSUBJECT":       {},
 	"THREAD=REFERENCES":           {},

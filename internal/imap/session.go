@@ -32,9 +32,11 @@ type session struct {
 	life context.Context
 	end  context.CancelFunc
 
-	user     string
-	changes  <-chan mailbox.Change
-	unsub    func()
+	user    string
+	changes <-chan mailbox.Change
+	unsub   func()
+	// notify is the NOTIFY SET in force, nil without (notify.go).
+	notify   *notifyState
 	failures int
 
 	sel *selected
@@ -86,6 +88,7 @@ func (s *session) ctx() context.Context {
 }
 
 func (s *session) Close() error {
+	s.stopNotify()
 	s.end()
 	if s.unsub != nil {
 		s.unsub()

@@ -347,6 +347,22 @@ func (c *rawIMAP) cmd(s string) ([]string, error) {
 	}
 }
 
+// waitLine reads what the server sends unasked until a line holds want.
+func (c *rawIMAP) waitLine(want string, d time.Duration) ([]string, error) {
+	c.conn.SetDeadline(time.Now().Add(d))
+	var lines []string
+	for {
+		l, err := c.r.ReadString('\n')
+		if err != nil {
+			return lines, err
+		}
+		lines = append(lines, strings.TrimRight(l, "\r\n"))
+		if strings.Contains(l, want) {
+			return lines, nil
+		}
+	}
+}
+
 // dialEach opens a raw session through each node, closed at cleanup.
 func dialEach(t *testing.T, nodes []*Node, user, pw string) []*rawIMAP {
 	conns := make([]*rawIMAP, len(nodes))
@@ -415,7 +431,34 @@ func TestSortThreadAndObjectIDAcrossNodes(t *testing.T) {
 	}
 	qresyncAcrossNodes(t, nodes, user, pw)
 	multiAppendAcrossNodes(t, nodes, user, pw)
+	notifyAcrossNodes(t, nodes, user, pw)
 	quotaAcrossNodes(t, nodes, user, pw)
+}
+
+// notifyAcrossNodes: a session with NOTIFY on one node hears, without
+// asking, of a delivery to its selected mailbox through another node and
+// of a message stored in another mailbox through a third.
+func notifyAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
+	conns := dialEach(t, nodes[:3], user, pw)
+	if _, err := conns[0].cmd("SELECT INBOX"); err != nil {
+		fatalf(t, "through %s: %v", nodes[0].ID, err)
+	}
+	if _, err := conns[0].cmd("NOTIFY SET (selected (MessageNew (UID) MessageExpunge)) (personal (MessageNew MessageExpunge))"); err != nil {
+		fatalf(t, "NOTIFY through %s: %v", nodes[0].ID, err)
+	}
+	if err := nodes[1].send(user, "notified"); err != nil {
+		fatalf(t, "send through %s: %v", nodes[1].ID, err)
+	}
+	if got, err := conns[0].waitLine("EXISTS", 10*time.Second); err != nil {
+		errorf(t, "NOTIFY through %s after a delivery through %s: %q, %v", nodes[0].ID, nodes[1].ID, got, err)
+	}
+	msg := "Subject: archived\r\n\r\nx\r\n"
+	if _, err := conns[2].cmd(fmt.Sprintf("APPEND Archive {%d+}\r\n%s", len(msg), msg)); err != nil {
+		fatalf(t, "APPEND through %s: %v", nodes[2].ID, err)
+	}
+	if got, err := conns[0].waitLine(`STATUS "Archive" (MESSAGES 1`, 10*time.Second); err != nil {
+		errorf(t, "NOTIFY through %s after an APPEND through %s: %q, %v", nodes[0].ID, nodes[2].ID, got, err)
+	}
 }
 
 // multiAppendAcrossNodes: a MULTIAPPEND through one node, one of its

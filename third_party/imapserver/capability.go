@@ -121,6 +121,9 @@ func (c *Conn) availableCaps() []imap.Cap {
 		if _, ok := c.session.(SessionQResync); ok { // quill: qresync.go
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapQResync})
 		}
+		if _, ok := c.session.(SessionNotify); ok { // quill: notify.go
+			addAvailableCaps(&caps, available, []imap.Cap{CapNotify})
+		}
 		if _, ok := c.session.(SessionMultiAppend); ok { // quill: append.go
 			addAvailableCaps(&caps, available, []imap.Cap{imap.CapMultiAppend})
 		}

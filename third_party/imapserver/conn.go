@@ -242,6 +242,19 @@ func (c *Conn) serve() {
 		}
 		c.setReadTimeout(readTimeout)
 
+		// quill: with NOTIFY on, updates go out while the client is
+		// quiet (notify.go).
+		if ns, ok := c.session.(SessionNotify); ok && (c.state == imap.ConnStateAuthenticated || c.state == imap.ConnStateSelected) {
+			if ready := ns.NotifyReady(); ready != nil {
+				if err := c.notifyWait(ns, ready); err != nil {
+					if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+						c.server.logger().Printf("NOTIFY: %v", err)
+					}
+					break
+				}
+			}
+		}
+
 		dec := imapwire.NewDecoder(c.br, imapwire.ConnSideServer)
 		dec.MaxSize = maxCommandSize
 		dec.CheckBufferedLiteralFunc = c.checkBufferedLiteral
@@ -386,6 +399,8 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		err = c.handleGetQuotaRoot(dec)
 	case "SETQUOTA":
 		err = c.handleSetQuota(dec)
+	case "NOTIFY": // quill: RFC 5465 (notify.go)
+		err = c.handleNotify(dec)
 	case "COMPRESS": // quill: RFC 4978 (compress.go)
 		err = c.handleCompress(tag, dec)
 		sendOK = false
