@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/quillmail/quill/internal/proxy"
 )
@@ -118,6 +119,18 @@ func TestMultiAppend(t *testing.T) {
 	if u := r.ok("STATUS INBOX (MESSAGES)"); !has(u, "MESSAGES 0") {
 		t.Fatalf("STATUS after a refused MULTIAPPEND: %q", u)
 	}
+
+	// A syntax error after a literal was taken: the rest of the line
+	// cannot be trusted (a later literal's bytes would run as commands),
+	// so the answer is BAD and the connection ends.
+	tag = r.send(fmt.Sprintf("APPEND INBOX {%d+}\r\n%s BOGUS {9+}\r\nt9 LOGOUT", len(m1), m1))
+	if _, st := r.until(tag); !strings.HasPrefix(st, "BAD") {
+		t.Fatalf("MULTIAPPEND with a bad second message: %s", st)
+	}
+	r.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if rest, err := r.r.ReadString('\n'); err == nil && !strings.HasPrefix(rest, "* BYE") {
+		t.Fatalf("after a syntax error in an APPEND the connection went on: %q", rest)
+	}
 }
 
 // TestCatenate drives CATENATE (RFC 4469): a message made of text and of
@@ -159,12 +172,19 @@ func TestCatenate(t *testing.T) {
 	} {
 		tag := r.send(fmt.Sprintf(`APPEND INBOX CATENATE (URL "%s" TEXT {3+}`+"\r\nabc)", url))
 		_, st := r.until(tag)
-		if !strings.HasPrefix(st, `NO [BADURL "`+url+`"]`) {
+		if !strings.HasPrefix(st, `NO [BADURL `+url+`]`) {
 			t.Errorf("CATENATE URL %s: %s", url, st)
 		}
 		if _, st := r.cmd("NOOP"); !strings.HasPrefix(st, "OK") {
 			t.Fatalf("NOOP after a refused CATENATE: %s", st)
 		}
+	}
+
+	// At most 100 URLs in one APPEND.
+	many := strings.Repeat(` URL "/INBOX/;UID=1/;SECTION=1"`, 101)
+	tag = r.send("APPEND INBOX CATENATE (" + many[1:] + ")")
+	if _, st := r.until(tag); !strings.HasPrefix(st, "NO [LIMIT]") {
+		t.Fatalf("CATENATE of 101 URLs: %s", st)
 	}
 
 	// CATENATE within MULTIAPPEND: both messages or neither.

@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/mailbox"
@@ -57,18 +58,20 @@ type notifyStatus struct {
 
 // SetNotify implements imapserver.SessionNotify.
 func (s *session) SetNotify(w *imapserver.UpdateWriter, set *imapserver.NotifySet) error {
-	s.stopNotify()
 	if set == nil {
+		s.stopNotify()
 		return nil
 	}
 	n := &notifyState{set: set, ready: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		changed: map[uint64]bool{}, status: map[string]notifyStatus{}, boxes: map[string]bool{}, seenAt: map[string]uint64{}}
 	// The state the changes are told against; with STATUS, told at once
 	// (RFC 5465 §3.1).
+	// A NOTIFY SET that fails leaves the one before in force.
 	boxes, err := s.srv.store.Mailboxes(s.ctx(), s.user)
 	if err != nil {
 		return storeErr("NOTIFY", err)
 	}
+	var statuses []*imap.StatusData
 	for _, mb := range boxes {
 		n.boxes[mb.Name] = mb.Subscribed
 		n.seenAt[mb.Name] = mb.HighestModSeq
@@ -78,17 +81,21 @@ func (s *session) SetNotify(w *imapserver.UpdateWriter, set *imapserver.NotifySe
 		}
 		st, data, err := s.notifyStatus(mb.Name, g)
 		if err != nil {
-			return err
+			return storeErr("NOTIFY", err)
 		}
 		n.status[mb.Name] = st
-		if set.Status {
+		statuses = append(statuses, data)
+	}
+	s.stopNotify()
+	s.notify = n
+	go s.takeChanges(n)
+	if set.Status {
+		for _, data := range statuses {
 			if err := w.WriteStatus(data); err != nil {
 				return err
 			}
 		}
 	}
-	s.notify = n
-	go s.takeChanges(n)
 	return nil
 }
 
@@ -203,7 +210,13 @@ func (s *session) notifyStatus(name string, g *imapserver.NotifyGroup) (notifySt
 	return st, out, nil
 }
 
-// NotifyFlush implements imapserver.SessionNotify.
+// notifyRetry is how soon a report that could not be made (the store did
+// not answer) is tried again.
+const notifyRetry = 2 * time.Second
+
+// NotifyFlush implements imapserver.SessionNotify. A report the store
+// cannot make now is kept and tried again after notifyRetry; only a
+// response that cannot be written is an error.
 func (s *session) NotifyFlush(w *imapserver.UpdateWriter) error {
 	n := s.notify
 	if n == nil {
@@ -213,10 +226,53 @@ func (s *session) NotifyFlush(w *imapserver.UpdateWriter) error {
 	changed, anyBox := n.changed, n.any
 	n.changed, n.any = map[uint64]bool{}, false
 	n.mu.Unlock()
+	var wrote writeErr
+	err := s.notifyReport(&writeTracker{w, &wrote}, n, changed, anyBox)
+	if err != nil && wrote.err == nil {
+		// Not made: keep the changes, and look again in a while.
+		s.srv.cfg.Logger.Warn("NOTIFY: report not made, tried again", "user", s.user, "err", err)
+		n.mu.Lock()
+		for id := range changed {
+			n.changed[id] = true
+		}
+		n.any = n.any || anyBox
+		n.mu.Unlock()
+		time.AfterFunc(notifyRetry, func() {
+			select {
+			case n.ready <- struct{}{}:
+			default:
+			}
+		})
+		return nil
+	}
+	return wrote.err
+}
 
-	if g := n.selectedGroup(); g != nil && s.sel != nil && len(g.Events) > 0 && (changed[s.sel.id] || anyBox) {
+// writeErr remembers the first error writing a response.
+type writeErr struct{ err error }
+
+// writeTracker is the UpdateWriter calls NOTIFY makes, remembering a
+// failed write apart from a store error.
+type writeTracker struct {
+	w   *imapserver.UpdateWriter
+	bad *writeErr
+}
+
+func (t *writeTracker) note(err error) error {
+	if err != nil && t.bad.err == nil {
+		t.bad.err = err
+	}
+	return err
+}
+
+func (t *writeTracker) WriteStatus(d *imap.StatusData) error { return t.note(t.w.WriteStatus(d)) }
+func (t *writeTracker) WriteList(d *imap.ListData) error     { return t.note(t.w.WriteList(d)) }
+
+// notifyReport writes what the changes call for.
+func (s *session) notifyReport(t *writeTracker, n *notifyState, changed map[uint64]bool, anyBox bool) error {
+	if g := n.selectedGroup(); g != nil && s.sel != nil && g.Has(imapserver.NotifyMessageNew) && (changed[s.sel.id] || anyBox) {
 		high := s.sel.uidHigh
-		if err := s.sync(w, g.Filter == imapserver.NotifySelected); err != nil {
+		if err := s.sync(t.w, g.Filter == imapserver.NotifySelected); err != nil {
 			return err
 		}
 		if g.Fetch != nil && s.sel != nil && s.sel.uidHigh > high {
@@ -224,8 +280,7 @@ func (s *session) NotifyFlush(w *imapserver.UpdateWriter) error {
 			// (by UID: the client may not rely on sequence numbers).
 			var set imap.UIDSet
 			set.AddRange(imap.UID(high+1), imap.UID(s.sel.uidHigh))
-			opts := *g.Fetch
-			if err := w.Fetch(set, &opts); err != nil {
+			if err := t.w.FetchNew(set, g); err != nil {
 				return err
 			}
 		}
@@ -237,11 +292,14 @@ func (s *session) NotifyFlush(w *imapserver.UpdateWriter) error {
 	if err != nil {
 		return err
 	}
+	w := t
 	seen := map[string]bool{}
 	for _, mb := range boxes {
 		seen[mb.Name] = true
-		g := n.groupFor(mb.Name, mb.Subscribed)
 		was, known := n.boxes[mb.Name]
+		// A mailbox that was subscribed and is no more still matches
+		// SUBSCRIBED for telling so.
+		g := n.groupFor(mb.Name, mb.Subscribed || was)
 		n.boxes[mb.Name] = mb.Subscribed
 		if g == nil {
 			continue

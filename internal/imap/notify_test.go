@@ -104,6 +104,36 @@ func TestNotify(t *testing.T) {
 		t.Fatalf("IDLE: %s", st)
 	}
 
+	// A line other than DONE ends IDLE with BAD, and the session's IDLE
+	// is over before anything else runs (it used to go on beside the
+	// next command and NOTIFY's reports).
+	tag = r.send("IDLE")
+	if l := r.line(); !strings.HasPrefix(l, "+") {
+		t.Fatalf("IDLE: %q", l)
+	}
+	fmt.Fprintf(r.c, "NOT-DONE\r\n")
+	if _, st := r.until(tag); !strings.HasPrefix(st, "BAD") {
+		t.Fatalf("IDLE ended by a line other than DONE: %s", st)
+	}
+	other.ok(fmt.Sprintf("APPEND Lists {%d+}\r\n%s", len(msg), msg))
+	r.expectUnsolicited(`* STATUS "Lists" (MESSAGES 3 `)
+
+	// MessageNew's BODY[] is a PEEK: a report does not mark mail read.
+	r.ok("NOTIFY SET (selected (MessageNew (UID BODY[]) MessageExpunge)) (subscribed (SubscriptionChange))")
+	e.deliver("Subject: peek\r\n\r\nunread\r\n")
+	got = r.expectUnsolicited("unread")
+	if !has(got, "BODY[] {") {
+		t.Fatalf("MessageNew (BODY[]): %q", got)
+	}
+	if u := r.ok("UID FETCH 2 FLAGS"); has(u, `\Seen`) {
+		t.Fatalf("a NOTIFY report marked the message read: %q", u)
+	}
+	// SUBSCRIBED tells of an unsubscription too.
+	other.ok("SUBSCRIBE Lists")
+	r.expectUnsolicited(`* LIST (\Subscribed) "/" "Lists"`)
+	other.ok("UNSUBSCRIBE Lists")
+	r.expectUnsolicited(`* LIST () "/" "Lists"`)
+
 	// NOTIFY NONE: nothing more without a command.
 	r.ok("NOTIFY NONE")
 	e.deliver("Subject: n2\r\n\r\nnew\r\n")

@@ -228,8 +228,10 @@ func (s *IMAPStore) AppendMulti(ctx context.Context, user, name string, msgs []m
 		return nil, nil, err
 	}
 	// As for APPEND: once the literals are in, the outcome no longer
-	// depends on the client staying.
-	pctx, pcancel := withOpTimeout(context.WithoutCancel(ctx))
+	// depends on the client staying. Storing has multiAppendBudget, well
+	// within the guard's allocTimeout; the rollback and the release have
+	// their own time.
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), multiAppendBudget)
 	defer pcancel()
 	actx, acancel := context.WithTimeout(pctx, writerCallTimeout)
 	guard, err := s.P.Writers.For(user).Alloc(actx, &writer.AllocRequest{User: user, Mailbox: mb.Name, From: s.P.member(s.P.Self)})
@@ -237,39 +239,46 @@ func (s *IMAPStore) AppendMulti(ctx context.Context, user, name string, msgs []m
 	if err != nil {
 		return nil, nil, err
 	}
-	release := func() { s.P.confirm(pctx, &writer.ConfirmRequest{Place: guard.Place, Cancel: true, Unused: true}) }
+	release := func() {
+		s.P.confirm(context.WithoutCancel(ctx), &writer.ConfirmRequest{Place: guard.Place, Cancel: true, Unused: true})
+	}
 	stored := make([]mailbox.Message, 0, len(msgs))
+	var written []uint32 // every UID confirmed, with the copies of failed attempts
+	track := func(_ string, m mailbox.Message) { written = append(written, m.UID) }
 	for i, m := range msgs {
 		var placed map[string]mailbox.Message
 		err := appendFault(i)
 		if err == nil {
-			placed, err = s.P.place(pctx, []string{user}, mb.Name, m.Flags, m.Raw, m.Date)
+			placed, err = s.P.placeTracked(pctx, []string{user}, mb.Name, m.Flags, m.Raw, m.Date, track)
 		}
 		if err == nil {
 			stored = append(stored, placed[user])
 			continue
 		}
 		err = fmt.Errorf("message %d of %d: %w", i+1, len(msgs), err)
-		if len(stored) > 0 {
-			uids := make([]uint32, len(stored))
-			for j, st := range stored {
-				uids[j] = st.UID
-			}
-			gone, xerr := s.expunge(pctx, user, mb.ID, uids, false)
-			if xerr == nil && len(gone) < len(uids) {
-				xerr = fmt.Errorf("%d of %d expunged", len(gone), len(uids))
+		if len(written) > 0 {
+			rctx, rcancel := withOpTimeout(context.WithoutCancel(ctx))
+			gone, xerr := s.expunge(rctx, user, mb.ID, written, false)
+			rcancel()
+			if xerr == nil && len(gone) < len(written) {
+				xerr = fmt.Errorf("%d of %d expunged", len(gone), len(written))
 			}
 			if xerr != nil {
-				err = fmt.Errorf("%w; the %d messages stored before it could not all be removed: %v", err, len(stored), xerr)
+				err = fmt.Errorf("%w; the %d messages stored before it could not all be removed: %v", err, len(written), xerr)
 			}
 		}
 		release()
 		return nil, nil, err
 	}
 	release()
-	mb, err = s.Mailbox(pctx, user, name)
-	return mb, stored, err
+	// The mailbox as the session reports it (APPENDUID's UIDVALIDITY).
+	return &mailbox.Mailbox{ID: mb.ID, Name: mb.Name, UIDValidity: guard.Place.UIDValidity}, stored, nil
 }
+
+// multiAppendBudget bounds the storing of one MULTIAPPEND: past it, what
+// was stored is removed and the command fails, before the writer could
+// drop the guard as abandoned (allocTimeout, a minute).
+const multiAppendBudget = 30 * time.Second
 
 // appendFault is called before each message of a MULTIAPPEND is stored;
 // an error fails that message. Only tests set it (SetAppendFaultForTest).

@@ -214,6 +214,15 @@ func (p *Proxy) DeliverJunk(ctx context.Context, rcpts []string, raw []byte) err
 // are possible, loss is not). It returns the index record stored for each
 // user.
 func (p *Proxy) place(ctx context.Context, users []string, name string, flags []string, raw []byte, date time.Time) (map[string]mailbox.Message, error) {
+	return p.placeTracked(ctx, users, name, flags, raw, date, nil)
+}
+
+// placeTracked is place, calling confirmed (when not nil) for every
+// message it confirms to a writer: the one returned, and the copies of
+// attempts that missed their policy but were stored somewhere (a
+// MULTIAPPEND that fails removes those too).
+func (p *Proxy) placeTracked(ctx context.Context, users []string, name string, flags []string, raw []byte, date time.Time,
+	confirmed func(user string, m mailbox.Message)) (map[string]mailbox.Message, error) {
 	pending := users
 	failed := map[cluster.NodeID]bool{}
 	stored := map[string]mailbox.Message{}
@@ -311,6 +320,9 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 					acked = rep.Acked
 				}
 				p.confirm(ctx, &writer.ConfirmRequest{Place: pl, Message: msg, Nodes: acked, Cancel: len(acked) == 0})
+				if confirmed != nil && len(acked) > 0 {
+					confirmed(pl.User, msg)
+				}
 				if err == nil {
 					stored[pl.User] = msg
 				} else {

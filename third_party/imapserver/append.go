@@ -25,40 +25,25 @@ func (c *Conn) handleAppend(tag string, dec *imapwire.Decoder) error {
 	if !dec.ExpectSP() || !dec.ExpectMailbox(&mailbox) || !dec.ExpectSP() {
 		return dec.Err()
 	}
+	st := &appendState{limit: defaultAppendLimit}
+	if appendLimitSession, ok := c.session.(SessionAppendLimit); ok {
+		st.limit = int64(appendLimitSession.AppendLimit())
+	}
 	// No literal is taken before login: the bytes would be read only to
 	// be refused (upstream read them first).
-	authErr := c.checkState(imap.ConnStateAuthenticated)
-
-	appendLimit := int64(defaultAppendLimit)
-	if appendLimitSession, ok := c.session.(SessionAppendLimit); ok {
-		appendLimit = int64(appendLimitSession.AppendLimit())
-	}
-	multi, _ := c.session.(SessionMultiAppend)
-	var msgs []AppendMessage
-	var total int64
-	for {
-		m := AppendMessage{}
-		data, err := c.readAppendMessage(dec, &m.Options, appendLimit, total, len(msgs), authErr)
-		if err != nil {
-			return err
+	st.authErr = c.checkState(imap.ConnStateAuthenticated)
+	msgs, err := c.readAppend(dec, st)
+	if err != nil {
+		// A syntax error after a literal was taken leaves the rest of the
+		// command unread, and a later non-synchronizing literal in it
+		// would run as commands: the connection ends after the answer.
+		if st.literals > 0 && !st.discarded {
+			c.state = imap.ConnStateLogout
 		}
-		m.Data = data
-		msgs = append(msgs, m)
-		total += int64(len(data))
-		if !dec.SP() {
-			break
-		}
-		if multi == nil {
-			err := newClientBugError("One message per APPEND (no MULTIAPPEND)")
-			c.discardAppendRest(dec)
-			return err
-		}
-	}
-	if !dec.ExpectCRLF() {
-		return dec.Err()
+		return err
 	}
 	if len(msgs) > 1 {
-		data, err := multi.AppendMulti(mailbox, msgs)
+		data, err := c.session.(SessionMultiAppend).AppendMulti(mailbox, msgs)
 		if err != nil {
 			return err
 		}
@@ -77,16 +62,71 @@ func (c *Conn) handleAppend(tag string, dec *imapwire.Decoder) error {
 	return c.writeAppendOK(tag, data)
 }
 
+// appendState is what one APPEND has read so far (quill).
+type appendState struct {
+	limit   int64 // the APPEND limit, for each message and for all
+	authErr error // not logged in: every literal is refused
+	total   int64 // bytes of the messages read
+	msgs    int   // messages begun
+	urls    int   // CATENATE URL parts resolved
+	// literals counts the literals taken; discarded says the rest of the
+	// command was read and dropped after a refusal, so the line is in
+	// step.
+	literals  int
+	discarded bool
+}
+
 // maxMultiAppend bounds the messages of one MULTIAPPEND (quill); their
 // bytes together are bounded by the APPEND limit.
 const maxMultiAppend = 1000
 
+// maxCatenateURLs bounds the URL parts of one APPEND: each reads a stored
+// message.
+const maxCatenateURLs = 100
+
+// readAppend reads the messages of an APPEND to the end of the command.
+func (c *Conn) readAppend(dec *imapwire.Decoder, st *appendState) ([]AppendMessage, error) {
+	_, multi := c.session.(SessionMultiAppend)
+	var msgs []AppendMessage
+	for {
+		if st.msgs >= maxMultiAppend {
+			return nil, c.refuseRest(dec, st, &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCodeLimit,
+				Text: fmt.Sprintf("One APPEND takes at most %d messages", maxMultiAppend)})
+		}
+		st.msgs++
+		m := AppendMessage{}
+		data, err := c.readAppendMessage(dec, &m.Options, st)
+		if err != nil {
+			return nil, err
+		}
+		m.Data = data
+		msgs = append(msgs, m)
+		st.total += int64(len(data))
+		if !dec.SP() {
+			break
+		}
+		if !multi {
+			return nil, c.refuseRest(dec, st, newClientBugError("One message per APPEND (no MULTIAPPEND)"))
+		}
+	}
+	if !dec.ExpectCRLF() {
+		return nil, dec.Err()
+	}
+	return msgs, nil
+}
+
+// refuseRest drops the rest of the command and returns err.
+func (c *Conn) refuseRest(dec *imapwire.Decoder, st *appendState, err error) error {
+	c.discardAppendRest(dec)
+	st.discarded = true
+	return err
+}
+
 // readAppendMessage reads one append-message: [flag-list SP] [date-time
 // SP] then a literal, a UTF8 literal8 (RFC 6855) or a CATENATE list (RFC
-// 4469). prior and n are the bytes and messages read before it in this
-// command. A refusal (too large, not logged in, a bad URL) ends the
+// 4469). A refusal (too large, not logged in, a bad URL) ends the
 // command: the rest of its messages is skipped (see discardAppendRest).
-func (c *Conn) readAppendMessage(dec *imapwire.Decoder, options *imap.AppendOptions, limit, prior int64, n int, authErr error) ([]byte, error) {
+func (c *Conn) readAppendMessage(dec *imapwire.Decoder, options *imap.AppendOptions, st *appendState) ([]byte, error) {
 	hasFlagList, err := dec.List(func() error {
 		flag, err := wire.ExpectFlag(dec)
 		if err != nil {
@@ -118,7 +158,7 @@ func (c *Conn) readAppendMessage(dec *imapwire.Decoder, options *imap.AppendOpti
 			if !dec.ExpectSP() || !dec.ExpectSpecial('(') || !dec.ExpectSpecial('~') {
 				return nil, dec.Err()
 			}
-			data, err := c.readAppendLiteral(dec, limit, prior, n, authErr)
+			data, err := c.readAppendLiteral(dec, st, 0)
 			if err != nil {
 				return nil, err
 			}
@@ -133,35 +173,33 @@ func (c *Conn) readAppendMessage(dec *imapwire.Decoder, options *imap.AppendOpti
 			if !dec.ExpectSP() {
 				return nil, dec.Err()
 			}
-			return c.readCatenate(dec, limit, prior, n, authErr)
+			return c.readCatenate(dec, st)
 		default:
 			return nil, newClientBugError("Unknown APPEND data extension")
 		}
 	}
-	return c.readAppendLiteral(dec, limit, prior, n, authErr)
+	return c.readAppendLiteral(dec, st, 0)
 }
 
-// readAppendLiteral reads a message literal whole, or refuses it.
-func (c *Conn) readAppendLiteral(dec *imapwire.Decoder, limit, prior int64, n int, authErr error) ([]byte, error) {
+// readAppendLiteral reads a message literal (or a CATENATE text part
+// after part bytes) whole, or refuses it.
+func (c *Conn) readAppendLiteral(dec *imapwire.Decoder, st *appendState, part int64) ([]byte, error) {
 	lit, nonSync, err := dec.ExpectLiteralReader()
 	if err != nil {
 		return nil, err
 	}
-	refused := authErr
+	refused := st.authErr
 	switch {
 	case refused != nil:
-	case lit.Size() > limit:
+	case part+lit.Size() > st.limit:
 		refused = &imap.Error{
 			Type: imap.StatusResponseTypeNo,
 			Code: imap.ResponseCodeTooBig,
-			Text: fmt.Sprintf("Literals are limited to %v bytes for this command", limit),
+			Text: fmt.Sprintf("Literals are limited to %v bytes for this command", st.limit),
 		}
-	case prior+lit.Size() > limit:
+	case st.total+part+lit.Size() > st.limit:
 		refused = &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCodeTooBig,
-			Text: fmt.Sprintf("The messages of one APPEND are limited to %v bytes in all: append fewer at a time", limit)}
-	case n >= maxMultiAppend:
-		refused = &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCodeLimit,
-			Text: fmt.Sprintf("One APPEND takes at most %d messages", maxMultiAppend)}
+			Text: fmt.Sprintf("The messages of one APPEND are limited to %v bytes in all: append fewer at a time", st.limit)}
 	default:
 		refused = c.acceptLiteral(lit.Size(), nonSync)
 	}
@@ -173,38 +211,36 @@ func (c *Conn) readAppendLiteral(dec *imapwire.Decoder, limit, prior int64, n in
 			c.state = imap.ConnStateLogout
 			return nil, refused
 		}
+		st.discarded = true
 		if nonSync {
 			c.discardAppendRest(dec)
 		}
 		return nil, refused
 	}
+	st.literals++
 	c.setReadTimeout(literalReadTimeout)
 	defer c.setReadTimeout(cmdReadTimeout)
-	data := make([]byte, lit.Size())
-	n, rerr := io.ReadFull(lit, data)
-	err = rerr
-	if err == nil {
-		// Read on to io.EOF, which hands the line back to the decoder.
-		var more [1]byte
-		if k, end := lit.Read(more[:]); k != 0 || end != io.EOF {
-			err = fmt.Errorf("literal longer than its count (%v)", end)
-		}
+	// Grown as the bytes come, not reserved from the announced size.
+	buf := bytes.NewBuffer(make([]byte, 0, min(lit.Size(), 64<<10)))
+	// To io.EOF, which hands the line back to the decoder.
+	if _, err := io.Copy(buf, lit); err != nil || int64(buf.Len()) != lit.Size() {
+		// Cut short (the client went away, or stalled past the read
+		// timeout): nothing is stored, and what follows is no command
+		// line.
+		c.state = imap.ConnStateLogout
+		return nil, fmt.Errorf("APPEND literal cut short after %d of %d bytes: %v", buf.Len(), lit.Size(), err)
 	}
-	if err != nil {
-		data = data[:n]
-		// The client went away in the middle: nothing is stored.
-		return nil, fmt.Errorf("APPEND literal cut short after %d of %d bytes: %w", len(data), lit.Size(), err)
-	}
-	return data, nil
+	return buf.Bytes(), nil
 }
 
 // discardAppendRest skips what is left of an APPEND after a refusal:
 // further messages whose non-synchronizing literals the client sends
 // without waiting (RFC 7888 §4). A synchronizing literal ends the line
-// unsent (the client reads the tagged answer instead of "+"). Anything
-// that does not parse is left to the line's discarding.
+// unsent (the client reads the tagged answer instead of "+"). It stops at
+// the end of the line, or at what does not parse (left to the line's
+// discarding, which the decoder bounds).
 func (c *Conn) discardAppendRest(dec *imapwire.Decoder) {
-	for i := 0; i < maxMultiAppend*16; i++ {
+	for {
 		if dec.Special('(') {
 			continue // a flag list, a UTF8 or CATENATE list
 		}
@@ -302,30 +338,21 @@ type SessionCatenate interface {
 	CatenateURL(url string) ([]byte, error)
 }
 
-// BadURL is the refusal of a CATENATE URL part: NO [BADURL "url"] (RFC
-// 4469 §6).
+// BadURL is the refusal of a CATENATE URL part: NO [BADURL url] (RFC
+// 4469 §6: the code's argument is the URL as text, without "]").
 func BadURL(url, why string) error {
-	return &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCode("BADURL " + quoteURL(url)), Text: why}
+	return &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCode("BADURL " + urlRespText(url)), Text: why}
 }
 
-// quoteURL makes a URL a quoted string for a response code; characters a
-// quoted string cannot hold (the client sent the URL as a literal) are
-// dropped, as the code only names it.
-func quoteURL(url string) string {
+// urlRespText makes a URL a url-resp-text: TEXT-CHARs but "]"; what a
+// response code cannot hold is dropped, as the code only names the URL.
+func urlRespText(url string) string {
 	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(url) && i < 1024; i++ {
-		ch := url[i]
-		switch {
-		case ch == '"' || ch == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(ch)
-		case ch < 0x20 || ch >= 0x7f:
-		default:
+	for i := 0; i < len(url) && b.Len() < 1024; i++ {
+		if ch := url[i]; ch > 0x20 && ch < 0x7f && ch != ']' {
 			b.WriteByte(ch)
 		}
 	}
-	b.WriteByte('"')
 	return b.String()
 }
 
@@ -333,7 +360,7 @@ func quoteURL(url string) string {
 // literal, a UTF8 literal8 (RFC 6855 §4) or a URL the session resolves,
 // and returns the message they make. A URL is resolved as it comes, so a
 // bad one is answered before the client sends more (RFC 4469 §5).
-func (c *Conn) readCatenate(dec *imapwire.Decoder, limit, prior int64, n int, authErr error) ([]byte, error) {
+func (c *Conn) readCatenate(dec *imapwire.Decoder, st *appendState) ([]byte, error) {
 	cat := c.session.(SessionCatenate)
 	if !dec.ExpectSpecial('(') {
 		return nil, dec.Err()
@@ -346,7 +373,7 @@ func (c *Conn) readCatenate(dec *imapwire.Decoder, limit, prior int64, n int, au
 		}
 		switch strings.ToUpper(kind) {
 		case "TEXT":
-			data, err := c.readAppendLiteral(dec, limit, prior+int64(len(msg)), n, authErr)
+			data, err := c.readAppendLiteral(dec, st, int64(len(msg)))
 			if err != nil {
 				return nil, err
 			}
@@ -355,7 +382,7 @@ func (c *Conn) readCatenate(dec *imapwire.Decoder, limit, prior int64, n int, au
 			if !dec.ExpectSpecial('(') || !dec.ExpectSpecial('~') {
 				return nil, dec.Err()
 			}
-			data, err := c.readAppendLiteral(dec, limit, prior+int64(len(msg)), n, authErr)
+			data, err := c.readAppendLiteral(dec, st, int64(len(msg)))
 			if err != nil {
 				return nil, err
 			}
@@ -368,18 +395,22 @@ func (c *Conn) readCatenate(dec *imapwire.Decoder, limit, prior int64, n int, au
 			if !dec.ExpectAString(&url) {
 				return nil, dec.Err()
 			}
-			err := authErr
+			err := st.authErr
+			st.urls++
+			if err == nil && st.urls > maxCatenateURLs {
+				err = &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCodeLimit,
+					Text: fmt.Sprintf("One APPEND takes at most %d CATENATE URLs", maxCatenateURLs)}
+			}
 			var data []byte
 			if err == nil {
 				data, err = cat.CatenateURL(url)
 			}
-			if err == nil && prior+int64(len(msg))+int64(len(data)) > limit {
+			if err == nil && st.total+int64(len(msg))+int64(len(data)) > st.limit {
 				err = &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCodeTooBig,
-					Text: fmt.Sprintf("The message CATENATE makes is over the limit of %v bytes", limit)}
+					Text: fmt.Sprintf("The message CATENATE makes is over the limit of %v bytes", st.limit)}
 			}
 			if err != nil {
-				c.discardAppendRest(dec)
-				return nil, err
+				return nil, c.refuseRest(dec, st, err)
 			}
 			msg = append(msg, data...)
 		default:

@@ -39,6 +39,11 @@ func (c *Conn) handleIdle(dec *imapwire.Decoder) error {
 	c.setReadTimeout(idleReadTimeout)
 	line, isPrefix, err := c.br.ReadLine()
 	close(stop)
+	// quill: the session's Idle has ended before anything else runs on
+	// this connection, whatever the client sent: upstream returned at
+	// once on a read error or a line other than DONE, and the next
+	// command (or NOTIFY's reporting) ran beside a still running Idle.
+	idleErr := <-done
 	if err == io.EOF {
 		return nil
 	} else if err != nil {
@@ -47,5 +52,5 @@ func (c *Conn) handleIdle(dec *imapwire.Decoder) error {
 		return newClientBugError("Syntax error: expected DONE to end IDLE command")
 	}
 
-	return <-done
+	return idleErr
 }

@@ -54,8 +54,10 @@ type NotifyGroup struct {
 	Mailboxes []string      // SUBTREE and MAILBOXES
 	Events    []NotifyEvent // empty: NONE
 	// Fetch is what MessageNew asks of new messages in the selected
-	// mailbox (nil: nothing but EXISTS).
-	Fetch *imap.FetchOptions
+	// mailbox (nil: nothing but EXISTS); body sections are PEEKs, so a
+	// report never marks new mail read.
+	Fetch         *imap.FetchOptions
+	writerOptions fetchWriterOptions // how the FETCH responses name items
 }
 
 // Has reports whether the group asks for the event.
@@ -84,8 +86,9 @@ type SessionNotify interface {
 	// NOTIFY is off.
 	NotifyReady() <-chan struct{}
 	// NotifyFlush writes what is to be reported, between commands (or
-	// during IDLE); UpdateWriter.Fetch writes MessageNew's fetch
-	// attributes.
+	// during IDLE); UpdateWriter.FetchNew writes MessageNew's fetch
+	// attributes. An error ends the connection: it is for a response
+	// that could not be written, not for one that could not be made.
 	NotifyFlush(w *UpdateWriter) error
 }
 
@@ -204,14 +207,21 @@ func (c *Conn) readNotifyGroup(dec *imapwire.Decoder) (*NotifyGroup, error) {
 					return newClientBugError("MessageNew fetch attributes are for the selected mailbox only")
 				}
 				g.Fetch = &imap.FetchOptions{UID: true}
-				writerOptions := fetchWriterOptions{obsolete: make(map[*imap.FetchItemBodySection]string)}
-				return dec.ExpectList(func() error {
+				g.writerOptions = fetchWriterOptions{obsolete: make(map[*imap.FetchItemBodySection]string)}
+				err := dec.ExpectList(func() error {
 					att, err := readFetchAttName(dec)
 					if err != nil {
 						return err
 					}
-					return handleFetchAtt(dec, att, g.Fetch, &writerOptions)
+					return handleFetchAtt(dec, att, g.Fetch, &g.writerOptions)
 				})
+				for _, b := range g.Fetch.BodySection {
+					b.Peek = true
+				}
+				for _, b := range g.Fetch.BinarySection {
+					b.Peek = true
+				}
+				return err
 			}
 			return nil
 		})
@@ -274,11 +284,16 @@ func (c *Conn) notifyFlush(ns SessionNotify) error {
 	return ns.NotifyFlush(&UpdateWriter{conn: c, allowExpunge: true})
 }
 
-// Fetch writes FETCH responses for messages of the selected mailbox, as
-// the session's Fetch makes them (NOTIFY MessageNew's fetch attributes).
-func (w *UpdateWriter) Fetch(numSet imap.NumSet, options *imap.FetchOptions) error {
-	fw := &FetchWriter{conn: w.conn, options: fetchWriterOptions{obsolete: make(map[*imap.FetchItemBodySection]string)}}
-	return w.conn.session.Fetch(fw, numSet, options)
+// FetchNew writes FETCH responses for new messages of the selected
+// mailbox with what the group's MessageNew asks, as the session's Fetch
+// makes them.
+func (w *UpdateWriter) FetchNew(numSet imap.NumSet, g *NotifyGroup) error {
+	if g.Fetch == nil {
+		return nil
+	}
+	opts := *g.Fetch
+	fw := &FetchWriter{conn: w.conn, options: g.writerOptions}
+	return w.conn.session.Fetch(fw, numSet, &opts)
 }
 
 // notifyWait waits, between commands, for the client's next command;
