@@ -32,14 +32,10 @@ func (c *Conn) handleAppend(tag string, dec *imapwire.Decoder) error {
 	// No literal is taken before login: the bytes would be read only to
 	// be refused (upstream read them first).
 	st.authErr = c.checkState(imap.ConnStateAuthenticated)
+	// A syntax error leaves the rest of the line to the decoder's
+	// DiscardLine, which skips non-synchronizing literals in it.
 	msgs, err := c.readAppend(dec, st)
 	if err != nil {
-		// A syntax error after a literal was taken leaves the rest of the
-		// command unread, and a later non-synchronizing literal in it
-		// would run as commands: the connection ends after the answer.
-		if st.literals > 0 && !st.discarded {
-			c.state = imap.ConnStateLogout
-		}
 		return err
 	}
 	if len(msgs) > 1 {
@@ -69,11 +65,6 @@ type appendState struct {
 	total   int64 // bytes of the messages read
 	msgs    int   // messages begun
 	urls    int   // CATENATE URL parts resolved
-	// literals counts the literals taken; discarded says the rest of the
-	// command was read and dropped after a refusal, so the line is in
-	// step.
-	literals  int
-	discarded bool
 }
 
 // maxMultiAppend bounds the messages of one MULTIAPPEND (quill); their
@@ -118,7 +109,6 @@ func (c *Conn) readAppend(dec *imapwire.Decoder, st *appendState) ([]AppendMessa
 // refuseRest drops the rest of the command and returns err.
 func (c *Conn) refuseRest(dec *imapwire.Decoder, st *appendState, err error) error {
 	c.discardAppendRest(dec)
-	st.discarded = true
 	return err
 }
 
@@ -211,13 +201,11 @@ func (c *Conn) readAppendLiteral(dec *imapwire.Decoder, st *appendState, part in
 			c.state = imap.ConnStateLogout
 			return nil, refused
 		}
-		st.discarded = true
 		if nonSync {
 			c.discardAppendRest(dec)
 		}
 		return nil, refused
 	}
-	st.literals++
 	c.setReadTimeout(literalReadTimeout)
 	defer c.setReadTimeout(cmdReadTimeout)
 	// Grown as the bytes come, not reserved from the announced size.
@@ -227,8 +215,11 @@ func (c *Conn) readAppendLiteral(dec *imapwire.Decoder, st *appendState, part in
 		// Cut short (the client went away, or stalled past the read
 		// timeout): nothing is stored, and what follows is no command
 		// line.
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
 		c.state = imap.ConnStateLogout
-		return nil, fmt.Errorf("APPEND literal cut short after %d of %d bytes: %v", buf.Len(), lit.Size(), err)
+		return nil, fmt.Errorf("APPEND literal cut short after %d of %d bytes: %w", buf.Len(), lit.Size(), err)
 	}
 	return buf.Bytes(), nil
 }

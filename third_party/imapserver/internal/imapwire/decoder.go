@@ -308,12 +308,45 @@ func (dec *Decoder) DiscardUntilByte(untilCh byte) {
 }
 
 func (dec *Decoder) DiscardLine() {
-	if dec.crlf {
-		return
+	for !dec.crlf {
+		var text string
+		dec.Text(&text)
+		if !dec.CRLF() {
+			return
+		}
+		// quill: a line ending in a non-synchronizing literal's count
+		// goes on after the literal (RFC 7888 §4): its bytes are skipped
+		// rather than read as commands, and the command's rest after
+		// them is discarded too. A synchronizing literal was never sent
+		// (the client waits for a "+" that does not come): the command
+		// ends here.
+		n, ok := nonSyncLiteralAtEnd(text)
+		if !ok {
+			return
+		}
+		if _, err := io.CopyN(io.Discard, dec.r, n); err != nil {
+			dec.returnErr(err)
+			return
+		}
+		dec.crlf = false
 	}
-	var text string
-	dec.Text(&text)
-	dec.CRLF()
+}
+
+// nonSyncLiteralAtEnd reads a "{n+}" (or literal8's "~{n+}") that ends a
+// line.
+func nonSyncLiteralAtEnd(line string) (int64, bool) {
+	if !strings.HasSuffix(line, "+}") {
+		return 0, false
+	}
+	open := strings.LastIndexByte(line, '{')
+	if open < 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(line[open+1:len(line)-2], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
 }
 
 func (dec *Decoder) DiscardValue() bool {
