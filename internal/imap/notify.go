@@ -49,6 +49,9 @@ type notifyState struct {
 	status map[string]notifyStatus
 	boxes  map[string]bool
 	seenAt map[string]uint64
+	// ids are the mailboxes' ids by name: a rename keeps the id, which is
+	// how a name gone and a name made are told as one RENAME.
+	ids map[string]uint64
 }
 
 type notifyStatus struct {
@@ -63,7 +66,7 @@ func (s *session) SetNotify(w *imapserver.UpdateWriter, set *imapserver.NotifySe
 		return nil
 	}
 	n := &notifyState{set: set, ready: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		changed: map[uint64]bool{}, status: map[string]notifyStatus{}, boxes: map[string]bool{}, seenAt: map[string]uint64{}}
+		changed: map[uint64]bool{}, status: map[string]notifyStatus{}, boxes: map[string]bool{}, seenAt: map[string]uint64{}, ids: map[string]uint64{}}
 	// The state the changes are told against; with STATUS, told at once
 	// (RFC 5465 §3.1).
 	// A NOTIFY SET that fails leaves the one before in force.
@@ -75,6 +78,7 @@ func (s *session) SetNotify(w *imapserver.UpdateWriter, set *imapserver.NotifySe
 	for _, mb := range boxes {
 		n.boxes[mb.Name] = mb.Subscribed
 		n.seenAt[mb.Name] = mb.HighestModSeq
+		n.ids[mb.Name] = mb.ID
 		g := n.groupFor(mb.Name, mb.Subscribed)
 		if g == nil || !g.Has(imapserver.NotifyMessageNew) || s.isSelected(mb.ID) {
 			continue
@@ -296,16 +300,38 @@ func (s *session) notifyReport(t *writeTracker, n *notifyState, changed map[uint
 	seen := map[string]bool{}
 	for _, mb := range boxes {
 		seen[mb.Name] = true
+	}
+	// Names gone, by id: one whose id comes back under a new name was
+	// renamed (RFC 5465 §5.4: LIST of the new name with OLDNAME).
+	goneByID := map[uint64]string{}
+	for name := range n.boxes {
+		if !seen[name] {
+			goneByID[n.ids[name]] = name
+		}
+	}
+	renamed := map[string]bool{}
+	for _, mb := range boxes {
 		was, known := n.boxes[mb.Name]
 		// A mailbox that was subscribed and is no more still matches
 		// SUBSCRIBED for telling so.
 		g := n.groupFor(mb.Name, mb.Subscribed || was)
 		n.boxes[mb.Name] = mb.Subscribed
+		n.ids[mb.Name] = mb.ID
+		old, isRename := goneByID[mb.ID]
+		if !known && isRename {
+			renamed[old] = true
+			delete(goneByID, mb.ID)
+			n.status[mb.Name], n.seenAt[mb.Name] = n.status[old], n.seenAt[old]
+		}
 		if g == nil {
 			continue
 		}
 		if !known && g.Has(imapserver.NotifyMailboxName) {
-			if err := w.WriteList(s.notifyList(mb.Name, nil, mb.Subscribed)); err != nil {
+			l := s.notifyList(mb.Name, nil, mb.Subscribed)
+			if isRename {
+				l.OldName = old
+			}
+			if err := w.WriteList(l); err != nil {
 				return err
 			}
 		} else if known && was != mb.Subscribed && g.Has(imapserver.NotifySubscriptionChange) {
@@ -337,6 +363,10 @@ func (s *session) notifyReport(t *writeTracker, n *notifyState, changed map[uint
 		delete(n.boxes, name)
 		delete(n.status, name)
 		delete(n.seenAt, name)
+		delete(n.ids, name)
+		if renamed[name] {
+			continue
+		}
 		if g := n.groupFor(name, sub); g != nil && g.Has(imapserver.NotifyMailboxName) {
 			if err := w.WriteList(s.notifyList(name, []imap.MailboxAttr{imap.MailboxAttrNonExistent}, false)); err != nil {
 				return err

@@ -82,8 +82,13 @@ func TestNotify(t *testing.T) {
 	r.expectUnsolicited(`* LIST () "/" "Fresh"`)
 	other.ok("SUBSCRIBE Fresh")
 	r.expectUnsolicited(`* LIST (\Subscribed) "/" "Fresh"`)
-	other.ok("DELETE Fresh")
-	r.expectUnsolicited(`* LIST (\NonExistent) "/" "Fresh"`)
+	other.ok("RENAME Fresh Renamed")
+	got = r.expectUnsolicited(`* LIST (\Subscribed) "/" "Renamed" (OLDNAME ("Fresh"))`)
+	if has(got, "NonExistent") {
+		t.Fatalf("RENAME reported as a deletion: %q", got)
+	}
+	other.ok("DELETE Renamed")
+	r.expectUnsolicited(`* LIST (\NonExistent) "/" "Renamed"`)
 
 	other.ok("SELECT INBOX")
 	other.ok(`STORE 1 +FLAGS (\Flagged)`)
