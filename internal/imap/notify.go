@@ -12,7 +12,8 @@ package imap
 //   - for other mailboxes a group with MessageNew covers: STATUS (MESSAGES
 //     UIDNEXT UIDVALIDITY, and HIGHESTMODSEQ with FlagChange) when one of
 //     those changed;
-//   - MailboxName: LIST for a mailbox made (`()`) or gone (`\NonExistent`);
+//   - MailboxName: LIST for a mailbox made (`()`), gone (`\NonExistent`)
+//     or renamed (the new name, with OLDNAME);
 //     SubscriptionChange: LIST with or without `\Subscribed`.
 // Without a group for the selected mailbox, it is reported as without
 // NOTIFY: at the end of commands.
