@@ -84,7 +84,7 @@ func (s *session) SetNotify(w *imapserver.UpdateWriter, set *imapserver.NotifySe
 		if g == nil || !g.Has(imapserver.NotifyMessageNew) || s.isSelected(mb.ID) {
 			continue
 		}
-		st, data, err := s.notifyStatus(mb.Name, g)
+		st, data, err := s.notifyStatus(&mb, g)
 		if err != nil {
 			return storeErr("NOTIFY", err)
 		}
@@ -196,10 +196,10 @@ func sameBox(a, b string) bool {
 }
 
 // notifyStatus is the STATUS NOTIFY reports of a mailbox.
-func (s *session) notifyStatus(name string, g *imapserver.NotifyGroup) (notifyStatus, *imap.StatusData, error) {
+func (s *session) notifyStatus(mb *mailbox.Mailbox, g *imapserver.NotifyGroup) (notifyStatus, *imap.StatusData, error) {
 	opts := &imap.StatusOptions{NumMessages: true, UIDNext: true, UIDValidity: true,
 		HighestModSeq: g.Has(imapserver.NotifyFlagChange)}
-	data, err := s.Status(name, opts)
+	data, err := s.status(mb, opts)
 	if err != nil {
 		return notifyStatus{}, nil, err
 	}
@@ -345,7 +345,7 @@ func (s *session) notifyReport(t *writeTracker, n *notifyState, changed map[uint
 		if !g.Has(imapserver.NotifyMessageNew) || s.isSelected(mb.ID) || (looked && at == mb.HighestModSeq && !changed[mb.ID]) {
 			continue
 		}
-		st, data, err := s.notifyStatus(mb.Name, g)
+		st, data, err := s.notifyStatus(&mb, g)
 		if err != nil {
 			return err
 		}
