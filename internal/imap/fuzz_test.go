@@ -187,7 +187,8 @@ func FuzzCommands(f *testing.F) {
 		"a SELECT INBOX (CONDSTORE)", "a ID (\"a\" NIL)", "a ENABLE CONDSTORE IMAP4rev2", "a EXPUNGE", "a UID EXPUNGE 1:*",
 		"a APPEND INBOX {2+}\r\nab (\\Seen) {3+}\r\nabc", "a APPEND INBOX CATENATE (TEXT {2+}\r\nab URL \"/INBOX/;UID=1/;SECTION=1.MIME\")",
 		"a NOTIFY SET STATUS (selected (MessageNew (UID BODY.PEEK[HEADER]) MessageExpunge FlagChange)) (subtree (INBOX a) (MailboxName))",
-		"a NOTIFY NONE",
+		"a NOTIFY NONE", "a UID SEARCH RETURN (UPDATE PARTIAL 1:5 CONTEXT) ALL", "a UID SORT RETURN (UPDATE COUNT) (SUBJECT) UTF-8 ALL",
+		"a CANCELUPDATE \"a\" \"b\"", "a SEARCH RETURN (PARTIAL 3:1 UPDATE) UNSEEN",
 	} {
 		f.Add([]byte(s))
 	}

@@ -24,6 +24,9 @@ type selected struct {
 	uidHigh uint32 // highest UID ever announced
 	uidNext uint32 // the mailbox's UIDNEXT when last synced
 	modSeq  uint64 // the mailbox's HIGHESTMODSEQ when last synced
+	// contextModSeq is modSeq when updating searches were last computed
+	// again (imapserver's context.go).
+	contextModSeq uint64
 	// ghosts counts messages expunged elsewhere but still numbered here,
 	// because the EXPUNGE could not yet be sent.
 	ghosts int
@@ -155,6 +158,22 @@ func (s *session) Poll(w *imapserver.UpdateWriter, allowExpunge bool) error {
 }
 
 func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
+	if err := s.syncView(w, allowExpunge); err != nil {
+		return err
+	}
+	// Updating searches (RFC 5267 §4.3) are computed again after any
+	// change, the session's own included (which the view may already
+	// hold: ownChanges).
+	if sel := s.sel; sel != nil && sel.modSeq != sel.contextModSeq {
+		sel.contextModSeq = sel.modSeq
+		return w.MailboxSynced()
+	}
+	return nil
+}
+
+// syncView brings the session's view of the selected mailbox up to date
+// and tells the client what changed, as far as allowed.
+func (s *session) syncView(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	sel := s.sel
 	var fresh []mailbox.Message
 	mb, err := s.srv.store.MailboxByID(s.ctx(), s.user, sel.id)

@@ -114,6 +114,8 @@ var capabilities = imap.CapSet{
 	imap.CapMultiAppend:           {},
 	imap.CapCatenate:              {},
 	imapserver.CapNotify:          {},
+	imapserver.CapContextSearch:   {},
+	imapserver.CapContextSort:     {},
 	imapserver.CapCompressDeflate: {},
 	"THREAD=ORDEREDSUBJECT":       {},
 	"THREAD=REFERENCES":           {},

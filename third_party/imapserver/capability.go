@@ -110,8 +110,9 @@ func (c *Conn) availableCaps() []imap.Cap {
 		// quill: SORT, THREAD and ESORT (sort.go), when the session
 		// implements them.
 		if _, ok := c.session.(SessionSort); ok {
-			addAvailableCaps(&caps, available, []imap.Cap{imap.CapSort, imap.CapSortDisplay, imap.CapESort})
+			addAvailableCaps(&caps, available, []imap.Cap{imap.CapSort, imap.CapSortDisplay, imap.CapESort, CapContextSort})
 		}
+		addAvailableCaps(&caps, available, []imap.Cap{CapContextSearch})            // quill: context.go
 		if qs, ok := c.session.(SessionQuota); ok && available.Has(imap.CapQuota) { // quill: quota.go
 			caps = append(caps, quotaCaps(qs)...)
 		}

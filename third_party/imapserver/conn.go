@@ -90,6 +90,9 @@ type Conn struct {
 	badCount int // quill: consecutive BAD answers
 	// compressed: COMPRESS DEFLATE is active (quill; compress.go).
 	compressed bool
+	// searchContexts are the updating searches (RFC 5267 §4.3,
+	// context.go). (quill)
+	searchContexts []*searchContext
 }
 
 func newConn(c net.Conn, server *Server) *Conn {
@@ -399,6 +402,8 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 		err = c.handleGetQuotaRoot(dec)
 	case "SETQUOTA":
 		err = c.handleSetQuota(dec)
+	case "CANCELUPDATE": // quill: RFC 5267 §4.3.5 (context.go)
+		err = c.handleCancelUpdate(dec)
 	case "NOTIFY": // quill: RFC 5465 (notify.go)
 		err = c.handleNotify(dec)
 	case "COMPRESS": // quill: RFC 4978 (compress.go)

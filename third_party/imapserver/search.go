@@ -17,10 +17,11 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 	var (
 		atom     string
 		options  imap.SearchOptions
+		ext      searchReturnExt
 		extended bool
 	)
 	if maybeReadSearchKeyAtom(dec, &atom) && strings.EqualFold(atom, "RETURN") {
-		if err := readSearchReturnOpts(dec, &options); err != nil {
+		if err := readSearchReturnOpts(dec, &options, &ext); err != nil {
 			return fmt.Errorf("in search-return-opts: %w", err)
 		}
 		if !dec.ExpectSP() {
@@ -50,9 +51,15 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 	if err := c.checkState(imap.ConnStateSelected); err != nil {
 		return err
 	}
+	if err := c.checkContextTag(tag, &ext); err != nil {
+		return err
+	}
 
 	// If no return option is specified, ALL is assumed
-	if !options.ReturnMin && !options.ReturnMax && !options.ReturnAll && !options.ReturnCount {
+	defaultReturnAll(&options, &ext)
+	// quill: PARTIAL and UPDATE need the whole result list (context.go).
+	asked := options
+	if ext.partial != nil || ext.update {
 		options.ReturnAll = true
 	}
 
@@ -64,8 +71,20 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 	if criteria.ModSeq != nil {
 		c.enableCondStore(true)
 	}
+	var partial string
+	if ext.partial != nil || ext.update {
+		nums := numsOf(data.All)
+		if ext.partial != nil {
+			partial = partialData(ext.partial, nums, false)
+		}
+		if ext.update {
+			if err := c.registerContext(tag, numKind, nil, criteria, nums); err != nil {
+				return err
+			}
+		}
+	}
 	if c.enabled.Has(imap.CapIMAP4rev2) || extended {
-		return c.writeESearch(tag, data, &options, numKind)
+		return c.writeESearch(tag, data, &asked, numKind, partial)
 	} else {
 		return c.writeSearch(data.All, data.ModSeq)
 	}
@@ -111,7 +130,7 @@ func readSearchKeys(dec *imapwire.Decoder, atom string) (*imap.SearchCriteria, e
 	return &criteria, nil
 }
 
-func (c *Conn) writeESearch(tag string, data *imap.SearchData, options *imap.SearchOptions, numKind NumKind) error {
+func (c *Conn) writeESearch(tag string, data *imap.SearchData, options *imap.SearchOptions, numKind NumKind, partial string) error {
 	enc := newResponseEncoder(c)
 	defer enc.end()
 
@@ -135,6 +154,9 @@ func (c *Conn) writeESearch(tag string, data *imap.SearchData, options *imap.Sea
 	}
 	if options.ReturnCount {
 		enc.SP().Atom("COUNT").SP().Number(data.Count)
+	}
+	if partial != "" { // quill: RFC 5267 §4.4
+		enc.SP().Atom("PARTIAL").SP().Atom(partial)
 	}
 	if data.ModSeq != 0 { // quill: RFC 7162 §3.1.5 with RFC 4731
 		enc.SP().Atom("MODSEQ").SP().ModSeq(data.ModSeq)
@@ -182,16 +204,33 @@ func (c *Conn) writeSearch(numSet imap.NumSet, modSeq uint64) error {
 	return enc.CRLF()
 }
 
-func readSearchReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions) error {
+func readSearchReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions, ext *searchReturnExt) error {
 	if !dec.ExpectSP() {
 		return dec.Err()
 	}
-	return dec.ExpectList(func() error {
+	err := dec.ExpectList(func() error {
 		var name string
 		if !dec.ExpectAtom(&name) {
 			return dec.Err()
 		}
 		switch strings.ToUpper(name) {
+		// quill: RFC 5267 §4 (context.go).
+		case "CONTEXT": // a hint (§4.2), which needs no action here
+			return nil
+		case "UPDATE":
+			ext.update = true
+			return nil
+		case "PARTIAL":
+			var r string
+			if !dec.ExpectSP() || !dec.ExpectAtom(&r) {
+				return dec.Err()
+			}
+			if ext.partial != nil {
+				return newClientBugError("PARTIAL twice")
+			}
+			p, err := parsePartialRange(r)
+			ext.partial = p
+			return err
 		case "MIN":
 			options.ReturnMin = true
 		case "MAX":
@@ -207,6 +246,19 @@ func readSearchReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions) er
 		}
 		return nil
 	})
+	if err == nil && ext.partial != nil && options.ReturnAll {
+		return newClientBugError("PARTIAL and ALL exclude each other (RFC 5267 §4.4)")
+	}
+	return err
+}
+
+// defaultReturnAll is the rule of RFC 4731 §3.1: no result option (MIN,
+// MAX, ALL, COUNT, or PARTIAL) is ALL; UPDATE, CONTEXT and SAVE are no
+// result options.
+func defaultReturnAll(options *imap.SearchOptions, ext *searchReturnExt) {
+	if !options.ReturnMin && !options.ReturnMax && !options.ReturnAll && !options.ReturnCount && ext.partial == nil {
+		options.ReturnAll = true
+	}
 }
 
 func maybeReadSearchKeyAtom(dec *imapwire.Decoder, ptr *string) bool {

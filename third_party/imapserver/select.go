@@ -125,6 +125,7 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 	}
 
 	c.state = imap.ConnStateSelected
+	c.searchContexts = nil // quill: RFC 5267 §4.3, contexts end with the selection (context.go)
 	// TODO: forbid write commands in read-only mode
 
 	// quill: what changed since the client last had the mailbox (RFC 7162
@@ -177,6 +178,7 @@ func (c *Conn) handleUnselect(dec *imapwire.Decoder, expunge bool) error {
 	}
 
 	c.state = imap.ConnStateAuthenticated
+	c.searchContexts = nil // quill: RFC 5267 §4.3 (context.go)
 	return nil
 }
 

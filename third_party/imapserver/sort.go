@@ -76,6 +76,7 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 	}
 	var (
 		options  imap.SearchOptions
+		ext      searchReturnExt
 		extended bool
 		atom     string
 	)
@@ -83,7 +84,7 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 		if !strings.EqualFold(atom, "RETURN") {
 			return newClientBugError("SORT takes a sort program in parentheses")
 		}
-		if err := readSortReturnOpts(dec, &options); err != nil {
+		if err := readSortReturnOpts(dec, &options, &ext); err != nil {
 			return fmt.Errorf("in sort-return-opts: %w", err)
 		}
 		if !dec.ExpectSP() {
@@ -134,6 +135,9 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 	if !ok {
 		return newClientBugError("SORT is not supported")
 	}
+	if err := c.checkContextTag(tag, &ext); err != nil {
+		return err
+	}
 	nums, modSeqs, err := ss.Sort(numKind, program, criteria)
 	if err != nil {
 		return err
@@ -141,8 +145,13 @@ func (c *Conn) handleSort(tag string, dec *imapwire.Decoder, numKind NumKind) er
 	if criteria.ModSeq != nil {
 		c.enableCondStore(true)
 	}
+	if ext.update {
+		if err := c.registerContext(tag, numKind, program, criteria, nums); err != nil {
+			return err
+		}
+	}
 	if extended {
-		return c.writeESort(tag, nums, modSeqs, &options, numKind)
+		return c.writeESort(tag, nums, modSeqs, &options, numKind, ext.partial)
 	}
 	var modSeq uint64
 	for _, m := range modSeqs {
@@ -175,22 +184,20 @@ func readCharsetAndKeys(dec *imapwire.Decoder) (*imap.SearchCriteria, error) {
 
 // readSortReturnOpts reads ESORT's return options (RFC 5267 §3.2): those of
 // ESEARCH but SAVE, which RFC 5182 defines for SEARCH only.
-func readSortReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions) error {
-	if err := readSearchReturnOpts(dec, options); err != nil {
+func readSortReturnOpts(dec *imapwire.Decoder, options *imap.SearchOptions, ext *searchReturnExt) error {
+	if err := readSearchReturnOpts(dec, options, ext); err != nil {
 		return err
 	}
 	if options.ReturnSave {
 		return newClientBugError("SAVE is not a SORT return option")
 	}
-	if !options.ReturnMin && !options.ReturnMax && !options.ReturnAll && !options.ReturnCount {
-		options.ReturnAll = true
-	}
+	defaultReturnAll(options, ext)
 	return nil
 }
 
 // writeESort answers SORT RETURN (RFC 5267 §3.2): MIN and MAX are the
 // first and the last message in sort order, ALL lists them in that order.
-func (c *Conn) writeESort(tag string, nums []uint32, modSeqs []uint64, options *imap.SearchOptions, numKind NumKind) error {
+func (c *Conn) writeESort(tag string, nums []uint32, modSeqs []uint64, options *imap.SearchOptions, numKind NumKind, partial *partialRange) error {
 	// RFC 7162 §3.1.5: the highest mod-sequence of the messages the
 	// answer names: all of them with ALL or COUNT, else MIN's and MAX's.
 	var modSeq uint64
@@ -227,6 +234,9 @@ func (c *Conn) writeESort(tag string, nums []uint32, modSeqs []uint64, options *
 	}
 	if options.ReturnCount {
 		enc.SP().Atom("COUNT").SP().Number(uint32(len(nums)))
+	}
+	if partial != nil { // quill: RFC 5267 §4.4, in sort order
+		enc.SP().Atom("PARTIAL").SP().Atom(partialData(partial, nums, true))
 	}
 	if modSeq != 0 && len(nums) > 0 { // RFC 7162 §3.1.5 with RFC 4731
 		enc.SP().Atom("MODSEQ").SP().ModSeq(modSeq)
