@@ -432,7 +432,31 @@ func TestSortThreadAndObjectIDAcrossNodes(t *testing.T) {
 	qresyncAcrossNodes(t, nodes, user, pw)
 	multiAppendAcrossNodes(t, nodes, user, pw)
 	notifyAcrossNodes(t, nodes, user, pw)
+	contextAcrossNodes(t, nodes, user, pw)
 	quotaAcrossNodes(t, nodes, user, pw)
+}
+
+// contextAcrossNodes: an updating search (RFC 5267 §4.3) on one node hears
+// of a flag set through another node as ADDTO.
+func contextAcrossNodes(t *testing.T, nodes []*Node, user, pw string) {
+	conns := dialEach(t, nodes[:2], user, pw)
+	for i, c := range conns {
+		if _, err := c.cmd("SELECT INBOX"); err != nil {
+			fatalf(t, "through %s: %v", nodes[i].ID, err)
+		}
+	}
+	lines, err := conns[0].cmd("UID SEARCH RETURN (UPDATE COUNT) KEYWORD $Context")
+	if err != nil || !strings.Contains(strings.Join(lines, "\n"), "COUNT 0") {
+		fatalf(t, "UPDATE through %s: %q, %v", nodes[0].ID, lines, err)
+	}
+	if _, err := conns[1].cmd("UID STORE 2 +FLAGS ($Context)"); err != nil {
+		fatalf(t, "STORE through %s: %v", nodes[1].ID, err)
+	}
+	want := "UID ADDTO (0 2)"
+	waitFor(t, "the updating search to hear of the flag", 10*time.Second, func() bool {
+		got, err := conns[0].cmd("NOOP")
+		return err == nil && strings.Contains(strings.Join(got, "\n"), want)
+	})
 }
 
 // notifyAcrossNodes: a session with NOTIFY on one node hears, without
