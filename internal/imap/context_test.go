@@ -116,4 +116,35 @@ func TestContextSearchSort(t *testing.T) {
 	if u := r.ok("NOOP"); has(u, "ESEARCH") {
 		t.Fatalf("after a new SELECT: %q", u)
 	}
+
+	// An expunge seen while EXPUNGE may not be sent (after a FETCH) is
+	// reported at once: the message is gone for the context, though the
+	// session still numbers it; a NOT over its header does not bring it
+	// back.
+	u, st = answer("UID SEARCH RETURN (UPDATE) NOT SUBJECT zzz")
+	notZ := strings.Fields(st)[0]
+	if !strings.Contains(u, "UID ALL 2:6") {
+		t.Fatalf("NOT SUBJECT: %q %s", u, st)
+	}
+	other.ok(`UID STORE 6 +FLAGS (\Deleted)`)
+	other.ok("UID EXPUNGE 6")
+	if f := r.ok("FETCH 1 FLAGS"); has(f, "EXPUNGE") || !has(f, fmt.Sprintf(`* ESEARCH (TAG "%s") UID REMOVEFROM (0 6)`, notZ)) {
+		t.Fatalf("FETCH after an expunge elsewhere: %q", f)
+	}
+	if u := r.ok("NOOP"); !has(u, "EXPUNGE") || has(u, "ESEARCH") {
+		t.Fatalf("NOOP after the expunge: %q", u)
+	}
+
+	// SAVE keeps its meaning beside UPDATE; $ cannot be followed.
+	r.ok(fmt.Sprintf("CANCELUPDATE %q", notZ))
+	u, _ = answer("UID SEARCH RETURN (SAVE MIN UPDATE) ALL")
+	if !strings.Contains(u, "MIN 2") {
+		t.Fatalf("SAVE MIN UPDATE: %q", u)
+	}
+	if u := r.ok("UID SEARCH $"); !has(u, "* SEARCH 2") || has(u, "* SEARCH 2 ") {
+		t.Fatalf("$ after SAVE MIN UPDATE: %q", u)
+	}
+	if u, _ := answer("UID SEARCH RETURN (UPDATE) $"); !strings.Contains(u, "NOUPDATE") {
+		t.Fatalf("UPDATE over $: %q", u)
+	}
 }

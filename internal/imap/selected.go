@@ -24,9 +24,11 @@ type selected struct {
 	uidHigh uint32 // highest UID ever announced
 	uidNext uint32 // the mailbox's UIDNEXT when last synced
 	modSeq  uint64 // the mailbox's HIGHESTMODSEQ when last synced
-	// contextModSeq is modSeq when updating searches were last computed
-	// again (imapserver's context.go).
-	contextModSeq uint64
+	// viewGen counts the syncs that took in a change; contextModSeq and
+	// contextGen are modSeq and viewGen when updating searches were last
+	// computed again (imapserver's context.go).
+	viewGen, contextGen uint64
+	contextModSeq       uint64
 	// ghosts counts messages expunged elsewhere but still numbered here,
 	// because the EXPUNGE could not yet be sent.
 	ghosts int
@@ -162,13 +164,50 @@ func (s *session) sync(w *imapserver.UpdateWriter, allowExpunge bool) error {
 		return err
 	}
 	// Updating searches (RFC 5267 §4.3) are computed again after any
-	// change, the session's own included (which the view may already
-	// hold: ownChanges).
-	if sel := s.sel; sel != nil && sel.modSeq != sel.contextModSeq {
-		sel.contextModSeq = sel.modSeq
+	// change: one this sync took in (viewGen: new messages, flags,
+	// expunges seen or announced, the mailbox deleted) or the session's
+	// own, which the view already holds (ownChanges moves modSeq).
+	if sel := s.sel; sel != nil && (sel.modSeq != sel.contextModSeq || sel.viewGen != sel.contextGen) {
+		sel.contextModSeq, sel.contextGen = sel.modSeq, sel.viewGen
 		return w.MailboxSynced()
 	}
 	return nil
+}
+
+// ContextResults implements imapserver.SessionContext: the UIDs an
+// updating search holds now, without the messages expunged but still
+// numbered here (gone for the client's context as soon as seen).
+func (s *session) ContextResults(program []imapserver.SortCriterion, criteria *imap.SearchCriteria) ([]uint32, error) {
+	if s.sel == nil {
+		return nil, nil
+	}
+	var uids []uint32
+	if program == nil {
+		data, err := s.Search(imapserver.NumKindUID, criteria, &imap.SearchOptions{})
+		if err != nil {
+			return nil, err
+		}
+		set, _ := data.All.(imap.UIDSet)
+		all, _ := set.Nums()
+		for _, u := range all {
+			uids = append(uids, uint32(u))
+		}
+	} else {
+		var err error
+		if uids, _, err = s.Sort(imapserver.NumKindUID, program, criteria); err != nil {
+			return nil, err
+		}
+	}
+	if s.sel.ghosts == 0 {
+		return uids, nil
+	}
+	gone := map[uint32]bool{}
+	for _, m := range s.sel.msgs {
+		if m.gone {
+			gone[m.uid] = true
+		}
+	}
+	return slices.DeleteFunc(uids, func(u uint32) bool { return gone[u] }), nil
 }
 
 // syncView brings the session's view of the selected mailbox up to date
@@ -180,11 +219,13 @@ func (s *session) syncView(w *imapserver.UpdateWriter, allowExpunge bool) error 
 	switch {
 	case errors.Is(err, mailbox.ErrNoMailbox):
 		// Deleted by another session: every message is gone.
+		sel.viewGen++
 	case err != nil:
 		return err
 	case mb.HighestModSeq == sel.modSeq && !(allowExpunge && sel.ghosts > 0):
 		return nil
 	default:
+		sel.viewGen++
 		if fresh, err = s.srv.store.Messages(s.ctx(), s.user, sel.id); err != nil {
 			return err
 		}

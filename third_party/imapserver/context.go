@@ -60,10 +60,16 @@ func parsePartialRange(s string) (*partialRange, error) {
 
 // window returns the results the range names (1 is the first).
 func (p *partialRange) window(nums []uint32) []uint32 {
-	if int(p.from) > len(nums) {
-		return nil
+	lo, hi := p.bounds(len(nums))
+	return nums[lo:hi]
+}
+
+// bounds are the indexes of the range's window in n results.
+func (p *partialRange) bounds(n int) (lo, hi int) {
+	if uint64(p.from) > uint64(n) {
+		return n, n
 	}
-	return nums[p.from-1 : min(int(p.to), len(nums))]
+	return int(p.from - 1), int(min(uint64(p.to), uint64(n)))
 }
 
 // searchContext is an updating context (§4.3).
@@ -83,13 +89,47 @@ func (c *Conn) checkContextTag(tag string, ext *searchReturnExt) error {
 	return nil
 }
 
+// SessionContext is a Session that computes what an updating search
+// holds now: the UIDs matching criteria, in mailbox order (sort nil) or
+// sorted, leaving out messages expunged but still numbered in the
+// session (their EXPUNGE not sent yet), which are gone for a context.
+type SessionContext interface {
+	Session
+	ContextResults(sort []SortCriterion, criteria *imap.SearchCriteria) ([]uint32, error)
+}
+
+// namesPositions reports whether criteria name messages by sequence
+// number or by the saved result ($): their meaning moves with expunges
+// and later SAVEs, so a context could not follow them.
+func namesPositions(c *imap.SearchCriteria) bool {
+	if len(c.SeqNum) > 0 || slices.ContainsFunc(c.UID, func(s imap.UIDSet) bool { return imap.IsSearchRes(s) }) {
+		return true
+	}
+	for i := range c.Not {
+		if namesPositions(&c.Not[i]) {
+			return true
+		}
+	}
+	for i := range c.Or {
+		if namesPositions(&c.Or[i][0]) || namesPositions(&c.Or[i][1]) {
+			return true
+		}
+	}
+	return false
+}
+
 // registerContext keeps an UPDATE's context, or refuses it with an
 // untagged NO [NOUPDATE "tag"] (the command's other options still hold).
 func (c *Conn) registerContext(tag string, kind NumKind, sort []SortCriterion, criteria *imap.SearchCriteria, uids []uint32) error {
 	why := ""
+	_, computes := c.session.(SessionContext)
 	switch {
+	case !computes:
+		why = "updates are not offered"
 	case kind != NumKindUID:
 		why = "updates are offered for UID SEARCH and UID SORT"
+	case namesPositions(criteria):
+		why = "updates are not offered for searches that name message numbers or $"
 	case len(c.searchContexts) >= maxSearchContexts:
 		why = fmt.Sprintf("at most %d updating searches at once (CANCELUPDATE one)", maxSearchContexts)
 	}
@@ -131,25 +171,20 @@ func (w *UpdateWriter) MailboxSynced() error {
 	return w.conn.updateContexts()
 }
 
+// updateContexts computes each context again and reports the changes. A
+// context that cannot be computed now (a message unreadable for a moment)
+// keeps its results and is tried at the next change; it does not fail
+// the command or the connection.
 func (c *Conn) updateContexts() error {
+	cs, ok := c.session.(SessionContext)
+	if !ok {
+		return nil
+	}
 	for _, sc := range c.searchContexts {
-		var now []uint32
-		if sc.sort == nil {
-			data, err := c.session.Search(NumKindUID, sc.criteria, &imap.SearchOptions{ReturnAll: true})
-			if err != nil {
-				return err
-			}
-			now = numsOf(data.All)
-		} else {
-			ss, ok := c.session.(SessionSort)
-			if !ok {
-				continue
-			}
-			nums, _, err := ss.Sort(NumKindUID, sc.sort, sc.criteria)
-			if err != nil {
-				return err
-			}
-			now = nums
+		now, err := cs.ContextResults(sc.sort, sc.criteria)
+		if err != nil {
+			c.server.logger().Printf("updating search %q not computed again: %v", sc.tag, err)
+			continue
 		}
 		removed, added := contextDiff(sc.uids, now, sc.sort == nil)
 		sc.uids = now

@@ -57,12 +57,10 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 
 	// If no return option is specified, ALL is assumed
 	defaultReturnAll(&options, &ext)
-	// quill: PARTIAL and UPDATE need the whole result list (context.go).
-	asked := options
-	if ext.partial != nil || ext.update {
-		options.ReturnAll = true
-	}
 
+	// quill: PARTIAL and UPDATE take the whole result list from data.All,
+	// which the session fills whatever the options (context.go); the
+	// options stay the client's, so SAVE and MODSEQ are as without them.
 	data, err := c.session.Search(numKind, criteria, &options)
 	if err != nil {
 		return err
@@ -84,7 +82,7 @@ func (c *Conn) handleSearch(tag string, dec *imapwire.Decoder, numKind NumKind) 
 		}
 	}
 	if c.enabled.Has(imap.CapIMAP4rev2) || extended {
-		return c.writeESearch(tag, data, &asked, numKind, partial)
+		return c.writeESearch(tag, data, &options, numKind, partial)
 	} else {
 		return c.writeSearch(data.All, data.ModSeq)
 	}

@@ -62,6 +62,7 @@ func (c *Conn) handleSelect(tag string, dec *imapwire.Decoder, readOnly bool) er
 			return err
 		}
 		c.state = imap.ConnStateAuthenticated
+		c.searchContexts = nil // quill: RFC 5267 §4.3 (context.go)
 		err := c.writeStatusResp("", &imap.StatusResponse{
 			Type: imap.StatusResponseTypeOK,
 			Code: "CLOSED",

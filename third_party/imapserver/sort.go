@@ -207,6 +207,12 @@ func (c *Conn) writeESort(tag string, nums []uint32, modSeqs []uint64, options *
 				modSeq = max(modSeq, m)
 			}
 		} else {
+			if partial != nil { // quill: the window's (RFC 5267 §4.4)
+				lo, hi := partial.bounds(len(modSeqs))
+				for _, m := range modSeqs[lo:hi] {
+					modSeq = max(modSeq, m)
+				}
+			}
 			if options.ReturnMin {
 				modSeq = modSeqs[0]
 			}
