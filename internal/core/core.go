@@ -375,6 +375,7 @@ func New(o Options) (*Core, error) {
 	}()
 	go c.watchStalls()
 	go c.sweepExpunged()
+	go c.Boxes.RunTextIndex(c.stop)
 	go c.syncWide()
 	if o.AuditInterval == 0 {
 		o.AuditInterval = writer.DefaultAuditInterval

@@ -10,33 +10,18 @@ import (
 	"github.com/emersion/go-imap/v2"
 	gomessage "github.com/emersion/go-message"
 	"github.com/emersion/go-message/textproto"
+	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
 // maxMIMEDepth bounds how deep BODYSTRUCTURE and SEARCH descend into nested
 // multiparts and message/rfc822 parts; deeper parts are treated as opaque
 // leaves. Real mail nests a few levels.
-const maxMIMEDepth = 32
+const maxMIMEDepth = fts.MaxMIMEDepth
 
 // headerLen returns the length of the message header including the empty
-// line that ends it (RFC 5322 §2.1); a message without that line is all
-// header.
-func headerLen(raw []byte) int {
-	if bytes.HasPrefix(raw, []byte("\r\n")) {
-		return 2
-	}
-	if bytes.HasPrefix(raw, []byte("\n")) {
-		return 1
-	}
-	end := len(raw)
-	if i := bytes.Index(raw, []byte("\r\n\r\n")); i >= 0 {
-		end = i + 4
-	}
-	if i := bytes.Index(raw, []byte("\n\n")); i >= 0 && i+2 < end {
-		end = i + 2
-	}
-	return end
-}
+// line that ends it.
+func headerLen(raw []byte) int { return fts.HeaderLen(raw) }
 
 // bodySection returns the bytes of a FETCH BODY[section]<partial> (RFC 9051
 // §6.4.5). The whole message, its header and its text are cut from the
@@ -131,10 +116,7 @@ func partial(b []byte, p *imap.SectionPartial) []byte {
 	return b[p.Offset:end]
 }
 
-func readHeader(raw []byte) textproto.Header {
-	h, _ := textproto.ReadHeader(bufio.NewReader(bytes.NewReader(raw[:headerLen(raw)])))
-	return h
-}
+func readHeader(raw []byte) textproto.Header { return fts.ReadHeader(raw) }
 
 // envelope builds the ENVELOPE of a message (RFC 9051 §7.5.2) from its
 // header. The library's ExtractEnvelope decodes the subject and its writer
@@ -144,10 +126,7 @@ func envelope(raw []byte) *imap.Envelope {
 	return envelopeOf(readHeader(raw))
 }
 
-func unfold(s string) string {
-	s = strings.ReplaceAll(s, "\r\n", "")
-	return strings.ReplaceAll(s, "\n", "")
-}
+func unfold(s string) string { return fts.Unfold(s) }
 
 // bodyStructure builds BODY/BODYSTRUCTURE (RFC 9051 §7.5.2). It replaces
 // the library's ExtractBodyStructure, which omits the default charset of a

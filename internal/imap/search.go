@@ -1,18 +1,16 @@
 package imap
 
 import (
-	"bufio"
-	"bytes"
-	"io"
-	"mime"
+	"context"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/emersion/go-imap/v2"
 	gomessage "github.com/emersion/go-message"
-	_ "github.com/emersion/go-message/charset" // decode bodies in any charset for SEARCH
 	"github.com/emersion/go-message/mail"
 	"github.com/emersion/go-message/textproto"
+	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
@@ -23,6 +21,7 @@ import (
 func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria, options *imap.SearchOptions) (*imap.SearchData, error) {
 	sel := s.sel
 	ev := newEvaluator(sel)
+	ev.prefilter(s, criteria)
 	data := &imap.SearchData{}
 	var seqs imap.SeqSet
 	var uids imap.UIDSet
@@ -30,7 +29,7 @@ func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria,
 	var minModSeq, maxModSeq uint64 // of the messages MIN and MAX name
 	for i, m := range sel.msgs {
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
-		if !ev.match(criteria, sm) {
+		if ev.excluded(m.uid) || !ev.match(criteria, sm) {
 			continue
 		}
 		matched = append(matched, m.uid)
@@ -116,6 +115,61 @@ type evaluator struct {
 	n      uint32 // messages in the view, for "*" in sequence sets
 	maxUID uint32 // for "*" in UID sets
 	saved  map[uint32]bool
+	// skip holds, ascending, the UIDs the text index says cannot match
+	// the criteria's string keys (prefilter).
+	skip []uint32
+}
+
+// TextIndex is a Store whose nodes keep a text index of the messages they
+// hold (proxy.IMAPStore over mailbox/textindex.go).
+type TextIndex interface {
+	// TextExcluded returns, ascending, UIDs of messages of the mailbox
+	// that cannot match every query; it may leave out any that can't.
+	TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) ([]uint32, error)
+}
+
+// textIndexMin is the smallest mailbox whose search asks the text index:
+// a smaller one is read faster than the index is asked.
+const textIndexMin = 64
+
+// prefilter asks the text index which messages cannot match the string
+// keys that every match must satisfy (those at the top of the criteria,
+// ANDed; OR and NOT are matched as before). If the index cannot answer,
+// every message is read, as without one.
+func (ev *evaluator) prefilter(s *session, c *imap.SearchCriteria) {
+	ti, ok := s.srv.store.(TextIndex)
+	if !ok || len(s.sel.msgs) < textIndexMin {
+		return
+	}
+	var qs []fts.Query
+	add := func(q fts.Query, ok bool) {
+		if ok {
+			qs = append(qs, q)
+		}
+	}
+	for _, hf := range c.Header {
+		if hf.Key != imapserver.SearchKeyEmailID && hf.Key != imapserver.SearchKeyThreadID {
+			add(fts.QueryHeader(hf.Key, hf.Value))
+		}
+	}
+	for _, b := range c.Body {
+		add(fts.QueryBody(b))
+	}
+	for _, t := range c.Text {
+		add(fts.QueryText(t))
+	}
+	if len(qs) == 0 {
+		return
+	}
+	if skip, err := ti.TextExcluded(s.ctx(), s.user, s.sel.id, qs); err == nil {
+		ev.skip = skip
+	}
+}
+
+// excluded reports whether the text index ruled the message out.
+func (ev *evaluator) excluded(uid uint32) bool {
+	_, found := slices.BinarySearch(ev.skip, uid)
+	return found
 }
 
 // searchMsg loads a message's bytes, header and text at most once, and only
@@ -129,7 +183,7 @@ type searchMsg struct {
 	raw    []byte
 	err    error // why raw could not be read
 	hdr    *textproto.Header
-	body   string // lower-cased: raw body and decoded text of the parts
+	body   string // lower-cased fts.BodyText
 	bodyOK bool
 }
 
@@ -154,61 +208,14 @@ func (sm *searchMsg) header() *textproto.Header {
 func (sm *searchMsg) bodyText() string {
 	if !sm.bodyOK {
 		sm.bodyOK = true
-		raw := sm.load()
-		var b strings.Builder
-		b.Write(raw[headerLen(raw):])
-		br := bufio.NewReader(bytes.NewReader(raw))
-		if h, err := textproto.ReadHeader(br); err == nil {
-			decodedText(&b, h, br, 0)
-		}
-		sm.body = strings.ToLower(b.String())
+		sm.body = fts.BodyText(sm.load())
 	}
 	return sm.body
-}
-
-// maxSearchText bounds how much decoded text one message contributes to a
-// BODY/TEXT search.
-const maxSearchText = 32 << 20
-
-// decodedText appends the decoded content of the text parts of an entity.
-func decodedText(b *strings.Builder, rh textproto.Header, body io.Reader, depth int) {
-	if depth > maxMIMEDepth || b.Len() > maxSearchText {
-		return
-	}
-	h := gomessage.Header{Header: rh}
-	mt, params, _ := h.ContentType()
-	switch {
-	case strings.HasPrefix(mt, "multipart/"):
-		mr := textproto.NewMultipartReader(body, params["boundary"])
-		for {
-			p, err := mr.NextPart()
-			if err != nil {
-				return
-			}
-			decodedText(b, p.Header, p, depth+1)
-		}
-	case mt == "message/rfc822" || mt == "message/global":
-		br := bufio.NewReader(body)
-		ch, err := textproto.ReadHeader(br)
-		if err != nil {
-			return
-		}
-		decodedText(b, ch, br, depth+1)
-	case mt == "" || strings.HasPrefix(mt, "text/"):
-		e, err := gomessage.New(h, body)
-		if e == nil || (err != nil && !gomessage.IsUnknownCharset(err) && !gomessage.IsUnknownEncoding(err)) {
-			return
-		}
-		b.WriteByte('\n')
-		io.Copy(b, io.LimitReader(e.Body, int64(maxSearchText-b.Len())))
-	}
 }
 
 func contains(hay, needle string) bool {
 	return strings.Contains(hay, strings.ToLower(needle))
 }
-
-var wordDecoder = &mime.WordDecoder{CharsetReader: gomessage.CharsetReader}
 
 func (sm *searchMsg) headerMatch(key, value string) bool {
 	h := sm.header()
@@ -224,7 +231,7 @@ func (sm *searchMsg) headerMatch(key, value string) bool {
 		if contains(strings.ToLower(v), value) {
 			return true
 		}
-		if d, err := wordDecoder.DecodeHeader(v); err == nil && contains(strings.ToLower(d), value) {
+		if d, err := fts.DecodeHeader(v); err == nil && contains(strings.ToLower(d), value) {
 			return true
 		}
 		// An address written with comments or folding inside it
@@ -359,7 +366,7 @@ func (ev *evaluator) match(c *imap.SearchCriteria, sm *searchMsg) bool {
 
 func (ev *evaluator) anyHeaderDecoded(sm *searchMsg, t string) bool {
 	for f := sm.header().Fields(); f.Next(); {
-		if d, err := wordDecoder.DecodeHeader(unfold(f.Value())); err == nil && contains(strings.ToLower(d), t) {
+		if d, err := fts.DecodeHeader(unfold(f.Value())); err == nil && contains(strings.ToLower(d), t) {
 			return true
 		}
 	}

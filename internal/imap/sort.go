@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
@@ -50,13 +51,14 @@ type sortMsg struct {
 func (s *session) matching(cmd string, criteria *imap.SearchCriteria, keys bool) ([]sortMsg, error) {
 	sel := s.sel
 	ev := newEvaluator(sel)
+	ev.prefilter(s, criteria)
 	if sel.sortCache == nil || len(sel.sortCache) > maxSortCache {
 		sel.sortCache = map[string]*sortInfo{}
 	}
 	var out []sortMsg
 	for i, m := range sel.msgs {
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
-		if !ev.match(criteria, sm) {
+		if ev.excluded(m.uid) || !ev.match(criteria, sm) {
 			continue
 		}
 		if !keys {
@@ -86,7 +88,7 @@ func readSortInfo(sm *searchMsg) *sortInfo {
 	h := sm.header()
 	info.sent = sm.sentDate()
 	subj := h.Get("Subject")
-	if d, err := wordDecoder.DecodeHeader(unfold(subj)); err == nil {
+	if d, err := fts.DecodeHeader(unfold(subj)); err == nil {
 		subj = d
 	}
 	info.subject, info.replyFwd = baseSubject(subj)
@@ -101,7 +103,7 @@ func readSortInfo(sm *searchMsg) *sortInfo {
 				continue // a group's start: its members follow
 			}
 			name := a.Name
-			if d, err := wordDecoder.DecodeHeader(name); err == nil {
+			if d, err := fts.DecodeHeader(name); err == nil {
 				name = d
 			}
 			display = name

@@ -167,6 +167,7 @@ type Manager struct {
 	Log  *slog.Logger
 
 	Notifier
+	text textIndex
 }
 
 // New returns the mailbox manager on top of the node's store.
@@ -345,6 +346,9 @@ type tx struct {
 	m       *Manager
 	b       *store.Batch
 	changed map[string]map[uint64]bool
+	// The text index's part of the change (textindex.go).
+	textQueued  bool
+	textChanges []textChange
 }
 
 func (m *Manager) newTx() *tx {
@@ -383,6 +387,7 @@ func (t *tx) commit() error {
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	t.textCommitted()
 	for user, boxes := range t.changed {
 		for id := range boxes {
 			t.m.Publish(Change{User: user, Mailbox: id})
@@ -497,7 +502,7 @@ func (m *Manager) DeleteUser(user string) error {
 	defer m.lockUser(user)()
 	b := m.db.NewBatch()
 	defer b.Close()
-	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject, store.KindExpunged} {
+	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject, store.KindExpunged, store.KindText, store.KindToIndex} {
 		p := store.UserPrefix(kind, user)
 		if err := b.DeleteRange(p, store.UpperBound(p)); err != nil {
 			return err
@@ -506,6 +511,7 @@ func (m *Manager) DeleteUser(user string) error {
 	if err := b.Commit(store.Sync); err != nil {
 		return fmt.Errorf("user %s: delete mail: %w", user, err)
 	}
+	m.forgetText(user)
 	m.Publish(Change{User: user})
 	return nil
 }
@@ -548,7 +554,12 @@ func (m *Manager) FragmentUsers(bucket int, fn func(user string, messages int) e
 }
 
 func (m *Manager) countMessages(user string) (int, error) {
-	it, err := m.db.PrefixIter(nil, store.UserPrefix(store.KindMessage, user))
+	return m.countKeys(store.UserPrefix(store.KindMessage, user))
+}
+
+// countKeys counts the keys with prefix p.
+func (m *Manager) countKeys(p []byte) (int, error) {
+	it, err := m.db.PrefixIter(nil, p)
 	if err != nil {
 		return 0, err
 	}

@@ -95,8 +95,11 @@ func (t *tx) objectRecord(user, id string) (*objectRecord, error) {
 	return &rec, nil
 }
 
-func (t *tx) has(key []byte) (bool, error) {
-	_, closer, err := t.b.Get(key)
+func (t *tx) has(key []byte) (bool, error) { return hasIn(t.b, key) }
+
+// hasIn reports whether r holds key.
+func hasIn(r store.Reader, key []byte) (bool, error) {
+	_, closer, err := r.Get(key)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
@@ -186,11 +189,13 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 	// A node that is no longer among the replicas drops its copy (it was
 	// replaced while away, repair.go).
 	drop := o.Deleted || (len(o.Replicas) > 0 && !slices.Contains(o.Replicas, t.m.Self))
+	hadBody := false
 	if !drop {
 		have, err := t.has(bodyKey(o.User, o.ID))
 		if err != nil {
 			return 0, err
 		}
+		hadBody = have
 		switch {
 		case u.Blob != nil:
 			if err := t.b.Set(bodyKey(o.User, o.ID), u.Blob); err != nil {
@@ -248,6 +253,9 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 		if err := t.dropBody(o); err != nil {
 			return 0, err
 		}
+		if err := t.moveText(o.User, o.ID, docLoc{}); err != nil {
+			return 0, err
+		}
 		return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, Deleted: true})
 	}
 	msg := Message{UID: o.UID, ID: o.ID, Size: o.Size, Date: o.Date, Flags: cleanFlags(o.Flags), ModSeq: o.ModSeq,
@@ -257,6 +265,17 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 	}
 	t.follow(mb, o.UID, o.ModSeq)
 	if err := t.putMailbox(o.User, mb); err != nil {
+		return 0, err
+	}
+	// The text index reads a message new here; one that moved keeps its
+	// terms under its new place.
+	switch {
+	case rec == nil || rec.Deleted || !hadBody:
+		err = t.queueText(o.User, o.ID)
+	case rec.UIDValidity != o.UIDValidity || rec.UID != o.UID:
+		err = t.moveText(o.User, o.ID, docLoc{v: o.UIDValidity, uid: o.UID})
+	}
+	if err != nil {
 		return 0, err
 	}
 	return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, UIDValidity: o.UIDValidity, UID: o.UID})

@@ -8,10 +8,13 @@ package mailbox
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/nodepb"
 	"github.com/quillmail/quill/internal/replica"
@@ -29,6 +32,15 @@ type Fragments interface {
 	DropUser(ctx context.Context, req *FragmentRequest) error
 	Audit(ctx context.Context, req *AuditRequest) (*AuditReply, error)
 	Body(ctx context.Context, req *BodyRequest) (*BodyReply, error)
+	TextExcluded(ctx context.Context, req *TextRequest) ([]uint32, error)
+}
+
+// TextRequest asks a node's text index which messages of a mailbox it
+// holds cannot match every query (Manager.TextExcluded).
+type TextRequest struct {
+	User        string
+	UIDValidity uint32
+	Queries     []fts.Query
 }
 
 // BodyRequest asks a node for one message's bytes.
@@ -73,6 +85,10 @@ func (l local) Body(ctx context.Context, r *BodyRequest) (*BodyReply, error) {
 		return nil, err
 	}
 	return &BodyReply{Raw: b}, nil
+}
+
+func (l local) TextExcluded(ctx context.Context, r *TextRequest) ([]uint32, error) {
+	return l.m.TextExcluded(r.User, r.UIDValidity, r.Queries)
 }
 
 type remoteFragments struct {
@@ -146,6 +162,18 @@ func (r remoteFragments) Body(ctx context.Context, req *BodyRequest) (*BodyReply
 	return &BodyReply{Raw: p.Raw}, nil
 }
 
+func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) ([]uint32, error) {
+	c, err := r.client()
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.TextExcluded(ctx, req.toPB())
+	if err != nil {
+		return nil, err
+	}
+	return decodeUIDs(p.Excluded)
+}
+
 // Register exposes the mailbox manager's remote operations.
 func (m *Manager) Register(s grpc.ServiceRegistrar) {
 	nodepb.RegisterFragmentServer(s, fragmentServer{l: local{m}})
@@ -194,6 +222,59 @@ func (s fragmentServer) Body(ctx context.Context, p *nodepb.BodyRequest) (*nodep
 		return nil, err
 	}
 	return &nodepb.BodyReply{Raw: rep.Raw}, nil
+}
+
+func (s fragmentServer) TextExcluded(ctx context.Context, p *nodepb.TextRequest) (*nodepb.TextReply, error) {
+	req := &TextRequest{User: p.User, UIDValidity: p.UidValidity}
+	if len(p.Queries) > maxTextQueries {
+		return nil, fmt.Errorf("text index: %d queries, at most %d", len(p.Queries), maxTextQueries)
+	}
+	for _, q := range p.Queries {
+		req.Queries = append(req.Queries, fts.Query{Fields: q.Fields, Needle: q.Needle})
+	}
+	uids, err := s.l.TextExcluded(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &nodepb.TextReply{Excluded: encodeUIDs(uids)}, nil
+}
+
+// maxTextQueries bounds the string criteria one search asks a node about.
+const maxTextQueries = 64
+
+func (r *TextRequest) toPB() *nodepb.TextRequest {
+	p := &nodepb.TextRequest{User: r.User, UidValidity: r.UIDValidity}
+	for _, q := range r.Queries {
+		p.Queries = append(p.Queries, &nodepb.TextQuery{Fields: q.Fields, Needle: q.Needle})
+	}
+	return p
+}
+
+// encodeUIDs writes ascending UIDs as uvarint gaps: the few bytes a UID
+// of a mostly dense mailbox takes.
+func encodeUIDs(uids []uint32) []byte {
+	var b []byte
+	last := uint32(0)
+	for _, u := range uids {
+		b = binary.AppendUvarint(b, uint64(u-last))
+		last = u
+	}
+	return b
+}
+
+func decodeUIDs(b []byte) ([]uint32, error) {
+	var out []uint32
+	last := uint64(0)
+	for len(b) > 0 {
+		d, n := binary.Uvarint(b)
+		if n <= 0 || last+d > 1<<32-1 {
+			return nil, errors.New("text index reply: bad UID list")
+		}
+		last += d
+		out = append(out, uint32(last))
+		b = b[n:]
+	}
+	return out, nil
 }
 
 func (r *FragmentRequest) toPB() *nodepb.FragmentRequest {

@@ -3,10 +3,12 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/userdb"
@@ -420,4 +422,56 @@ func (s *IMAPStore) Subscribe(ctx context.Context, user string) (<-chan mailbox.
 	}()
 	var once sync.Once
 	return out, func() { once.Do(func() { close(stop); unsub() }) }
+}
+
+// textTimeout bounds one node's answer from its text index: a node that
+// does not answer in time only leaves its messages to be read.
+const textTimeout = 2 * time.Second
+
+// TextExcluded implements imap.TextIndex: it asks the text index of every
+// live node of the user's mail map, at once, which messages of the mailbox
+// cannot match every query, and returns the union. A message is left out
+// if any node holding it says so (each replica indexes the same bytes); a
+// node that fails or is late excludes nothing, which costs only reading.
+func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) ([]uint32, error) {
+	user = userdb.Normalize(user)
+	_, mailMap, err := s.P.Users.Lookup(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	live := map[cluster.NodeID]bool{s.P.Self: true}
+	for _, mi := range s.P.Peers.Alive() {
+		live[mi.ID] = true
+	}
+	ctx, cancel := context.WithTimeout(ctx, textTimeout)
+	defer cancel()
+	req := &mailbox.TextRequest{User: user, UIDValidity: uint32(mbox), Queries: queries}
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		answers [][]uint32
+	)
+	for _, n := range mailMap {
+		if !live[n] {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			uids, err := s.P.Boxes.On(s.P.Peers, n).TextExcluded(ctx, req)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			answers = append(answers, uids)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if len(answers) == 1 {
+		return answers[0], nil
+	}
+	list := slices.Concat(answers...)
+	slices.Sort(list)
+	return slices.Compact(list), nil
 }

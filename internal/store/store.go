@@ -47,6 +47,8 @@ const (
 	KindQueue    byte = 'Q' // queue: Q id -> outbound queue entry (state per recipient)
 	KindQueued   byte = 'R' // queue: R id -> the queued message's bytes
 	KindExpunged byte = 'X' // mailbox: X bucket user 0 msgid -> when an expunged message's body goes
+	KindText     byte = 'T' // mailbox: T bucket user 0 ... -> the text index of the messages held here (textindex.go)
+	KindToIndex  byte = 'I' // mailbox: I bucket user 0 msgid -> a message held here that the text index has not read yet
 )
 
 // Sync is the write option for every commit that acknowledges something to a
@@ -200,6 +202,10 @@ func (b *Batch) Delete(key []byte) error     { return b.b.Delete(key, nil) }
 func (b *Batch) DeleteRange(start, end []byte) error {
 	return b.b.DeleteRange(start, end, nil)
 }
+
+// Merge appends value to the key's value (Pebble's default merger
+// concatenates), without reading it.
+func (b *Batch) Merge(key, value []byte) error { return b.b.Merge(key, value, nil) }
 
 // Empty reports whether the batch holds no writes.
 func (b *Batch) Empty() bool { return b.b.Empty() }

@@ -1,0 +1,134 @@
+package mailbox
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/fts"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/store"
+)
+
+func bodyQuery(needle string) []fts.Query {
+	q, _ := fts.QueryBody(needle)
+	return []fts.Query{q}
+}
+
+func excluded(t *testing.T, m *Manager, user string, v uint32, needle string) []uint32 {
+	t.Helper()
+	uids, err := m.TextExcluded(user, v, bodyQuery(needle))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uids
+}
+
+func indexAll(t *testing.T, m *Manager) {
+	t.Helper()
+	for {
+		n, err := m.IndexQueued(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// The index follows its messages: stored ones are queued and indexed,
+// moved ones answer under their new place, expunged ones leave it, and a
+// store whose index is gone (or older than the index) is queued again.
+func TestTextIndexLifecycle(t *testing.T) {
+	m, dir := newManager(t)
+	const user = "t@x.org"
+	for uid := uint32(1); uid <= 4; uid++ {
+		raw := fmt.Sprintf("Subject: s%d\r\n\r\nword%d here\r\n", uid, uid)
+		if err := m.StoreAt([]Placed{place(user, "INBOX", v1, uid, uint64(uid))}, fmt.Sprintf("id-%d", uid), []byte(raw), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := m.TextQueued(); n != 4 {
+		t.Fatalf("%d queued, want 4", n)
+	}
+	// Before indexing nothing is excluded: unindexed messages are read.
+	if got := excluded(t, m, user, v1, "word2"); len(got) != 0 {
+		t.Fatalf("before indexing, excluded %v", got)
+	}
+	indexAll(t, m)
+	if got := excluded(t, m, user, v1, "word2"); !slices.Equal(got, []uint32{1, 3, 4}) {
+		t.Fatalf("BODY word2 excludes %v, want [1 3 4]", got)
+	}
+
+	// Move id-2 to UID 9 of another mailbox (a newer version of its object).
+	o := &Object{User: user, ID: "id-2", Mailbox: "Archive", UIDValidity: v1 + 1, UID: 9, ModSeq: 10, Size: 20,
+		Date: time.Now(), Replicas: []cluster.NodeID{m.Self}, Want: 1}
+	apply := func(o *Object) {
+		t.Helper()
+		stamp := replica.Stamp{Clock: hlc.Timestamp(time.Now().UnixNano()), Node: m.Self}
+		u, err := o.Update(stamp, o.Replicas, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if outs, err := m.Apply([]*replica.Update{u}, nil); err != nil || outs[0] != replica.Applied {
+			t.Fatalf("apply: %v %v", outs, err)
+		}
+	}
+	apply(o)
+	if got := excluded(t, m, user, v1, "word2"); !slices.Equal(got, []uint32{1, 3, 4}) {
+		t.Fatalf("after the move, INBOX excludes %v", got)
+	}
+	if got := excluded(t, m, user, v1+1, "word3"); !slices.Equal(got, []uint32{9}) {
+		t.Fatalf("after the move, Archive BODY word3 excludes %v, want [9]", got)
+	}
+	if n, _ := m.TextQueued(); n != 0 {
+		t.Fatalf("a move queued %d messages; it keeps the document", n)
+	}
+	// Expunge id-3: its document goes.
+	apply(&Object{User: user, ID: "id-3", Deleted: true, Replicas: []cluster.NodeID{m.Self}})
+	if got := excluded(t, m, user, v1, "word1"); !slices.Equal(got, []uint32{4}) {
+		t.Fatalf("after expunge, BODY word1 excludes %v, want [4]", got)
+	}
+
+	// A reopened store keeps the index; one whose index keys are gone is
+	// queued again when its version key is gone too.
+	m.db.Close()
+	db, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m = New(db)
+	m.Self = "n-test"
+	if got := excluded(t, m, user, v1, "word1"); !slices.Equal(got, []uint32{4}) {
+		t.Fatalf("after reopening, BODY word1 excludes %v, want [4]", got)
+	}
+	b := db.NewBatch()
+	for _, k := range []byte{store.KindText} {
+		p := store.KindPrefix(k)
+		b.DeleteRange(p, store.UpperBound(p))
+	}
+	b.Delete(textVersionKey())
+	if err := b.Commit(store.Sync); err != nil {
+		t.Fatal(err)
+	}
+	m = New(db)
+	m.Self = "n-test"
+	if err := m.queueUnindexed(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := m.TextQueued(); n != 3 {
+		t.Fatalf("%d queued after the index was dropped, want the 3 messages held", n)
+	}
+	indexAll(t, m)
+	if got := excluded(t, m, user, v1+1, "word2"); len(got) != 0 {
+		t.Fatalf("rebuilt: Archive BODY word2 excludes %v, want none", got)
+	}
+	if got := excluded(t, m, user, v1, "word4"); !slices.Equal(got, []uint32{1}) {
+		t.Fatalf("rebuilt: BODY word4 excludes %v, want [1]", got)
+	}
+}
