@@ -106,15 +106,23 @@ func partText(b *strings.Builder, h textproto.Header, body io.Reader, depth int)
 	mh := gomessage.Header{Header: h}
 	mt, params, _ := mh.ContentType()
 	switch {
-	case depth < MaxMIMEDepth && strings.HasPrefix(mt, "multipart/"):
-		mr := textproto.NewMultipartReader(body, params["boundary"])
+	case depth < MaxMIMEDepth && strings.HasPrefix(mt, "multipart/") && params["boundary"] != "":
+		// A multipart whose parts cannot be found (a boundary that never
+		// appears) is searched as written, like a leaf.
+		content, _ := io.ReadAll(io.LimitReader(body, int64(maxText-b.Len())))
+		mr := textproto.NewMultipartReader(bytes.NewReader(content), params["boundary"])
+		parts := 0
 		for {
 			p, err := mr.NextPart()
 			if err != nil {
-				return
+				break
 			}
+			parts++
 			textproto.WriteHeader(b, p.Header)
 			partText(b, p.Header, p, depth+1)
+		}
+		if parts == 0 {
+			b.Write(content)
 		}
 	case depth < MaxMIMEDepth && (mt == "message/rfc822" || mt == "message/global"):
 		br := bufio.NewReader(body)

@@ -70,3 +70,16 @@ func TestBitset(t *testing.T) {
 		t.Fatalf("or: %v", a)
 	}
 }
+
+// A multipart whose boundary is missing or never appears is searched as
+// written.
+func TestBodyTextBrokenMultipart(t *testing.T) {
+	for _, raw := range []string{
+		"Content-Type: multipart/mixed\r\n\r\nplain words here\r\n",
+		"Content-Type: multipart/mixed; boundary=zz\r\n\r\nplain words here\r\n",
+	} {
+		if got := BodyText([]byte(raw)); !strings.Contains(got, "plain words") {
+			t.Errorf("%q: body text %q", raw, got)
+		}
+	}
+}
