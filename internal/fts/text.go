@@ -80,10 +80,13 @@ var wordDecoder = &mime.WordDecoder{CharsetReader: gomessage.CharsetReader}
 // DecodeHeader decodes the RFC 2047 encoded words of a header value.
 func DecodeHeader(v string) (string, error) { return wordDecoder.DecodeHeader(v) }
 
-// BodyText returns the text BODY and TEXT search, lower-cased: the body as
-// written, with the content of base64 parts left out (it is no text anyone
-// searches for, and it would fill the index with noise), then the decoded
-// text of every text part (transfer encoding and charset undone).
+// BodyText returns the text BODY and TEXT search, lower-cased: each part's
+// header and content as written, except the content of base64 parts (no
+// text anyone searches for, and it would fill the index with noise), and
+// the decoded text of every text part (transfer encoding and charset
+// undone). A multipart's preamble, epilogue and boundary lines are not
+// searched; a multipart or message part that does not parse is searched as
+// written.
 func BodyText(raw []byte) string {
 	var b strings.Builder
 	br := bufio.NewReader(bytes.NewReader(raw))
@@ -125,9 +128,11 @@ func partText(b *strings.Builder, h textproto.Header, body io.Reader, depth int)
 			b.Write(content)
 		}
 	case depth < MaxMIMEDepth && (mt == "message/rfc822" || mt == "message/global"):
-		br := bufio.NewReader(body)
+		content, _ := io.ReadAll(io.LimitReader(body, int64(maxText-b.Len())))
+		br := bufio.NewReader(bytes.NewReader(content))
 		ch, err := textproto.ReadHeader(br)
 		if err != nil {
+			b.Write(content) // searched as written
 			return
 		}
 		textproto.WriteHeader(b, ch)
@@ -233,6 +238,13 @@ func Terms(raw []byte) map[string][]string {
 		case addrFields[key]:
 			tokens(fieldAddr+key, lv)
 			tokens(fieldAddr+key, dv)
+			// SEARCH also matches each address as parsed: comments,
+			// quotes and folding inside it gone, placeholders for a
+			// missing part (ParseAddressList).
+			for _, a := range ParseAddressList(v) {
+				tokens(fieldAddr+key, strings.ToLower(a.Mailbox+"@"+a.Host))
+				tokens(fieldAddr+key, strings.ToLower(a.Name))
+			}
 		}
 	}
 	tokens(FieldBody, BodyText(raw))
@@ -312,6 +324,10 @@ func QueryHeader(key, needle string) (Query, bool) {
 	}
 	return Query{Fields: []string{FieldHeader}, Needle: needle}, true
 }
+
+// AddressField reports whether a header field (lower-case name) holds
+// addresses that SEARCH matches as parsed too.
+func AddressField(key string) bool { return addrFields[key] }
 
 // Whole reports whether a field keeps values whole rather than tokens.
 func Whole(field string) bool { return field == FieldSubject }

@@ -77,6 +77,7 @@ func TestBodyTextBrokenMultipart(t *testing.T) {
 	for _, raw := range []string{
 		"Content-Type: multipart/mixed\r\n\r\nplain words here\r\n",
 		"Content-Type: multipart/mixed; boundary=zz\r\n\r\nplain words here\r\n",
+		"Content-Type: message/rfc822\r\n\r\nplain words here\r\n",
 	} {
 		if got := BodyText([]byte(raw)); !strings.Contains(got, "plain words") {
 			t.Errorf("%q: body text %q", raw, got)

@@ -11,6 +11,7 @@ import (
 	"github.com/emersion/go-message/mail"
 	"github.com/emersion/go-message/textproto"
 	"github.com/quillmail/quill/internal/fts"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
@@ -29,7 +30,7 @@ func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria,
 	var minModSeq, maxModSeq uint64 // of the messages MIN and MAX name
 	for i, m := range sel.msgs {
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
-		if ev.excluded(m.uid) || !ev.match(criteria, sm) {
+		if ev.excluded(m) || !ev.match(criteria, sm) {
 			continue
 		}
 		matched = append(matched, m.uid)
@@ -115,17 +116,18 @@ type evaluator struct {
 	n      uint32 // messages in the view, for "*" in sequence sets
 	maxUID uint32 // for "*" in UID sets
 	saved  map[uint32]bool
-	// skip holds, ascending, the UIDs the text index says cannot match
-	// the criteria's string keys (prefilter).
-	skip []uint32
+	// skip holds, ascending, the messages the text index says cannot
+	// match the criteria's string keys (prefilter).
+	skip []mailbox.TextSkip
 }
 
 // TextIndex is a Store whose nodes keep a text index of the messages they
 // hold (proxy.IMAPStore over mailbox/textindex.go).
 type TextIndex interface {
-	// TextExcluded returns, ascending, UIDs of messages of the mailbox
-	// that cannot match every query; it may leave out any that can't.
-	TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) ([]uint32, error)
+	// TextExcluded returns, ascending, messages of the mailbox with
+	// UIDVALIDITY v that cannot match every query; it may leave out any
+	// that can't.
+	TextExcluded(ctx context.Context, user string, v uint64, queries []fts.Query) ([]mailbox.TextSkip, error)
 }
 
 // textIndexMin is the smallest mailbox whose search asks the text index:
@@ -161,14 +163,17 @@ func (ev *evaluator) prefilter(s *session, c *imap.SearchCriteria) {
 	if len(qs) == 0 {
 		return
 	}
-	if skip, err := ti.TextExcluded(s.ctx(), s.user, s.sel.id, qs); err == nil {
+	if skip, err := ti.TextExcluded(s.ctx(), s.user, uint64(s.sel.uidValidity), qs); err == nil {
 		ev.skip = skip
 	}
 }
 
 // excluded reports whether the text index ruled the message out.
-func (ev *evaluator) excluded(uid uint32) bool {
-	_, found := slices.BinarySearch(ev.skip, uid)
+func (ev *evaluator) excluded(m *msgState) bool {
+	if len(ev.skip) == 0 {
+		return false
+	}
+	_, found := slices.BinarySearch(ev.skip, mailbox.SkipOf(m.uid, m.id))
 	return found
 }
 
@@ -237,7 +242,7 @@ func (sm *searchMsg) headerMatch(key, value string) bool {
 		// An address written with comments or folding inside it
 		// ("<user (c)@ (c) example.org>") is matched as it reads once
 		// parsed, as ENVELOPE shows it.
-		if addressField[strings.ToLower(key)] {
+		if fts.AddressField(strings.ToLower(key)) {
 			for _, a := range parseAddressList(v) {
 				if contains(strings.ToLower(a.Mailbox+"@"+a.Host), value) || contains(strings.ToLower(a.Name), value) {
 					return true
@@ -247,10 +252,6 @@ func (sm *searchMsg) headerMatch(key, value string) bool {
 	}
 	return false
 }
-
-// addressField names the header fields that hold addresses (RFC 5322
-// §3.6.2–3.6.3), lower-case.
-var addressField = map[string]bool{"from": true, "sender": true, "reply-to": true, "to": true, "cc": true, "bcc": true}
 
 func day(t time.Time) time.Time {
 	y, m, d := t.Date()

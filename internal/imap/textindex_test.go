@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/quillmail/quill/internal/fts"
+	"github.com/quillmail/quill/internal/metrics"
 )
 
 // memIndex is one message's terms as fts.Candidates reads them (doc 1).
@@ -61,10 +63,13 @@ func TestTextIndexNeverNarrower(t *testing.T) {
 		multipartMsg, exactMsg,
 		"From: \"Caf\u00e9 Owner\" <owner (the boss)@ (main) caf\u00e9.example>\r\nTo: =?utf-8?q?J=C3=BCrgen?= <j@example.org>\r\nSubject: =?iso-8859-1?q?R=E9sum=E9?= of the topic 7 meeting\r\nX-Tag: alpha-beta_gamma\r\n\r\nHello W\u00f6rld, the word12345 is here.\r\n",
 		"Subject: Long " + strings.Repeat("abcdefghij", 80) + "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\nSoft=\r\nbreak and caf=C3=A9 and " + strings.Repeat("x", 200) + "yz\r\n",
+		// Addresses SEARCH matches as parsed, not as written.
+		"From: <jo hn@x.org>, <jo(c)hn@y.org>, \"Jo\\hn\" <a@b.org>, \"Jo\"hn <c@d.org>\r\nTo: undisclosed, <@route:e@f.org>\r\nCc: group: g@h.org;\r\n\r\nx\r\n",
 		"Content-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\nContent-Type: text/plain; charset=koi8-r\r\nContent-Transfer-Encoding: base64\r\n\r\n8NLJ18XU\r\n--b\r\nContent-Type: application/pdf; name=report.pdf\r\nContent-Transfer-Encoding: base64\r\n\r\nJVBERi0xLjQK\r\n--b--\r\n",
 	}
 	needles := []string{"topic 7", "c 7 m", "word12345", "ord123", "caf\u00e9", "CAF\u00c9", "r\u00e9sum\u00e9", "owner@caf\u00e9", "the boss", "j\u00fcrgen",
 		"alpha-beta", "a-b", "hello w\u00f6", "softbreak", "soft=", "привет", "report.pdf", "pdf", "x" + strings.Repeat("x", 100) + "yz",
+		"john", "john@x", "john@y.org", "jo hn", "missing_domain", "undisclosed@", "e@f.org", "g@h", "group",
 		strings.Repeat("abcdefghij", 5), "fghij" + strings.Repeat("abcdefghij", 10), "e", "7", " ", "-", "@"}
 	for i, m := range msgs {
 		for _, key := range indexKeys {
@@ -87,6 +92,7 @@ func TestTextIndexNeverNarrower(t *testing.T) {
 func FuzzTextIndex(f *testing.F) {
 	f.Add([]byte(multipartMsg), "body", uint8(0))
 	f.Add([]byte("Subject: a b\r\nFrom: x@y\r\n\r\nhello"), "a b", uint8(2))
+	f.Add([]byte("From: <jo (c) hn@x.org>, \"Jo\\hn\" <a@b>\r\nTo: undisclosed\r\n\r\n"), "john", uint8(3))
 	f.Fuzz(func(t *testing.T, raw []byte, needle string, k uint8) {
 		if msg := indexMisses(raw, indexKeys[int(k)%len(indexKeys)], needle); msg != "" {
 			t.Fatal(msg)
@@ -125,7 +131,7 @@ func TestSearchWithTextIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The index itself rules out all but the one message with word370.
-	skip, err := e.store.TextExcluded(context.Background(), testUser, mb.ID, []fts.Query{{Fields: []string{fts.FieldBody}, Needle: "word370"}})
+	skip, err := e.store.TextExcluded(context.Background(), testUser, uint64(mb.UIDValidity), []fts.Query{{Fields: []string{fts.FieldBody}, Needle: "word370"}})
 	if err != nil || len(skip) != 300 {
 		t.Fatalf("BODY word370: index excludes %d messages (err %v), want 300 of 301", len(skip), err)
 	}
@@ -134,6 +140,12 @@ func TestSearchWithTextIndex(t *testing.T) {
 		`BODY word370`, `TEXT word37`, `BODY "ord99"`, `SUBJECT "topic 7"`, `SUBJECT "topic 7 "`, `FROM "sender 3"`, `FROM s3@example`,
 		`TEXT "café"`, `BODY "très grande"`, `SUBJECT café`, `HEADER Message-ID "m12@"`, `TEXT "with word1"`, `NOT BODY word370`,
 		`OR BODY word370 SUBJECT "topic 39"`, `BODY ""`, `TEXT e`, `SUBJECT "of 2" BODY "common"`, `TO nobody`,
+	}
+	// And a session's SEARCH goes through it: the 300 are not read.
+	before := textExcluded(t)
+	r.ok("UID SEARCH BODY word370")
+	if d := textExcluded(t) - before; d != 300 {
+		t.Fatalf("UID SEARCH BODY word370: the index ruled out %v messages, want 300", d)
 	}
 	for _, q := range searches {
 		got := strings.Join(r.ok("UID SEARCH CHARSET UTF-8 "+q), "\n")
@@ -160,4 +172,13 @@ func searchWithout(t *testing.T, e *env, q string) string {
 	r := pe.raw(true)
 	r.ok("SELECT INBOX")
 	return strings.Join(r.ok("UID SEARCH CHARSET UTF-8 "+q), "\n")
+}
+
+// textExcluded reads the node's count of messages its text index ruled out.
+func textExcluded(t *testing.T) float64 {
+	var m dto.Metric
+	if err := metrics.TextExcluded.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -532,13 +532,8 @@ func (m *Manager) FragmentUsers(bucket int, fn func(user string, messages int) e
 	defer it.Close()
 	last := ""
 	for it.First(); it.Valid(); it.Next() {
-		k := it.Key()[2:]
-		i := bytes.IndexByte(k, 0)
-		if i < 0 {
-			continue
-		}
-		user := string(k[:i])
-		if user == last {
+		user, _, ok := splitUserKey(it.Key())
+		if !ok || user == last {
 			continue
 		}
 		last = user

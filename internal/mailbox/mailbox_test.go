@@ -28,6 +28,20 @@ func newManager(t testing.TB) (*Manager, string) {
 
 const v1 = 1700000000 // a UIDVALIDITY
 
+// reopen closes m's store and returns a manager on the store reopened.
+func reopen(t *testing.T, m *Manager, dir string) *Manager {
+	t.Helper()
+	m.db.Close()
+	db, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	n := New(db)
+	n.Self = m.Self
+	return n
+}
+
 func place(user, name string, v uint32, uid uint32, modseq uint64) Placed {
 	return Placed{User: user, Mailbox: name, UIDValidity: v, UID: uid, ModSeq: modseq}
 }
@@ -68,13 +82,7 @@ func TestStoreAtAndRead(t *testing.T) {
 		t.Fatalf("INBOX record %+v %v", mb, err)
 	}
 	// Durable across a reopen.
-	m.db.Close()
-	db, err := store.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	m = New(db)
+	m = reopen(t, m, dir)
 	if d := fragment(t, m, "a@x.org", v1); len(d.Messages) != 1 || d.HighestModSeq != 9 {
 		t.Fatalf("after reopen %+v", d)
 	}

@@ -253,8 +253,10 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 		if err := t.dropBody(o); err != nil {
 			return 0, err
 		}
-		if err := t.moveText(o.User, o.ID, docLoc{}); err != nil {
-			return 0, err
+		if rec != nil && !rec.Deleted { // only a message held here can have a document
+			if err := t.moveText(o.User, o.ID, docLoc{}); err != nil {
+				return 0, err
+			}
 		}
 		return replica.Applied, t.putJSON(objectKey(o.User, o.ID), &objectRecord{Stamp: u.Stamp, Deleted: true})
 	}
@@ -333,12 +335,11 @@ func (m *Manager) eachRecord(fn func(user string, v []byte) error) error {
 	}
 	defer it.Close()
 	for it.First(); it.Valid(); it.Next() {
-		k := it.Key()[2:]
-		i := bytes.IndexByte(k, 0)
-		if i < 0 {
+		user, _, ok := splitUserKey(it.Key())
+		if !ok {
 			continue
 		}
-		if err := fn(string(k[:i]), it.Value()); err != nil {
+		if err := fn(user, it.Value()); err != nil {
 			return err
 		}
 	}

@@ -8,7 +8,6 @@ package mailbox
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,7 +31,7 @@ type Fragments interface {
 	DropUser(ctx context.Context, req *FragmentRequest) error
 	Audit(ctx context.Context, req *AuditRequest) (*AuditReply, error)
 	Body(ctx context.Context, req *BodyRequest) (*BodyReply, error)
-	TextExcluded(ctx context.Context, req *TextRequest) ([]uint32, error)
+	TextExcluded(ctx context.Context, req *TextRequest) ([]TextSkip, error)
 }
 
 // TextRequest asks a node's text index which messages of a mailbox it
@@ -87,7 +86,7 @@ func (l local) Body(ctx context.Context, r *BodyRequest) (*BodyReply, error) {
 	return &BodyReply{Raw: b}, nil
 }
 
-func (l local) TextExcluded(ctx context.Context, r *TextRequest) ([]uint32, error) {
+func (l local) TextExcluded(ctx context.Context, r *TextRequest) ([]TextSkip, error) {
 	return l.m.TextExcluded(r.User, r.UIDValidity, r.Queries)
 }
 
@@ -162,7 +161,7 @@ func (r remoteFragments) Body(ctx context.Context, req *BodyRequest) (*BodyReply
 	return &BodyReply{Raw: p.Raw}, nil
 }
 
-func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) ([]uint32, error) {
+func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) ([]TextSkip, error) {
 	c, err := r.client()
 	if err != nil {
 		return nil, err
@@ -171,7 +170,11 @@ func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) ([]
 	if err != nil {
 		return nil, err
 	}
-	return decodeUIDs(p.Excluded)
+	out := make([]TextSkip, len(p.Skips))
+	for i, s := range p.Skips {
+		out[i] = TextSkip(s)
+	}
+	return out, nil
 }
 
 // Register exposes the mailbox manager's remote operations.
@@ -232,11 +235,15 @@ func (s fragmentServer) TextExcluded(ctx context.Context, p *nodepb.TextRequest)
 	for _, q := range p.Queries {
 		req.Queries = append(req.Queries, fts.Query{Fields: q.Fields, Needle: q.Needle})
 	}
-	uids, err := s.l.TextExcluded(ctx, req)
+	skips, err := s.l.TextExcluded(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	return &nodepb.TextReply{Excluded: encodeUIDs(uids)}, nil
+	rep := &nodepb.TextReply{Skips: make([]uint64, len(skips))}
+	for i, s := range skips {
+		rep.Skips[i] = uint64(s)
+	}
+	return rep, nil
 }
 
 // maxTextQueries bounds the string criteria one search asks a node about.
@@ -248,33 +255,6 @@ func (r *TextRequest) toPB() *nodepb.TextRequest {
 		p.Queries = append(p.Queries, &nodepb.TextQuery{Fields: q.Fields, Needle: q.Needle})
 	}
 	return p
-}
-
-// encodeUIDs writes ascending UIDs as uvarint gaps: the few bytes a UID
-// of a mostly dense mailbox takes.
-func encodeUIDs(uids []uint32) []byte {
-	var b []byte
-	last := uint32(0)
-	for _, u := range uids {
-		b = binary.AppendUvarint(b, uint64(u-last))
-		last = u
-	}
-	return b
-}
-
-func decodeUIDs(b []byte) ([]uint32, error) {
-	var out []uint32
-	last := uint64(0)
-	for len(b) > 0 {
-		d, n := binary.Uvarint(b)
-		if n <= 0 || last+d > 1<<32-1 {
-			return nil, errors.New("text index reply: bad UID list")
-		}
-		last += d
-		out = append(out, uint32(last))
-		b = b[n:]
-	}
-	return out, nil
 }
 
 func (r *FragmentRequest) toPB() *nodepb.FragmentRequest {

@@ -3,14 +3,15 @@ package mailbox
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/fts"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/store"
 )
 
@@ -67,8 +68,22 @@ func toIndexKey(user, id string) []byte {
 }
 
 // docLoc is where a document's message is: its mailbox's UIDVALIDITY and
-// its UID (v 0: no document).
-type docLoc struct{ v, uid uint32 }
+// its UID (v 0: no document), and which message it is (IDHash).
+type docLoc struct{ v, uid, idh uint32 }
+
+// TextSkip names a message a search can leave out: its UID in the high
+// half, the hash of its message id in the low half, so skips sort by UID
+// and a session leaves a message out only if both agree.
+type TextSkip uint64
+
+// SkipOf returns the TextSkip of message id under uid.
+func SkipOf(uid uint32, id string) TextSkip { return TextSkip(uint64(uid)<<32 | uint64(idHash(id))) }
+
+func idHash(id string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return h.Sum32()
+}
 
 // textCacheUsers bounds how many users' documents and vocabularies stay in
 // memory between searches.
@@ -128,6 +143,17 @@ func (m *Manager) lockText(user string) *userText {
 	}
 }
 
+// cachedText returns the user's userText, locked, if memory holds it.
+func (m *Manager) cachedText(user string) *userText {
+	m.text.mu.Lock()
+	_, ok := m.text.users[user]
+	m.text.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return m.lockText(user)
+}
+
 // textChange is a document change a committed batch made: the cache
 // follows it once the batch is durable.
 type textChange struct {
@@ -161,6 +187,7 @@ func (t *tx) moveText(user, id string, loc docLoc) error {
 	if loc.v == 0 {
 		err = errors.Join(t.b.Delete(dk), t.b.Delete(textKey(user, textID, []byte(id))))
 	} else {
+		loc.idh = idHash(id)
 		err = t.b.Set(dk, docValue(loc, id))
 	}
 	t.textChanges = append(t.textChanges, textChange{user: user, doc: doc, loc: loc})
@@ -177,14 +204,17 @@ func docValue(loc docLoc, id string) []byte {
 // the indexer.
 func (t *tx) textCommitted() {
 	for _, c := range t.textChanges {
-		ut := t.m.lockText(c.user)
+		ut := t.m.cachedText(c.user)
+		if ut == nil {
+			continue // not in memory: a later load reads the change
+		}
 		if ut.docs != nil && int(c.doc) < len(ut.docs) {
 			ut.docs[c.doc] = c.loc
 		}
 		ut.mu.Unlock()
 	}
 	if t.textQueued {
-		t.m.WakeTextIndex()
+		t.m.wakeTextIndex()
 	}
 }
 
@@ -210,8 +240,8 @@ func (m *Manager) forgetText(user string) {
 	ut.mu.Unlock()
 }
 
-// WakeTextIndex tells the indexer there is work queued.
-func (m *Manager) WakeTextIndex() {
+// wakeTextIndex tells the indexer there is work queued.
+func (m *Manager) wakeTextIndex() {
 	m.text.mu.Lock()
 	if m.text.wake == nil {
 		m.text.wake = make(chan struct{}, 1)
@@ -234,7 +264,7 @@ const textIndexIdle = 10 * time.Second
 // queues every message held here that has no document yet (a store made
 // before the index existed, or an index dropped to be rebuilt).
 func (m *Manager) RunTextIndex(stop <-chan struct{}) {
-	m.WakeTextIndex()
+	m.wakeTextIndex()
 	m.text.mu.Lock()
 	wake := m.text.wake
 	m.text.mu.Unlock()
@@ -274,15 +304,17 @@ func (m *Manager) RunTextIndex(stop <-chan struct{}) {
 }
 
 // textIndexVersion names the index's layout: a node whose store was
-// indexed under another (or none) queues everything again.
+// indexed under another (or none) queues every message held here that has
+// no document. (A layout that changes documents must also drop the old
+// keys.)
 const textIndexVersion = "1"
 
 func textVersionKey() []byte {
 	return append(store.KindPrefix(store.KindNode), "text-index-version"...)
 }
 
-// queueUnindexed queues each live message object that has neither a
-// document nor a queue entry, once per layout version.
+// queueUnindexed queues each message held here that has no document, once
+// per layout version.
 func (m *Manager) queueUnindexed() error {
 	if v, closer, err := m.db.Get(textVersionKey()); err == nil {
 		same := string(v) == textIndexVersion
@@ -296,15 +328,16 @@ func (m *Manager) queueUnindexed() error {
 	b := m.db.NewBatch()
 	defer func() { b.Close() }()
 	queued := 0
-	err := m.eachObject(func(user, id string, rec *objectRecord) error {
-		if rec.Deleted {
+	err := m.eachRecord(func(user string, v []byte) error {
+		var msg Message
+		if err := decodeMessage(v, &msg); err != nil {
 			return nil
 		}
-		if has, err := m.hasKey(textKey(user, textID, []byte(id))); err != nil || has {
+		if has, err := m.hasKey(textKey(user, textID, []byte(msg.ID))); err != nil || has {
 			return err
 		}
 		queued++
-		if err := b.Set(toIndexKey(user, id), nil); err != nil {
+		if err := b.Set(toIndexKey(user, msg.ID), nil); err != nil {
 			return err
 		}
 		if queued%4096 == 0 {
@@ -330,30 +363,8 @@ func (m *Manager) queueUnindexed() error {
 
 func (m *Manager) hasKey(k []byte) (bool, error) { return hasIn(m.db, k) }
 
-// eachObject calls fn for every message object record this node keeps.
-func (m *Manager) eachObject(fn func(user, id string, rec *objectRecord) error) error {
-	it, err := m.db.PrefixIter(nil, store.KindPrefix(store.KindObject))
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
-		user, id, ok := splitUserKey(it.Key())
-		if !ok {
-			continue
-		}
-		var rec objectRecord
-		if err := json.Unmarshal(it.Value(), &rec); err != nil {
-			continue
-		}
-		if err := fn(user, id, &rec); err != nil {
-			return err
-		}
-	}
-	return it.Error()
-}
-
-// splitUserKey splits kind, bucket, user 0 rest.
+// splitUserKey splits a key of UserPrefix's layout: kind, bucket, user 0
+// rest.
 func splitUserKey(k []byte) (user, rest string, ok bool) {
 	if len(k) < 3 {
 		return "", "", false
@@ -402,8 +413,10 @@ func (m *Manager) indexFrom(from []byte, max int) (int, []byte, error) {
 		return 0, nil, err
 	}
 	for _, x := range items {
+		// One message that fails stays queued for the next pass and does
+		// not hold up the others.
 		if err := m.indexOne(x.user, x.id); err != nil {
-			return 0, nil, fmt.Errorf("user %s message %s: %w", x.user, x.id, err)
+			m.logf("text index: user %s message %s: %v", x.user, x.id, err)
 		}
 	}
 	return len(items), last, nil
@@ -449,7 +462,7 @@ func (m *Manager) indexOne(user, id string) error {
 		}
 	}
 	doc := ut.next
-	loc := docLoc{v: rec.UIDValidity, uid: rec.UID}
+	loc := docLoc{v: rec.UIDValidity, uid: rec.UID, idh: idHash(id)}
 	if err := errors.Join(
 		b.Set(textKey(user, textDoc, docBytes(doc)), docValue(loc, id)),
 		b.Set(textKey(user, textID, []byte(id)), docBytes(doc)),
@@ -526,34 +539,41 @@ func (m *Manager) readNextDoc(user string) (uint32, error) {
 	return binary.BigEndian.Uint32(v), nil
 }
 
-// TextExcluded returns, sorted, the UIDs of the messages of the mailbox
+// TextExcluded returns, sorted, the skips of the messages of the mailbox
 // with UIDVALIDITY v held and indexed here that cannot match every one of
 // the queries. Messages not indexed yet are never in it.
-func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) ([]uint32, error) {
+func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) ([]TextSkip, error) {
 	ut := m.lockText(user)
 	defer ut.mu.Unlock()
 	if err := m.loadDocs(ut, user); err != nil {
 		return nil, fmt.Errorf("user %s: text index: %w", user, err)
 	}
+	// A message must be a candidate of every query; one pass then names
+	// the documents of the mailbox that are not.
 	ix := textReader{m: m, ut: ut, user: user}
-	var out []uint32
-	seen := map[uint32]bool{}
+	var cand fts.Bitset
+	narrowed := false
 	for _, q := range queries {
 		docs, ok, err := fts.Candidates(ix, q)
 		if err != nil {
 			return nil, fmt.Errorf("user %s: text index: %w", user, err)
 		}
-		if !ok {
-			continue
+		switch {
+		case !ok:
+		case !narrowed:
+			cand, narrowed = docs, true
+		default:
+			cand.And(docs)
 		}
-		for d, loc := range ut.docs {
-			if loc.v == v && loc.v != 0 && !docs.Has(uint32(d)) && !seen[loc.uid] {
-				seen[loc.uid] = true
-				out = append(out, loc.uid)
-			}
+	}
+	var out []TextSkip
+	for d, loc := range ut.docs {
+		if narrowed && loc.v == v && !cand.Has(uint32(d)) {
+			out = append(out, TextSkip(uint64(loc.uid)<<32|uint64(loc.idh)))
 		}
 	}
 	slices.Sort(out)
+	metrics.TextExcluded.Add(float64(len(out)))
 	return out, nil
 }
 
@@ -577,7 +597,7 @@ func (m *Manager) loadDocs(ut *userText, user string) error {
 		for len(docs) <= int(doc) {
 			docs = append(docs, docLoc{})
 		}
-		docs[doc] = docLoc{v: binary.BigEndian.Uint32(v), uid: binary.BigEndian.Uint32(v[4:])}
+		docs[doc] = docLoc{v: binary.BigEndian.Uint32(v), uid: binary.BigEndian.Uint32(v[4:]), idh: idHash(string(v[8:]))}
 	}
 	if err := it.Error(); err != nil {
 		return err

@@ -43,10 +43,15 @@ var (
 		[]string{"outcome"})
 	QueueEntries = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "quill_queue_entries", Help: "Outbound queue entries this node holds a replica of."})
+	// TextExcluded counts the messages this node's text index ruled out
+	// of searches (asked by any node's IMAP session): what a search did
+	// not have to read.
+	TextExcluded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_text_index_excluded_total", Help: "Messages this node's text index ruled out of SEARCH and SORT, for sessions on any node."})
 )
 
 func init() {
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
-		Queued, Outbound, QueueEntries,
+		Queued, Outbound, QueueEntries, TextExcluded,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

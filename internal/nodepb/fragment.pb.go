@@ -650,10 +650,12 @@ func (x *TextRequest) GetQueries() []*TextQuery {
 }
 
 // TextReply names the messages held and indexed there that cannot match:
-// their UIDs, ascending, each as a uvarint of its distance from the last.
+// each one's UID and a hash of its message id (mailbox.TextSkip), so a
+// UID that named another message there (renumbered after a partition)
+// excludes nothing.
 type TextReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Excluded      []byte                 `protobuf:"bytes,1,opt,name=excluded,proto3" json:"excluded,omitempty"`
+	Skips         []uint64               `protobuf:"varint,1,rep,packed,name=skips,proto3" json:"skips,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -688,9 +690,9 @@ func (*TextReply) Descriptor() ([]byte, []int) {
 	return file_quill_v1_fragment_proto_rawDescGZIP(), []int{11}
 }
 
-func (x *TextReply) GetExcluded() []byte {
+func (x *TextReply) GetSkips() []uint64 {
 	if x != nil {
-		return x.Excluded
+		return x.Skips
 	}
 	return nil
 }
@@ -739,9 +741,9 @@ const file_quill_v1_fragment_proto_rawDesc = "" +
 	"\vTextRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12!\n" +
 	"\fuid_validity\x18\x02 \x01(\rR\vuidValidity\x12-\n" +
-	"\aqueries\x18\x03 \x03(\v2\x13.quill.v1.TextQueryR\aqueries\"'\n" +
-	"\tTextReply\x12\x1a\n" +
-	"\bexcluded\x18\x01 \x01(\fR\bexcluded2\xd9\x02\n" +
+	"\aqueries\x18\x03 \x03(\v2\x13.quill.v1.TextQueryR\aqueries\"!\n" +
+	"\tTextReply\x12\x14\n" +
+	"\x05skips\x18\x01 \x03(\x04R\x05skips2\xd9\x02\n" +
 	"\bFragment\x12:\n" +
 	"\x03Get\x12\x19.quill.v1.FragmentRequest\x1a\x18.quill.v1.FragmentDigest\x122\n" +
 	"\x04Drop\x12\x19.quill.v1.FragmentRequest\x1a\x0f.quill.v1.Empty\x126\n" +

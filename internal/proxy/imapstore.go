@@ -433,7 +433,7 @@ const textTimeout = 2 * time.Second
 // cannot match every query, and returns the union. A message is left out
 // if any node holding it says so (each replica indexes the same bytes); a
 // node that fails or is late excludes nothing, which costs only reading.
-func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) ([]uint32, error) {
+func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) ([]mailbox.TextSkip, error) {
 	user = userdb.Normalize(user)
 	_, mailMap, err := s.P.Users.Lookup(ctx, user)
 	if err != nil {
@@ -449,7 +449,7 @@ func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, 
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
-		answers [][]uint32
+		answers [][]mailbox.TextSkip
 	)
 	for _, n := range mailMap {
 		if !live[n] {
@@ -458,12 +458,12 @@ func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			uids, err := s.P.Boxes.On(s.P.Peers, n).TextExcluded(ctx, req)
+			skips, err := s.P.Boxes.On(s.P.Peers, n).TextExcluded(ctx, req)
 			if err != nil {
 				return
 			}
 			mu.Lock()
-			answers = append(answers, uids)
+			answers = append(answers, skips)
 			mu.Unlock()
 		}()
 	}
