@@ -29,6 +29,33 @@ func Candidates(ix Index, q Query) (docs Bitset, ok bool, err error) {
 	return docs, true, nil
 }
 
+// Sure returns the documents that certainly match q, so SEARCH need not
+// read them for it: those holding, in a whole field of q, a value that
+// contains the needle. A whole field keeps exactly the values SEARCH
+// compares for its key (Terms: each value unfolded, as written and
+// decoded, lower-cased), so such a value is the match itself; a value too
+// long to keep (LongValue) proves nothing. Token fields prove nothing.
+func Sure(ix Index, q Query) (docs Bitset, err error) {
+	n := strings.ToLower(q.Needle)
+	for _, f := range q.Fields {
+		if !Whole(f) {
+			continue
+		}
+		terms, err := ix.Terms(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range terms {
+			if t != LongValue && strings.Contains(t, n) {
+				if err := union(ix, &docs, f, t); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return docs, nil
+}
+
 func fieldCandidates(ix Index, field, needle string) (Bitset, bool, error) {
 	terms, err := ix.Terms(field)
 	if err != nil {

@@ -18,7 +18,8 @@
 // than substring match. Terms are runs of letters and digits; a needle's
 // term must be contained in some term of the message (so a needle that
 // starts or ends inside a word still finds it), and the Subject is also kept
-// whole, so SUBJECT "topic 7" is answered exactly.
+// whole, so SUBJECT "topic 7" is answered exactly, without reading the
+// messages it matches (Sure).
 package fts
 
 import (
@@ -329,7 +330,9 @@ func QueryHeader(key, needle string) (Query, bool) {
 // addresses that SEARCH matches as parsed too.
 func AddressField(key string) bool { return addrFields[key] }
 
-// Whole reports whether a field keeps values whole rather than tokens.
+// Whole reports whether a field keeps values whole rather than tokens:
+// exactly the values SEARCH compares for its header key, so that the index
+// can prove a match as well as rule one out (Sure).
 func Whole(field string) bool { return field == FieldSubject }
 
 // NeedleTokens returns the pieces of a needle that every term-holding field

@@ -29,8 +29,11 @@ func (s *session) Search(kind imapserver.NumKind, criteria *imap.SearchCriteria,
 	var matched []uint32
 	var minModSeq, maxModSeq uint64 // of the messages MIN and MAX name
 	for i, m := range sel.msgs {
+		if ev.excluded(m) {
+			continue
+		}
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
-		if ev.excluded(m) || !ev.match(criteria, sm) {
+		if !ev.match(criteria, sm) {
 			continue
 		}
 		matched = append(matched, m.uid)
@@ -119,15 +122,18 @@ type evaluator struct {
 	// skip holds, ascending, the messages the text index says cannot
 	// match the criteria's string keys (prefilter).
 	skip []mailbox.TextSkip
+	// sure holds, by header key (lower-case) and value, ascending, the
+	// messages the text index says certainly match that key.
+	sure map[[2]string][]mailbox.TextSkip
 }
 
 // TextIndex is a Store whose nodes keep a text index of the messages they
 // hold (proxy.IMAPStore over mailbox/textindex.go).
 type TextIndex interface {
 	// TextExcluded returns, ascending, messages of the mailbox with
-	// UIDVALIDITY v that cannot match every query; it may leave out any
-	// that can't.
-	TextExcluded(ctx context.Context, user string, v uint64, queries []fts.Query) ([]mailbox.TextSkip, error)
+	// UIDVALIDITY v that cannot match every query, and for each query
+	// messages that certainly match it; it may leave out any of either.
+	TextExcluded(ctx context.Context, user string, v uint64, queries []fts.Query) (*mailbox.TextAnswer, error)
 }
 
 // textIndexMin is the smallest mailbox whose search asks the text index:
@@ -144,27 +150,42 @@ func (ev *evaluator) prefilter(s *session, c *imap.SearchCriteria) {
 		return
 	}
 	var qs []fts.Query
-	add := func(q fts.Query, ok bool) {
+	var keys [][2]string // the header key and value of qs[i], if any
+	add := func(q fts.Query, ok bool, key [2]string) {
 		if ok {
 			qs = append(qs, q)
+			keys = append(keys, key)
 		}
 	}
 	for _, hf := range c.Header {
 		if hf.Key != imapserver.SearchKeyEmailID && hf.Key != imapserver.SearchKeyThreadID {
-			add(fts.QueryHeader(hf.Key, hf.Value))
+			q, ok := fts.QueryHeader(hf.Key, hf.Value)
+			add(q, ok, [2]string{strings.ToLower(hf.Key), hf.Value})
 		}
 	}
 	for _, b := range c.Body {
-		add(fts.QueryBody(b))
+		q, ok := fts.QueryBody(b)
+		add(q, ok, [2]string{})
 	}
 	for _, t := range c.Text {
-		add(fts.QueryText(t))
+		q, ok := fts.QueryText(t)
+		add(q, ok, [2]string{})
 	}
 	if len(qs) == 0 {
 		return
 	}
-	if skip, err := ti.TextExcluded(s.ctx(), s.user, uint64(s.sel.uidValidity), qs); err == nil {
-		ev.skip = skip
+	a, err := ti.TextExcluded(s.ctx(), s.user, uint64(s.sel.uidValidity), qs)
+	if err != nil {
+		return
+	}
+	ev.skip = a.Skip
+	for i, sure := range a.Sure {
+		if i < len(keys) && keys[i][0] != "" && len(sure) > 0 {
+			if ev.sure == nil {
+				ev.sure = map[[2]string][]mailbox.TextSkip{}
+			}
+			ev.sure[keys[i]] = sure
+		}
 	}
 }
 
@@ -173,7 +194,19 @@ func (ev *evaluator) excluded(m *msgState) bool {
 	if len(ev.skip) == 0 {
 		return false
 	}
-	_, found := slices.BinarySearch(ev.skip, mailbox.SkipOf(m.uid, m.id))
+	_, found := slices.BinarySearch(ev.skip, m.skip())
+	return found
+}
+
+// proven reports whether the text index proved that the message matches
+// header key with value (a key and value the same wherever they stand in
+// the criteria).
+func (ev *evaluator) proven(m *msgState, key, value string) bool {
+	sure := ev.sure[[2]string{strings.ToLower(key), value}]
+	if len(sure) == 0 {
+		return false
+	}
+	_, found := slices.BinarySearch(sure, m.skip())
 	return found
 }
 
@@ -333,6 +366,9 @@ func (ev *evaluator) match(c *imap.SearchCriteria, sm *searchMsg) bool {
 			continue
 		case imapserver.SearchKeyThreadID:
 			return false // no thread ids (objectid.go)
+		}
+		if ev.proven(m, hf.Key, hf.Value) {
+			continue
 		}
 		if sm.load() == nil || !sm.headerMatch(hf.Key, hf.Value) {
 			return false

@@ -55,6 +55,17 @@ type msgState struct {
 	modSeq uint64
 	recent bool
 	gone   bool // expunged elsewhere, EXPUNGE not yet sent
+	// skipKey is mailbox.SkipOf(uid, id), made at the first search that
+	// asks the text index (0: not yet; a UID is never 0).
+	skipKey mailbox.TextSkip
+}
+
+// skip returns how the text index names the message.
+func (m *msgState) skip() mailbox.TextSkip {
+	if m.skipKey == 0 {
+		m.skipKey = mailbox.SkipOf(m.uid, m.id)
+	}
+	return m.skipKey
 }
 
 func newMsgState(m *mailbox.Message) *msgState {

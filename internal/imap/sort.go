@@ -57,8 +57,11 @@ func (s *session) matching(cmd string, criteria *imap.SearchCriteria, keys bool)
 	}
 	var out []sortMsg
 	for i, m := range sel.msgs {
+		if ev.excluded(m) {
+			continue
+		}
 		sm := &searchMsg{s: s, m: m, seq: uint32(i + 1)}
-		if ev.excluded(m) || !ev.match(criteria, sm) {
+		if !ev.match(criteria, sm) {
 			continue
 		}
 		if !keys {

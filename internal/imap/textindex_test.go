@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/internal/metrics"
@@ -28,7 +29,9 @@ func (m memIndex) Postings(field, term string) ([]uint32, error) {
 }
 
 // indexMisses reports a string criterion that the message matches but the
-// text index would rule out: the index must never be narrower than SEARCH.
+// text index would rule out, or that it does not match but the index would
+// take as proven: the index must never be narrower than SEARCH, nor its
+// proofs wider.
 func indexMisses(raw []byte, key, needle string) string {
 	var c imap.SearchCriteria
 	var q fts.Query
@@ -46,7 +49,14 @@ func indexMisses(raw []byte, key, needle string) string {
 	}
 	sm := &searchMsg{loaded: true, raw: raw, m: &msgState{}}
 	ev := &evaluator{saved: map[uint32]bool{}}
-	if !ev.match(&c, sm) || !ok {
+	matches := ev.match(&c, sm)
+	if !ok {
+		return ""
+	}
+	if sure, err := fts.Sure(memIndex(fts.Terms(raw)), q); err != nil || (sure.Has(1) && !matches) {
+		return fmt.Sprintf("%s %q does not match the message but the index proves it does (err %v)", key, needle, err)
+	}
+	if !matches {
 		return ""
 	}
 	docs, narrowed, err := fts.Candidates(memIndex(fts.Terms(raw)), q)
@@ -131,21 +141,29 @@ func TestSearchWithTextIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The index itself rules out all but the one message with word370.
-	skip, err := e.store.TextExcluded(context.Background(), testUser, uint64(mb.UIDValidity), []fts.Query{{Fields: []string{fts.FieldBody}, Needle: "word370"}})
-	if err != nil || len(skip) != 300 {
-		t.Fatalf("BODY word370: index excludes %d messages (err %v), want 300 of 301", len(skip), err)
+	a, err := e.store.TextExcluded(context.Background(), testUser, uint64(mb.UIDValidity), []fts.Query{{Fields: []string{fts.FieldBody}, Needle: "word370"}})
+	if err != nil || len(a.Skip) != 300 {
+		t.Fatalf("BODY word370: index excludes %v (err %v), want 300 of 301", a, err)
 	}
 
 	searches := []string{
 		`BODY word370`, `TEXT word37`, `BODY "ord99"`, `SUBJECT "topic 7"`, `SUBJECT "topic 7 "`, `FROM "sender 3"`, `FROM s3@example`,
 		`TEXT "café"`, `BODY "très grande"`, `SUBJECT café`, `HEADER Message-ID "m12@"`, `TEXT "with word1"`, `NOT BODY word370`,
 		`OR BODY word370 SUBJECT "topic 39"`, `BODY ""`, `TEXT e`, `SUBJECT "of 2" BODY "common"`, `TO nobody`,
+		`SUBJECT "topic 3" NOT SUBJECT "of 1"`, `SUBJECT "TOPIC 1" SUBJECT "of 0"`, `SUBJECT "caf"`, `SUBJECT ""`,
 	}
 	// And a session's SEARCH goes through it: the 300 are not read.
 	before := textExcluded(t)
 	r.ok("UID SEARCH BODY word370")
 	if d := textExcluded(t) - before; d != 300 {
 		t.Fatalf("UID SEARCH BODY word370: the index ruled out %v messages, want 300", d)
+	}
+	// A SUBJECT the index proves is not read either: the 300 messages
+	// whose subjects hold "topic" are matched from it.
+	before = textSure(t)
+	r.ok(`UID SEARCH SUBJECT "topic"`)
+	if d := textSure(t) - before; d != 300 {
+		t.Fatalf("UID SEARCH SUBJECT topic: the index proved %v messages, want 300", d)
 	}
 	for _, q := range searches {
 		got := strings.Join(r.ok("UID SEARCH CHARSET UTF-8 "+q), "\n")
@@ -175,9 +193,14 @@ func searchWithout(t *testing.T, e *env, q string) string {
 }
 
 // textExcluded reads the node's count of messages its text index ruled out.
-func textExcluded(t *testing.T) float64 {
+func textExcluded(t *testing.T) float64 { return counter(t, metrics.TextExcluded) }
+
+// textSure reads the node's count of matches its text index proved.
+func textSure(t *testing.T) float64 { return counter(t, metrics.TextSure) }
+
+func counter(t *testing.T, c prometheus.Counter) float64 {
 	var m dto.Metric
-	if err := metrics.TextExcluded.Write(&m); err != nil {
+	if err := c.Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()

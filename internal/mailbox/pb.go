@@ -31,11 +31,12 @@ type Fragments interface {
 	DropUser(ctx context.Context, req *FragmentRequest) error
 	Audit(ctx context.Context, req *AuditRequest) (*AuditReply, error)
 	Body(ctx context.Context, req *BodyRequest) (*BodyReply, error)
-	TextExcluded(ctx context.Context, req *TextRequest) ([]TextSkip, error)
+	TextExcluded(ctx context.Context, req *TextRequest) (*TextAnswer, error)
 }
 
 // TextRequest asks a node's text index which messages of a mailbox it
-// holds cannot match every query (Manager.TextExcluded).
+// holds cannot match every query, and which certainly match each
+// (Manager.TextExcluded).
 type TextRequest struct {
 	User        string
 	UIDValidity uint32
@@ -86,7 +87,7 @@ func (l local) Body(ctx context.Context, r *BodyRequest) (*BodyReply, error) {
 	return &BodyReply{Raw: b}, nil
 }
 
-func (l local) TextExcluded(ctx context.Context, r *TextRequest) ([]TextSkip, error) {
+func (l local) TextExcluded(ctx context.Context, r *TextRequest) (*TextAnswer, error) {
 	return l.m.TextExcluded(r.User, r.UIDValidity, r.Queries)
 }
 
@@ -161,7 +162,7 @@ func (r remoteFragments) Body(ctx context.Context, req *BodyRequest) (*BodyReply
 	return &BodyReply{Raw: p.Raw}, nil
 }
 
-func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) ([]TextSkip, error) {
+func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) (*TextAnswer, error) {
 	c, err := r.client()
 	if err != nil {
 		return nil, err
@@ -170,11 +171,30 @@ func (r remoteFragments) TextExcluded(ctx context.Context, req *TextRequest) ([]
 	if err != nil {
 		return nil, err
 	}
-	out := make([]TextSkip, len(p.Skips))
-	for i, s := range p.Skips {
-		out[i] = TextSkip(s)
+	out := &TextAnswer{Skip: skipsFromPB(p.Skips), Sure: make([][]TextSkip, len(req.Queries))}
+	for _, s := range p.Sure {
+		if int(s.Query) >= len(out.Sure) {
+			return nil, fmt.Errorf("text index answer: query %d of %d", s.Query, len(out.Sure))
+		}
+		out.Sure[s.Query] = skipsFromPB(s.Skips)
 	}
 	return out, nil
+}
+
+func skipsFromPB(p []uint64) []TextSkip {
+	out := make([]TextSkip, len(p))
+	for i, s := range p {
+		out[i] = TextSkip(s)
+	}
+	return out
+}
+
+func skipsToPB(skips []TextSkip) []uint64 {
+	out := make([]uint64, len(skips))
+	for i, s := range skips {
+		out[i] = uint64(s)
+	}
+	return out
 }
 
 // Register exposes the mailbox manager's remote operations.
@@ -235,13 +255,15 @@ func (s fragmentServer) TextExcluded(ctx context.Context, p *nodepb.TextRequest)
 	for _, q := range p.Queries {
 		req.Queries = append(req.Queries, fts.Query{Fields: q.Fields, Needle: q.Needle})
 	}
-	skips, err := s.l.TextExcluded(ctx, req)
+	a, err := s.l.TextExcluded(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	rep := &nodepb.TextReply{Skips: make([]uint64, len(skips))}
-	for i, s := range skips {
-		rep.Skips[i] = uint64(s)
+	rep := &nodepb.TextReply{Skips: skipsToPB(a.Skip)}
+	for i, sure := range a.Sure {
+		if len(sure) > 0 {
+			rep.Sure = append(rep.Sure, &nodepb.TextSure{Query: uint32(i), Skips: skipsToPB(sure)})
+		}
 	}
 	return rep, nil
 }

@@ -539,10 +539,21 @@ func (m *Manager) readNextDoc(user string) (uint32, error) {
 	return binary.BigEndian.Uint32(v), nil
 }
 
-// TextExcluded returns, sorted, the skips of the messages of the mailbox
-// with UIDVALIDITY v held and indexed here that cannot match every one of
-// the queries. Messages not indexed yet are never in it.
-func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) ([]TextSkip, error) {
+// TextAnswer is what a node's text index says about a search's string
+// queries on one mailbox.
+type TextAnswer struct {
+	// Skip names, sorted, the messages that cannot match every query.
+	Skip []TextSkip
+	// Sure[i] names, sorted, the messages that certainly match
+	// queries[i] (fts.Sure; nil for a query the index cannot prove).
+	Sure [][]TextSkip
+}
+
+// TextExcluded answers for the messages of the mailbox with UIDVALIDITY v
+// held and indexed here: those that cannot match every one of the queries,
+// and for each query those that certainly match it. Messages not indexed
+// yet are in neither.
+func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) (*TextAnswer, error) {
 	ut := m.lockText(user)
 	defer ut.mu.Unlock()
 	if err := m.loadDocs(ut, user); err != nil {
@@ -553,7 +564,8 @@ func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) ([]Te
 	ix := textReader{m: m, ut: ut, user: user}
 	var cand fts.Bitset
 	narrowed := false
-	for _, q := range queries {
+	out := &TextAnswer{Sure: make([][]TextSkip, len(queries))}
+	for i, q := range queries {
 		docs, ok, err := fts.Candidates(ix, q)
 		if err != nil {
 			return nil, fmt.Errorf("user %s: text index: %w", user, err)
@@ -565,16 +577,33 @@ func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) ([]Te
 		default:
 			cand.And(docs)
 		}
+		sure, err := fts.Sure(ix, q)
+		if err != nil {
+			return nil, fmt.Errorf("user %s: text index: %w", user, err)
+		}
+		if !sure.Empty() {
+			out.Sure[i] = ut.skips(v, func(d uint32) bool { return sure.Has(d) })
+			metrics.TextSure.Add(float64(len(out.Sure[i])))
+		}
 	}
+	if narrowed {
+		out.Skip = ut.skips(v, func(d uint32) bool { return !cand.Has(d) })
+	}
+	metrics.TextExcluded.Add(float64(len(out.Skip)))
+	return out, nil
+}
+
+// skips returns, sorted, the skips of the documents of mailbox v that pick
+// chooses.
+func (ut *userText) skips(v uint32, pick func(doc uint32) bool) []TextSkip {
 	var out []TextSkip
 	for d, loc := range ut.docs {
-		if narrowed && loc.v == v && !cand.Has(uint32(d)) {
+		if loc.v == v && pick(uint32(d)) {
 			out = append(out, TextSkip(uint64(loc.uid)<<32|uint64(loc.idh)))
 		}
 	}
 	slices.Sort(out)
-	metrics.TextExcluded.Add(float64(len(out)))
-	return out, nil
+	return out
 }
 
 func (m *Manager) loadDocs(ut *userText, user string) error {

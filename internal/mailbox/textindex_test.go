@@ -20,12 +20,12 @@ func bodyQuery(needle string) []fts.Query {
 
 func excluded(t *testing.T, m *Manager, user string, v uint32, needle string) []uint32 {
 	t.Helper()
-	skips, err := m.TextExcluded(user, v, bodyQuery(needle))
+	a, err := m.TextExcluded(user, v, bodyQuery(needle))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var uids []uint32
-	for _, s := range skips {
+	for _, s := range a.Skip {
 		uid := uint32(s >> 32)
 		id := fmt.Sprintf("id-%d", uid)
 		if uid == 9 {

@@ -48,10 +48,14 @@ var (
 	// not have to read.
 	TextExcluded = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quill_text_index_excluded_total", Help: "Messages this node's text index ruled out of SEARCH and SORT, for sessions on any node."})
+	// TextSure counts the (message, string key) pairs this node's text
+	// index proved to match, which a search then did not read for it.
+	TextSure = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_text_index_sure_total", Help: "Message and search key pairs this node's text index proved to match without reading the message, for sessions on any node."})
 )
 
 func init() {
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
-		Queued, Outbound, QueueEntries, TextExcluded,
+		Queued, Outbound, QueueEntries, TextExcluded, TextSure,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

@@ -649,13 +649,15 @@ func (x *TextRequest) GetQueries() []*TextQuery {
 	return nil
 }
 
-// TextReply names the messages held and indexed there that cannot match:
-// each one's UID and a hash of its message id (mailbox.TextSkip), so a
-// UID that named another message there (renumbered after a partition)
-// excludes nothing.
+// TextReply names the messages held and indexed there that cannot match,
+// and those that certainly match a query (mailbox.TextAnswer): each one's
+// UID and a hash of its message id (mailbox.TextSkip), so a UID that named
+// another message there (renumbered after a partition) excludes or proves
+// nothing.
 type TextReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Skips         []uint64               `protobuf:"varint,1,rep,packed,name=skips,proto3" json:"skips,omitempty"`
+	Sure          []*TextSure            `protobuf:"bytes,2,rep,name=sure,proto3" json:"sure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -691,6 +693,66 @@ func (*TextReply) Descriptor() ([]byte, []int) {
 }
 
 func (x *TextReply) GetSkips() []uint64 {
+	if x != nil {
+		return x.Skips
+	}
+	return nil
+}
+
+func (x *TextReply) GetSure() []*TextSure {
+	if x != nil {
+		return x.Sure
+	}
+	return nil
+}
+
+// TextSure names the messages that certainly match queries[query].
+type TextSure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Query         uint32                 `protobuf:"varint,1,opt,name=query,proto3" json:"query,omitempty"`
+	Skips         []uint64               `protobuf:"varint,2,rep,packed,name=skips,proto3" json:"skips,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TextSure) Reset() {
+	*x = TextSure{}
+	mi := &file_quill_v1_fragment_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TextSure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TextSure) ProtoMessage() {}
+
+func (x *TextSure) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_fragment_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TextSure.ProtoReflect.Descriptor instead.
+func (*TextSure) Descriptor() ([]byte, []int) {
+	return file_quill_v1_fragment_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TextSure) GetQuery() uint32 {
+	if x != nil {
+		return x.Query
+	}
+	return 0
+}
+
+func (x *TextSure) GetSkips() []uint64 {
 	if x != nil {
 		return x.Skips
 	}
@@ -741,9 +803,13 @@ const file_quill_v1_fragment_proto_rawDesc = "" +
 	"\vTextRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12!\n" +
 	"\fuid_validity\x18\x02 \x01(\rR\vuidValidity\x12-\n" +
-	"\aqueries\x18\x03 \x03(\v2\x13.quill.v1.TextQueryR\aqueries\"!\n" +
+	"\aqueries\x18\x03 \x03(\v2\x13.quill.v1.TextQueryR\aqueries\"I\n" +
 	"\tTextReply\x12\x14\n" +
-	"\x05skips\x18\x01 \x03(\x04R\x05skips2\xd9\x02\n" +
+	"\x05skips\x18\x01 \x03(\x04R\x05skips\x12&\n" +
+	"\x04sure\x18\x02 \x03(\v2\x12.quill.v1.TextSureR\x04sure\"6\n" +
+	"\bTextSure\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\rR\x05query\x12\x14\n" +
+	"\x05skips\x18\x02 \x03(\x04R\x05skips2\xd9\x02\n" +
 	"\bFragment\x12:\n" +
 	"\x03Get\x12\x19.quill.v1.FragmentRequest\x1a\x18.quill.v1.FragmentDigest\x122\n" +
 	"\x04Drop\x12\x19.quill.v1.FragmentRequest\x1a\x0f.quill.v1.Empty\x126\n" +
@@ -764,7 +830,7 @@ func file_quill_v1_fragment_proto_rawDescGZIP() []byte {
 	return file_quill_v1_fragment_proto_rawDescData
 }
 
-var file_quill_v1_fragment_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_quill_v1_fragment_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_quill_v1_fragment_proto_goTypes = []any{
 	(*FragmentRequest)(nil), // 0: quill.v1.FragmentRequest
 	(*FragmentDigest)(nil),  // 1: quill.v1.FragmentDigest
@@ -778,35 +844,37 @@ var file_quill_v1_fragment_proto_goTypes = []any{
 	(*TextQuery)(nil),       // 9: quill.v1.TextQuery
 	(*TextRequest)(nil),     // 10: quill.v1.TextRequest
 	(*TextReply)(nil),       // 11: quill.v1.TextReply
-	(*Message)(nil),         // 12: quill.v1.Message
-	(*Stamp)(nil),           // 13: quill.v1.Stamp
-	(*Empty)(nil),           // 14: quill.v1.Empty
+	(*TextSure)(nil),        // 12: quill.v1.TextSure
+	(*Message)(nil),         // 13: quill.v1.Message
+	(*Stamp)(nil),           // 14: quill.v1.Stamp
+	(*Empty)(nil),           // 15: quill.v1.Empty
 }
 var file_quill_v1_fragment_proto_depIdxs = []int32{
-	12, // 0: quill.v1.FragmentDigest.messages:type_name -> quill.v1.Message
+	13, // 0: quill.v1.FragmentDigest.messages:type_name -> quill.v1.Message
 	2,  // 1: quill.v1.AuditRequest.boxes:type_name -> quill.v1.AuditBox
-	13, // 2: quill.v1.AuditMessage.version:type_name -> quill.v1.Stamp
+	14, // 2: quill.v1.AuditMessage.version:type_name -> quill.v1.Stamp
 	2,  // 3: quill.v1.AuditDigest.box:type_name -> quill.v1.AuditBox
 	4,  // 4: quill.v1.AuditDigest.messages:type_name -> quill.v1.AuditMessage
 	5,  // 5: quill.v1.AuditReply.boxes:type_name -> quill.v1.AuditDigest
 	9,  // 6: quill.v1.TextRequest.queries:type_name -> quill.v1.TextQuery
-	0,  // 7: quill.v1.Fragment.Get:input_type -> quill.v1.FragmentRequest
-	0,  // 8: quill.v1.Fragment.Drop:input_type -> quill.v1.FragmentRequest
-	0,  // 9: quill.v1.Fragment.DropUser:input_type -> quill.v1.FragmentRequest
-	3,  // 10: quill.v1.Fragment.Audit:input_type -> quill.v1.AuditRequest
-	7,  // 11: quill.v1.Fragment.Body:input_type -> quill.v1.BodyRequest
-	10, // 12: quill.v1.Fragment.TextExcluded:input_type -> quill.v1.TextRequest
-	1,  // 13: quill.v1.Fragment.Get:output_type -> quill.v1.FragmentDigest
-	14, // 14: quill.v1.Fragment.Drop:output_type -> quill.v1.Empty
-	14, // 15: quill.v1.Fragment.DropUser:output_type -> quill.v1.Empty
-	6,  // 16: quill.v1.Fragment.Audit:output_type -> quill.v1.AuditReply
-	8,  // 17: quill.v1.Fragment.Body:output_type -> quill.v1.BodyReply
-	11, // 18: quill.v1.Fragment.TextExcluded:output_type -> quill.v1.TextReply
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	12, // 7: quill.v1.TextReply.sure:type_name -> quill.v1.TextSure
+	0,  // 8: quill.v1.Fragment.Get:input_type -> quill.v1.FragmentRequest
+	0,  // 9: quill.v1.Fragment.Drop:input_type -> quill.v1.FragmentRequest
+	0,  // 10: quill.v1.Fragment.DropUser:input_type -> quill.v1.FragmentRequest
+	3,  // 11: quill.v1.Fragment.Audit:input_type -> quill.v1.AuditRequest
+	7,  // 12: quill.v1.Fragment.Body:input_type -> quill.v1.BodyRequest
+	10, // 13: quill.v1.Fragment.TextExcluded:input_type -> quill.v1.TextRequest
+	1,  // 14: quill.v1.Fragment.Get:output_type -> quill.v1.FragmentDigest
+	15, // 15: quill.v1.Fragment.Drop:output_type -> quill.v1.Empty
+	15, // 16: quill.v1.Fragment.DropUser:output_type -> quill.v1.Empty
+	6,  // 17: quill.v1.Fragment.Audit:output_type -> quill.v1.AuditReply
+	8,  // 18: quill.v1.Fragment.Body:output_type -> quill.v1.BodyReply
+	11, // 19: quill.v1.Fragment.TextExcluded:output_type -> quill.v1.TextReply
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_quill_v1_fragment_proto_init() }
@@ -821,7 +889,7 @@ func file_quill_v1_fragment_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quill_v1_fragment_proto_rawDesc), len(file_quill_v1_fragment_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

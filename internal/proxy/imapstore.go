@@ -430,10 +430,11 @@ const textTimeout = 2 * time.Second
 
 // TextExcluded implements imap.TextIndex: it asks the text index of every
 // live node of the user's mail map, at once, which messages of the mailbox
-// cannot match every query, and returns the union. A message is left out
-// if any node holding it says so (each replica indexes the same bytes); a
-// node that fails or is late excludes nothing, which costs only reading.
-func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) ([]mailbox.TextSkip, error) {
+// cannot match every query and which certainly match each, and returns
+// the unions. A message is left out, or taken as a match, if any node
+// holding it says so (each replica indexes the same bytes); a node that
+// fails or is late says nothing, which costs only reading.
+func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) (*mailbox.TextAnswer, error) {
 	user = userdb.Normalize(user)
 	_, mailMap, err := s.P.Users.Lookup(ctx, user)
 	if err != nil {
@@ -449,7 +450,7 @@ func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, 
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
-		answers [][]mailbox.TextSkip
+		answers []*mailbox.TextAnswer
 	)
 	for _, n := range mailMap {
 		if !live[n] {
@@ -458,20 +459,43 @@ func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			skips, err := s.P.Boxes.On(s.P.Peers, n).TextExcluded(ctx, req)
+			a, err := s.P.Boxes.On(s.P.Peers, n).TextExcluded(ctx, req)
 			if err != nil {
 				return
 			}
 			mu.Lock()
-			answers = append(answers, skips)
+			answers = append(answers, a)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	return unionAnswers(answers, len(queries)), nil
+}
+
+// unionAnswers joins the text indexes' answers of several nodes.
+func unionAnswers(answers []*mailbox.TextAnswer, queries int) *mailbox.TextAnswer {
 	if len(answers) == 1 {
-		return answers[0], nil
+		return answers[0]
 	}
-	list := slices.Concat(answers...)
-	slices.Sort(list)
-	return slices.Compact(list), nil
+	union := func(lists [][]mailbox.TextSkip) []mailbox.TextSkip {
+		list := slices.Concat(lists...)
+		slices.Sort(list)
+		return slices.Compact(list)
+	}
+	out := &mailbox.TextAnswer{Sure: make([][]mailbox.TextSkip, queries)}
+	var skips [][]mailbox.TextSkip
+	for _, a := range answers {
+		skips = append(skips, a.Skip)
+	}
+	out.Skip = union(skips)
+	for i := range queries {
+		var sure [][]mailbox.TextSkip
+		for _, a := range answers {
+			if i < len(a.Sure) {
+				sure = append(sure, a.Sure[i])
+			}
+		}
+		out.Sure[i] = union(sure)
+	}
+	return out
 }

@@ -12,7 +12,10 @@ import (
 
 // textExcluded reads the node's quill_text_index_excluded_total: the
 // messages its text index ruled out of searches, for sessions on any node.
-func (n *Node) textExcluded() (float64, error) {
+func (n *Node) textExcluded() (float64, error) { return n.metric("quill_text_index_excluded_total") }
+
+// metric reads one unlabelled series from the node's /metrics.
+func (n *Node) metric(name string) (float64, error) {
 	req, err := http.NewRequest(http.MethodGet, "http://"+n.HTTP+"/metrics", nil)
 	if err != nil {
 		return 0, err
@@ -29,11 +32,11 @@ func (n *Node) textExcluded() (float64, error) {
 		return 0, err
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "quill_text_index_excluded_total "); ok {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
 			return strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
 	}
-	return 0, fmt.Errorf("%s: no quill_text_index_excluded_total in /metrics", n.ID)
+	return 0, fmt.Errorf("%s: no %s in /metrics", n.ID, name)
 }
 
 // searcher is a session with the user's INBOX selected through a node.
@@ -80,8 +83,9 @@ func searchOnce(n *Node, user, pw, criteria string) error {
 }
 
 // The text index answers across nodes and survives kill -9: a search
-// through one node is narrowed by the other nodes' indexes, gives what
-// reading every message gives (the same key inside OR is not narrowed),
+// through one node is narrowed by the other nodes' indexes (and its
+// SUBJECT matches proven by them), gives what reading every message gives
+// (the same key inside OR alone is neither narrowed nor proven),
 // and after a node is killed while it indexes and restarted, it indexes
 // what it had queued and answers again.
 func TestTextIndexAcrossNodesAndKill(t *testing.T) {
@@ -106,8 +110,9 @@ func TestTextIndexAcrossNodesAndKill(t *testing.T) {
 			fatalf(t, "%v", err)
 		}
 		defer s.c.conn.Close()
-		for i := 0; i < count; i++ {
-			key := fmt.Sprintf("BODY word%dx", i)
+		// same returns how many messages key matches, after checking
+		// that it is what the key read in full gives.
+		same := func(key string) int {
 			got, err := s.search(key)
 			if err != nil {
 				fatalf(t, "%v", err)
@@ -116,8 +121,21 @@ func TestTextIndexAcrossNodesAndKill(t *testing.T) {
 			if err != nil {
 				fatalf(t, "%v", err)
 			}
-			if got != want || len(strings.Fields(got)) != 3 {
-				fatalf(t, "through %s, %s gives %q; read in full %q; want one message", n.ID, key, got, want)
+			if got != want {
+				fatalf(t, "through %s, %s gives %q; read in full %q", n.ID, key, got, want)
+			}
+			return len(strings.Fields(got)) - 2
+		}
+		for i := 0; i < count; i++ {
+			if key := fmt.Sprintf("BODY word%dx", i); same(key) != 1 {
+				fatalf(t, "through %s, %s does not give one message", n.ID, key)
+			}
+		}
+		// SUBJECT is proven from the index, not read: "m1" is the
+		// subject of m1 and a part of m10..m19 and m100...
+		for i := 1; i < count; i += 7 {
+			if key := fmt.Sprintf("SUBJECT m%d", i); same(key) == 0 {
+				fatalf(t, "through %s, %s gives nothing", n.ID, key)
 			}
 		}
 	}
@@ -139,7 +157,20 @@ func TestTextIndexAcrossNodesAndKill(t *testing.T) {
 		}
 		return remote(nodes[0]) > before
 	})
+	sureBefore := 0.0
+	for _, n := range nodes {
+		v, _ := n.metric("quill_text_index_sure_total")
+		sureBefore += v
+	}
 	check(nodes[0], first)
+	sureAfter := 0.0
+	for _, n := range nodes {
+		v, _ := n.metric("quill_text_index_sure_total")
+		sureAfter += v
+	}
+	if sureAfter == sureBefore {
+		errorf(t, "no node's text index proved a SUBJECT match (quill_text_index_sure_total stayed %v)", sureAfter)
+	}
 
 	// Kill a node whose index answered, while it indexes what just
 	// arrived, and bring it back.
