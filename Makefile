@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e fuzz faults faults-long repair-bench testssl vet proto clean
+.PHONY: build run test deps unit e2e e2e-large fuzz faults faults-long repair-bench testssl vet proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -35,6 +35,11 @@ unit:
 
 e2e: build
 	QUILL_BIN=$(CURDIR)/$(BIN) python3 -m pytest tests/e2e -q
+
+# A 50,000-message INBOX through imaplib (tests/e2e/test_large_mailbox.py,
+# about 2 minutes): the answers are checked, each command's time printed.
+e2e-large: build
+	QUILL_LARGE_E2E=1 QUILL_BIN=$(CURDIR)/$(BIN) python3 -m pytest tests/e2e/test_large_mailbox.py -q -s
 
 deps:
 	scripts/test-deps.sh

@@ -248,3 +248,35 @@ def wait_until(pred, timeout: float = 10.0, interval: float = 0.05):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval)
+
+
+def mbsync_rc(path: Path, node, user: str, pw: str, maildir: Path, patterns: str = "*") -> Path:
+    """Writes an mbsync configuration that keeps maildir in step with the
+    user's mailboxes on node (channel "sync": Create and Expunge both
+    ways), and returns its path."""
+    host, port = node.addrs["imap"]
+    path.write_text(f"""IMAPAccount quill
+Host {host}
+Port {port}
+User {user}
+Pass "{pw}"
+SSLType None
+AuthMechs LOGIN
+
+IMAPStore far
+Account quill
+
+MaildirStore near
+Path {maildir}/
+Inbox {maildir}/INBOX
+SubFolders Verbatim
+
+Channel sync
+Far :far:
+Near :near:
+Patterns {patterns}
+Create Both
+Expunge Both
+SyncState *
+""")
+    return path

@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-from mailutil import pop3, retr, send, smtp
+from mailutil import mbsync_rc, pop3, retr, send, smtp
 
 DOMAIN = "quill.test"
 ALICE = f"alice@{DOMAIN}"
@@ -396,34 +396,9 @@ def test_curl_imap(inode, curl):
 @pytest.mark.skipif(not shutil.which("mbsync"), reason="mbsync (isync) not installed")
 def test_mbsync_both_ways(inode, tmp_path):
     send(inode, ALICE, msg("far side", b"from the server\r\n"))
-    host, port = inode.addrs["imap"]
     maildir = tmp_path / "mail"
     maildir.mkdir()
-    rc = tmp_path / "mbsyncrc"
-    rc.write_text(f"""IMAPAccount quill
-Host {host}
-Port {port}
-User {ALICE}
-Pass "{PW}"
-SSLType None
-AuthMechs LOGIN
-
-IMAPStore far
-Account quill
-
-MaildirStore near
-Path {maildir}/
-Inbox {maildir}/INBOX
-SubFolders Verbatim
-
-Channel sync
-Far :far:
-Near :near:
-Patterns *
-Create Both
-Expunge Both
-SyncState *
-""")
+    rc = mbsync_rc(tmp_path / "mbsyncrc", inode, ALICE, PW, maildir)
     run = lambda: subprocess.run(["mbsync", "-c", str(rc), "-a"], capture_output=True, text=True, timeout=120)  # noqa: E731
     r = run()
     assert r.returncode == 0, r.stdout + r.stderr
