@@ -409,6 +409,7 @@ func (n *Node) startListeners() error {
 		sc.Sealer = n
 		sc.Policy = n
 	}
+	sc.Defer = queueDeferrer{n}
 	n.smtp = smtp.New(n.Proxy, sc)
 	if err := n.listenClients("smtp", cfg.SMTPAddr, refuseSMTP(cfg.Hostname), n.smtp.Serve); err != nil {
 		return err

@@ -86,6 +86,17 @@ func (s queueSubmitter) Enqueue(ctx context.Context, user, from string, rcpts []
 	return err
 }
 
+// queueDeferrer puts a received message whose local recipients cannot all
+// take it now (a mailbox too full, smtp.Config.Defer) into the queue, with
+// the cluster's replicas and write policy and no signature: the queue's
+// local delivery gives it to each recipient once they have room.
+type queueDeferrer struct{ n *Node }
+
+func (d queueDeferrer) Enqueue(ctx context.Context, user, from string, rcpts []string, raw []byte) error {
+	_, err := d.n.Queue.Add(ctx, user, from, rcpts, raw, 0, "")
+	return err
+}
+
 // snsTick is how often the node advances its part in the SNS manager: well
 // under the beacon interval, so beacons and orders go out on time.
 const snsTick = 100 * time.Millisecond

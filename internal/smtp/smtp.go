@@ -54,6 +54,13 @@ type Config struct {
 	// Queue takes a submission's recipients in other domains (the
 	// outbound queue); nil refuses them.
 	Queue Queuer
+	// Defer takes a message whose local recipients cannot all take it
+	// now (one's mailbox too full for its size, learnt at DATA): the
+	// outbound queue, whose local delivery delivers to those with room at
+	// once and retries the others until they have room or the entry
+	// expires (then a DSN to the sender). The user is "". nil delivers
+	// past the quota instead.
+	Defer Queuer
 	// Checker, if set, checks SPF, DKIM and DMARC (and a spam score) of
 	// mail that is not from an authenticated user: a mailauth.Checker in
 	// the node, or SNS filter workers (sns.Filter).
@@ -327,6 +334,29 @@ func (s *session) Data(r io.Reader) (err error) {
 			}
 		}()
 	}
+	if full := s.fullAtData(ctx, raw, trace); len(full) > 0 && len(s.remote) == 0 {
+		switch {
+		case len(full) == len(s.rcpts):
+			// RFC 3463 4.2.2: mailbox full, for now.
+			s.b.cfg.Logger.Info("message refused: over quota", "rcpts", full, "size", len(raw))
+			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
+				Message: fmt.Sprintf("mailbox full: %s", strings.Join(full, ", "))}
+		case s.b.cfg.Defer != nil && !quarantine:
+			// One durable write decides the 250, as for remote
+			// recipients: the queue delivers to the others now.
+			if err := s.b.cfg.Defer.Enqueue(ctx, "", s.from, s.rcpts, raw[len(returnPath(s.from)):]); err != nil {
+				metrics.DeliveryFailures.Inc()
+				ref := reference()
+				s.b.cfg.Logger.Error("queueing for a full mailbox failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
+				return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+					Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
+			}
+			s.b.cfg.Logger.Info("message queued: a recipient's mailbox is full", "full", full, "rcpts", s.rcpts)
+			return nil
+		default:
+			s.b.cfg.Logger.Warn("delivered past quota: no queue to wait in", "full", full, "size", len(raw))
+		}
+	}
 	if len(s.remote) > 0 {
 		// One durable write decides the 250: the local recipients ride
 		// in the same queue entry (its runner delivers them here), so a
@@ -360,6 +390,24 @@ func (s *session) Data(r io.Reader) (err error) {
 			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
 	}
 	return nil
+}
+
+// fullAtData returns the local recipients whose quota cannot take the
+// message as it came (raw, trace headers first). RCPT checked the size MAIL
+// declared; only a body larger than that (or none declared) is checked
+// again, so a client that declares its size costs nothing more. A check
+// that cannot be made counts as room: RCPT accepted the recipient.
+func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) []string {
+	if int64(len(raw)-trace) <= s.size {
+		return nil
+	}
+	var full []string
+	for _, r := range s.rcpts {
+		if err := s.b.p.CheckRecipient(ctx, r, int64(len(raw))); errors.Is(err, userdb.ErrOverQuota) {
+			full = append(full, r)
+		}
+	}
+	return full
 }
 
 // maxHops is the number of Received headers past which a message is taken

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	gosmtp "github.com/emersion/go-smtp"
@@ -17,6 +18,12 @@ import (
 )
 
 func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
+	t.Helper()
+	return startServerWith(t, maxSize, nil)
+}
+
+// startServerWith is startServer with a change to the configuration.
+func startServerWith(t *testing.T, maxSize int64, configure func(*smtp.Config)) (string, *proxy.Proxy) {
 	t.Helper()
 	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -32,6 +39,9 @@ func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
 	cfg.Hostname = "mx.test"
 	cfg.MaxMessageBytes = maxSize
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	if configure != nil {
+		configure(&cfg)
+	}
 	s := smtp.New(p, cfg)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -224,6 +234,105 @@ func TestSMTPUTF8(t *testing.T) {
 	got := string(bodies[0])
 	if !strings.Contains(got, "Return-Path: <jürgen@münchen.example>") || !strings.Contains(got, "with UTF8SMTP") || !strings.HasSuffix(got, msg) {
 		t.Errorf("stored message:\n%s", got)
+	}
+}
+
+// deferred records what a session handed to Config.Defer (the outbound
+// queue in a node, which has tests of its own).
+type deferred struct {
+	mu    sync.Mutex
+	calls [][]string
+	raws  [][]byte
+}
+
+func (d *deferred) Enqueue(ctx context.Context, user, from string, rcpts []string, raw []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, append([]string{user, from}, rcpts...))
+	d.raws = append(d.raws, raw)
+	return nil
+}
+
+// A message whose size MAIL did not declare (or understated) is checked
+// against the recipients' quotas again at DATA, with its real size: if no
+// recipient has room it is refused with 452 4.2.2; if some have, it goes
+// to the queue (Config.Defer), which delivers to those now and retries the
+// others; with no queue it is delivered to all.
+func TestOverQuotaAtData(t *testing.T) {
+	var q deferred
+	for _, withQueue := range []bool{true, false} {
+		addr, p := startServerWith(t, 1<<20, func(c *smtp.Config) {
+			if withQueue {
+				c.Defer = &q
+			}
+		})
+		if err := p.Users.SetQuota(context.Background(), "alice@example.org", 2000, 0); err != nil {
+			t.Fatal(err)
+		}
+		send := func(declared, size int, rcpts ...string) error {
+			c, err := gosmtp.Dial(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Hello("client.test")
+			if err := c.Mail("a@far.net", &gosmtp.MailOptions{Size: int64(declared)}); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rcpts {
+				if err := c.Rcpt(r, nil); err != nil {
+					t.Fatalf("RCPT %s: %v", r, err)
+				}
+			}
+			w, err := c.Data()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Write([]byte("Subject: q\r\n\r\n"))
+			for ; size > 0; size -= 100 {
+				w.Write(append(bytes.Repeat([]byte("x"), 98), "\r\n"...))
+			}
+			return w.Close()
+		}
+		// A first small message makes both INBOXes.
+		if err := send(0, 100, "alice@example.org", "bob@example.org"); err != nil {
+			t.Fatal(err)
+		}
+		// Undeclared, or declared too small: refused at DATA for Alice alone.
+		for _, declared := range []int{0, 100} {
+			if err := send(declared, 3000, "alice@example.org"); smtpCode(err) != 4522 || !strings.Contains(err.Error(), "mailbox full") {
+				t.Errorf("3,000 bytes declared as %d for Alice's 2,000: %v, want 452 4.2.2", declared, err)
+			}
+		}
+		if n := len(inboxBodies(t, p, "alice@example.org")); n != 1 {
+			t.Fatalf("alice has %d messages after refusals, want 1", n)
+		}
+		// A message that fits is delivered as ever, whatever was declared.
+		before := len(q.calls)
+		if err := send(0, 100, "alice@example.org"); err != nil {
+			t.Fatalf("100 bytes for Alice: %v", err)
+		}
+		if len(q.calls) != before || len(inboxBodies(t, p, "alice@example.org")) != 2 {
+			t.Errorf("a message with room was not delivered at once")
+		}
+		// Alice and Bob: Bob has room.
+		if err := send(0, 3000, "alice@example.org", "bob@example.org"); err != nil {
+			t.Fatalf("Alice (full) and Bob: %v", err)
+		}
+		alice, bob := len(inboxBodies(t, p, "alice@example.org")), len(inboxBodies(t, p, "bob@example.org"))
+		if withQueue {
+			if len(q.calls) != before+1 || strings.Join(q.calls[before], " ") != " a@far.net alice@example.org bob@example.org" {
+				t.Fatalf("queued %q, want one entry for both", q.calls[before:])
+			}
+			if raw := q.raws[before]; !bytes.HasPrefix(raw, []byte("Received: from ")) {
+				t.Errorf("queued message starts %q, want the Received field (the queue adds Return-Path)", raw[:40])
+			}
+			if alice != 2 || bob != 1 {
+				t.Errorf("with a queue: alice %d, bob %d messages, want 2 and 1 (the queue delivers the new one)", alice, bob)
+			}
+		} else if alice != 3 || bob != 2 {
+			t.Errorf("without a queue: alice %d, bob %d messages, want 3 and 2 (past the quota)", alice, bob)
+		}
 	}
 }
 

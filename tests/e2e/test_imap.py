@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-from mailutil import mbsync_rc, pop3, retr, send, smtp
+from mailutil import count, fetch_all, mbsync_rc, pop3, retr, send, smtp
 
 DOMAIN = "quill.test"
 ALICE = f"alice@{DOMAIN}"
@@ -267,6 +267,46 @@ def test_quota_refuses_delivery_and_append(inode):
     assert send(inode, ALICE, msg("room again")) == {}
     out = inode.cli("user", "quota", ALICE, "--messages", "0", "--storage", "0").stdout
     assert "2 of no limit messages" in out and "of no limit" in out, out
+
+
+def test_quota_checked_again_at_data(quill_factory):
+    """A message whose size MAIL did not declare is checked against the
+    quotas at DATA with its real size: refused with 452 4.2.2 when no
+    recipient has room; when one has, accepted into the outbound queue,
+    which delivers to the one with room at once and to the full one once
+    its quota allows."""
+    node = quill_factory("--queue-retry", "1s")
+    bob = f"bob@{DOMAIN}"
+    node.add_user(ALICE, PW)
+    node.add_user(bob, PW)
+    node.cli("user", "quota", ALICE, "--storage", "4K")
+    big = msg("big one", b"0123456789abcdef" * 62 + b"\r\n" * 1 + (b"x" * 62 + b"\r\n") * 100)
+
+    def data(rcpts):
+        with smtp(node) as s:
+            s.ehlo()
+            assert s.mail("sender@remote.test")[0] == 250  # no SIZE=
+            for r in rcpts:
+                assert s.rcpt(r)[0] == 250, r
+            return s.data(big)
+
+    code, text = data([ALICE])
+    assert code == 452 and b"4.2.2" in text and b"mailbox full" in text, (code, text)
+    code, text = data([ALICE, bob])
+    assert code == 250, (code, text)
+    deadline = time.monotonic() + 20
+    while count(node, bob, PW) == 0:
+        assert time.monotonic() < deadline, "bob never got the queued message"
+        time.sleep(0.2)
+    assert count(node, ALICE, PW) == 0
+    node.cli("user", "quota", ALICE, "--storage", "0")
+    deadline = time.monotonic() + 30
+    while count(node, ALICE, PW) == 0:
+        assert time.monotonic() < deadline, "alice never got the message once her quota allowed it"
+        time.sleep(0.5)
+    got = fetch_all(node, ALICE, PW)[0][1]
+    assert got.startswith(b"Return-Path: <sender@remote.test>\r\nReceived: from ") and got.endswith(big), got[:200]
+    assert count(node, bob, PW) == 1
 
 
 def test_smtputf8_sender_read_under_utf8_accept(inode):
