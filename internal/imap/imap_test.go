@@ -1,12 +1,15 @@
 package imap
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -920,5 +923,44 @@ func TestSCRAMFromALockedOutAddress(t *testing.T) {
 	_, st := r.cmd("AUTHENTICATE SCRAM-SHA-256 " + base64.StdEncoding.EncodeToString([]byte(first)))
 	if !strings.HasPrefix(st, "NO [UNAVAILABLE]") {
 		t.Fatalf("SCRAM from a locked-out address: %s (want NO [UNAVAILABLE] before any challenge)", st)
+	}
+}
+
+// A client that goes away in the middle of a FETCH's literal does not
+// leave its session stuck: the failed response is ended, so the tagged
+// answer (which cannot be sent) does not wait for it, and the session
+// ends, which a server shutdown then finds at once.
+func TestFetchCutShortEndsTheSession(t *testing.T) {
+	e := newEnv(t)
+	line := strings.Repeat("0123456789", 9) + "\r\n"
+	e.deliver("Subject: big\r\n\r\n" + strings.Repeat(line, 200_000)) // 18 MB
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	c, err := d.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	r.ReadString('\n')
+	fmt.Fprintf(c, "a LOGIN %s %s\r\nb SELECT INBOX\r\nc FETCH 1 BODY.PEEK[]\r\n", testUser, testPass)
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(l, "* 1 FETCH") {
+			break
+		}
+	}
+	c.(*net.TCPConn).SetLinger(0) // a reset, as a client that crashed
+	c.Close()
+	time.Sleep(500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	e.srv.Shutdown(ctx)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("shutdown waited %v for the session whose FETCH was cut short", took.Round(time.Millisecond))
 	}
 }

@@ -73,6 +73,9 @@ type Conn struct {
 	// writeDeadline is the write deadline armed on conn (zero: none);
 	// setWriteTimeout. (quill)
 	writeDeadline time.Time
+	// openFetch is the FETCH response being written, if any: it holds
+	// encMutex until its Close (endOpenFetch). (quill)
+	openFetch *FetchResponseWriter
 
 	mutex   sync.Mutex
 	conn    net.Conn
@@ -248,10 +251,13 @@ func (c *Conn) serve() {
 		}
 		c.setReadTimeout(readTimeout)
 		// quill: no write is due until the next response, which arms the
-		// deadline again; see setWriteTimeout.
-		c.encMutex.Lock()
-		c.setWriteTimeout(0)
-		c.encMutex.Unlock()
+		// deadline again; see setWriteTimeout. A response another
+		// goroutine writes now (a BYE at shutdown) keeps it armed.
+		c.endOpenFetch()
+		if c.encMutex.TryLock() {
+			c.setWriteTimeout(0)
+			c.encMutex.Unlock()
+		}
 
 		// quill: with NOTIFY on, updates go out while the client is
 		// quiet (notify.go).
@@ -430,6 +436,11 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 			Text: "Unknown command",
 		}
 	}
+
+	// quill: a command that failed in the middle of a FETCH response (a
+	// write to a client that went away) left it open, holding encMutex:
+	// the tagged answer below would wait for it for ever.
+	c.endOpenFetch()
 
 	dec.DiscardLine()
 	if dec.Err() != nil && errors.Is(dec.Err(), imapwire.ErrMaxSize) {

@@ -418,7 +418,26 @@ type FetchWriter struct {
 func (cmd *FetchWriter) CreateMessage(seqNum uint32) *FetchResponseWriter {
 	enc := newResponseEncoder(cmd.conn)
 	enc.Atom("*").SP().Number(seqNum).SP().Atom("FETCH").SP().Special('(')
-	return &FetchResponseWriter{enc: enc, options: cmd.options, buffered: cmd.buffered}
+	w := &FetchResponseWriter{enc: enc, options: cmd.options, buffered: cmd.buffered}
+	if cmd.buffered {
+		// quill: a command's own FETCH responses (buffered ones are made
+		// only by the goroutine that runs commands) are tracked, so that
+		// one left open by a failure is ended (endOpenFetch).
+		cmd.conn.openFetch = w
+	}
+	return w
+}
+
+// endOpenFetch releases a command's FETCH response that its writer left
+// open (the command failed before Close): nothing more of it is written,
+// the connection's output is broken anyway. Called only by the goroutine
+// that runs commands, the one that sets openFetch. (quill)
+func (c *Conn) endOpenFetch() {
+	if w := c.openFetch; w != nil && w.enc != nil {
+		c.openFetch = nil
+		w.enc.end()
+		w.enc = nil
+	}
 }
 
 // FetchResponseWriter writes a single FETCH response for a message.
@@ -651,6 +670,9 @@ func (w *FetchResponseWriter) Close() error {
 		err = w.enc.Special(')').CRLFBuffered() // quill: flushed with the tagged response
 	} else {
 		err = w.enc.Special(')').CRLF()
+	}
+	if w.buffered {
+		w.enc.conn.openFetch = nil // quill: see CreateMessage
 	}
 	w.enc.end()
 	w.enc = nil
