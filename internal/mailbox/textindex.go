@@ -260,6 +260,13 @@ const textIndexBatch = 256
 // textIndexIdle is how often an idle indexer looks at its queue anyway.
 const textIndexIdle = 10 * time.Second
 
+// textIndexGather is how long the indexer lets deliveries gather after
+// being woken: every pass starts by stepping over the tombstones of the
+// queue entries taken before, which, a pass per delivery, cost more under
+// load than the indexing itself. A search meanwhile reads what is not
+// indexed yet.
+const textIndexGather = 100 * time.Millisecond
+
 // RunTextIndex indexes the queued messages until stop closes. It first
 // queues every message held here that has no document yet (a store made
 // before the index existed, or an index dropped to be rebuilt).
@@ -278,6 +285,11 @@ func (m *Manager) RunTextIndex(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-wake:
+			select {
+			case <-stop:
+				return
+			case <-time.After(textIndexGather):
+			}
 		case <-idle.C:
 		}
 		// Each pass goes on from where the last one stopped: the entries
@@ -474,17 +486,18 @@ func (m *Manager) indexOne(user, id string) error {
 	var fresh [][2]string
 	for field, list := range terms {
 		for _, term := range list {
-			if err := b.Merge(termKey(user, textPost, field, term), posting); err != nil {
+			// The vocabulary key is written whether or not the term is
+			// known: asking the store was a point read per term, most of
+			// what indexing cost under load (compactions keep one).
+			if err := errors.Join(
+				b.Merge(termKey(user, textPost, field, term), posting),
+				b.Set(termKey(user, textVocab, field, term), nil),
+			); err != nil {
 				return err
 			}
-			isNew, err := m.newTerm(ut, user, field, term)
-			if err != nil {
-				return err
-			}
-			if isNew {
-				fresh = append(fresh, [2]string{field, term})
-				if err := b.Set(termKey(user, textVocab, field, term), nil); err != nil {
-					return err
+			if ut.loaded[field] {
+				if _, known := ut.vocab[field][term]; !known {
+					fresh = append(fresh, [2]string{field, term})
 				}
 			}
 		}
@@ -503,17 +516,6 @@ func (m *Manager) indexOne(user, id string) error {
 		ut.addTerm(ft[0], ft[1])
 	}
 	return nil
-}
-
-// newTerm reports whether a field's vocabulary lacks term (from memory
-// once the vocabulary is loaded, else from the store).
-func (m *Manager) newTerm(ut *userText, user, field, term string) (bool, error) {
-	if ut.loaded[field] {
-		_, ok := ut.vocab[field][term]
-		return !ok, nil
-	}
-	has, err := m.hasKey(termKey(user, textVocab, field, term))
-	return !has, err
 }
 
 func (ut *userText) addTerm(field, term string) {
