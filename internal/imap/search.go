@@ -203,7 +203,9 @@ func (ev *evaluator) excluded(m *msgState) bool {
 // the criteria).
 func (ev *evaluator) proven(m *msgState, key, value string) bool {
 	sure := ev.sure[[2]string{strings.ToLower(key), value}]
-	if len(sure) == 0 {
+	if len(sure) == 0 || m.gone {
+		// A message expunged elsewhere matches no string key (its bytes
+		// are not read), whatever a lagging replica's index still says.
 		return false
 	}
 	_, found := slices.BinarySearch(sure, m.skip())

@@ -87,15 +87,34 @@ func (s queueSubmitter) Enqueue(ctx context.Context, user, from string, rcpts []
 }
 
 // queueDeferrer puts a received message whose local recipients cannot all
-// take it now (a mailbox too full, smtp.Config.Defer) into the queue, with
-// the cluster's replicas and write policy and no signature: the queue's
-// local delivery gives it to each recipient once they have room.
+// take it now (a mailbox too full, smtp.Config.Defer) into the queue,
+// unsigned: the queue's local delivery gives it to each recipient once they
+// have room. Its 250 must be as durable as a delivery to every recipient
+// would have been, so the entry gets the most replicas and the strictest
+// write policy among the recipients'.
 type queueDeferrer struct{ n *Node }
 
 func (d queueDeferrer) Enqueue(ctx context.Context, user, from string, rcpts []string, raw []byte) error {
-	_, err := d.n.Queue.Add(ctx, user, from, rcpts, raw, 0, "")
+	cfg := d.n.Queue.Cfg
+	want, policy := cfg.Replicas, cfg.Policy
+	for _, r := range rcpts {
+		p, _, err := d.n.Users.Lookup(ctx, r)
+		if err != nil {
+			return err
+		}
+		if p.Replicas > want {
+			want = p.Replicas
+		}
+		if pol, _ := replica.ParsePolicy(p.WritePolicy); policyRank[pol] > policyRank[policy] {
+			policy = pol
+		}
+	}
+	_, err := d.n.Queue.Add(ctx, user, from, rcpts, raw, want, policy)
 	return err
 }
+
+// policyRank orders write policies from the least to the most strict.
+var policyRank = map[replica.Policy]int{replica.One: 1, replica.Quorum: 2, replica.All: 3}
 
 // snsTick is how often the node advances its part in the SNS manager: well
 // under the beacon interval, so beacons and orders go out on time.

@@ -334,14 +334,19 @@ func (s *session) Data(r io.Reader) (err error) {
 			}
 		}()
 	}
-	if full := s.fullAtData(ctx, raw, trace); len(full) > 0 && len(s.remote) == 0 {
+	// With remote recipients the whole message goes to the queue below,
+	// whose local delivery checks each quota with the real size.
+	if full := s.fullAtData(ctx, raw, trace); len(full) > 0 {
 		switch {
-		case len(full) == len(s.rcpts):
+		case len(full) == len(s.rcpts) || quarantine:
+			// A quarantined message would reach the queue's local
+			// delivery as ordinary mail (INBOX, not Junk): it waits for
+			// room with the sender instead.
 			// RFC 3463 4.2.2: mailbox full, for now.
 			s.b.cfg.Logger.Info("message refused: over quota", "rcpts", full, "size", len(raw))
 			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
 				Message: fmt.Sprintf("mailbox full: %s", strings.Join(full, ", "))}
-		case s.b.cfg.Defer != nil && !quarantine:
+		case s.b.cfg.Defer != nil:
 			// One durable write decides the 250, as for remote
 			// recipients: the queue delivers to the others now.
 			if err := s.b.cfg.Defer.Enqueue(ctx, "", s.from, s.rcpts, raw[len(returnPath(s.from)):]); err != nil {
@@ -398,7 +403,7 @@ func (s *session) Data(r io.Reader) (err error) {
 // again, so a client that declares its size costs nothing more. A check
 // that cannot be made counts as room: RCPT accepted the recipient.
 func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) []string {
-	if int64(len(raw)-trace) <= s.size {
+	if int64(len(raw)-trace) <= s.size || len(s.remote) > 0 {
 		return nil
 	}
 	var full []string

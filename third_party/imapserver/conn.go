@@ -250,14 +250,9 @@ func (c *Conn) serve() {
 			readTimeout = cmdReadTimeout
 		}
 		c.setReadTimeout(readTimeout)
-		// quill: no write is due until the next response, which arms the
-		// deadline again; see setWriteTimeout. A response another
-		// goroutine writes now (a BYE at shutdown) keeps it armed.
+		// quill: a FETCH response a failed command left open is ended
+		// (endOpenFetch), as after every command.
 		c.endOpenFetch()
-		if c.encMutex.TryLock() {
-			c.setWriteTimeout(0)
-			c.encMutex.Unlock()
-		}
 
 		// quill: with NOTIFY on, updates go out while the client is
 		// quiet (notify.go).
@@ -660,11 +655,9 @@ func (c *Conn) setReadTimeout(dur time.Duration) {
 // none). quill: arming it costs a timer update in the runtime, which, twice
 // per response line, was a quarter of the time of a FETCH of many messages;
 // so a deadline armed less than writeDeadlineSlack before the one asked is
-// kept, and a response's end leaves it armed (responseEncoder.end): every
-// write to the connection happens inside a response, which arms it first,
-// and the serve loop disarms it before it waits for the next command.
-// Called with encMutex held, or by the serve loop while no response is
-// being written.
+// kept, and a response's end disarms it only once nothing is left in the
+// buffer (responseEncoder.end): the lines of a FETCH arm it once and the
+// tagged answer that flushes them disarms it. Called with encMutex held.
 func (c *Conn) setWriteTimeout(dur time.Duration) {
 	if dur <= 0 {
 		if !c.writeDeadline.IsZero() {
@@ -731,7 +724,15 @@ func (enc *responseEncoder) end() {
 		panic("imapserver: responseEncoder.end called twice")
 	}
 	enc.Encoder = nil
-	// quill: the write deadline stays armed (setWriteTimeout).
+	// quill: a response left in the buffer (a FETCH line before its
+	// tagged answer) keeps the write deadline armed for the one that
+	// flushes it; once all is written, the connection may wait for the
+	// client as long as it likes (IDLE, a literal, the next command), and
+	// a TLS connection that writes during a read (a key update) must not
+	// find an expired deadline (setWriteTimeout).
+	if enc.conn.bw.Buffered() == 0 {
+		enc.conn.setWriteTimeout(0)
+	}
 	enc.conn.encMutex.Unlock()
 }
 
