@@ -280,3 +280,28 @@ Expunge Both
 SyncState *
 """)
     return path
+
+
+def free_port(host: str = "127.0.0.1", kind=socket.SOCK_STREAM) -> int:
+    """A port nothing is bound to on host at the moment."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, fn, timeout: float = 30.0):
+    """Polls fn until it returns something true, and returns that."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def ok(res):
+    """The data of an imaplib answer that must be OK."""
+    typ, data = res
+    assert typ == "OK", (typ, data)
+    return data

@@ -16,13 +16,12 @@ import pty
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
-from mailutil import mbsync_rc, send
+from mailutil import free_port, mbsync_rc, ok, send, wait_for
 
 DOMAIN = "quill.test"
 ALICE = f"alice@{DOMAIN}"
@@ -30,23 +29,11 @@ PW = "cluster pass"
 TIMEOUT = 30.0
 
 
-def free_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 def imap(node) -> imaplib.IMAP4:
     host, port = node.addrs["imap"]
     m = imaplib.IMAP4(host, port, timeout=TIMEOUT)
     m.login(ALICE, PW)
     return m
-
-
-def ok(res):
-    typ, data = res
-    assert typ == "OK", (typ, data)
-    return data
 
 
 def msg(subject: str) -> bytes:
@@ -70,19 +57,19 @@ def subjects(node, mailbox: str) -> list[str]:
 def pair(quill_factory):
     """Nodes A and B of one cluster, with alice added through A and able
     to log in through B."""
-    ga, gb = free_addr(), free_addr()
+    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     a = quill_factory("--cluster", ga)
     b = quill_factory("--cluster", gb, "--join", ga)
     a.add_user(ALICE, PW)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def logs_in() -> bool:
         try:
             imap(b).logout()
-            break
+            return True
         except (imaplib.IMAP4.error, OSError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return False
+
+    wait_for("alice to log in through node B", logs_in)
     return a, b
 
 

@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-from mailutil import count, fetch_all, mbsync_rc, pop3, retr, send, smtp
+from mailutil import count, fetch_all, mbsync_rc, ok, pop3, retr, send, smtp, wait_for
 
 DOMAIN = "quill.test"
 ALICE = f"alice@{DOMAIN}"
@@ -40,12 +40,6 @@ def msg(subject: str, body: bytes = b"body\r\n") -> bytes:
 def inode(node):
     node.add_user(ALICE, PW)
     return node
-
-
-def ok(res):
-    typ, data = res
-    assert typ == "OK", (typ, data)
-    return data
 
 
 def test_login_list_and_special_use(inode):
@@ -294,16 +288,10 @@ def test_quota_checked_again_at_data(quill_factory):
     assert code == 452 and b"4.2.2" in text and b"mailbox full" in text, (code, text)
     code, text = data([ALICE, bob])
     assert code == 250, (code, text)
-    deadline = time.monotonic() + 20
-    while count(node, bob, PW) == 0:
-        assert time.monotonic() < deadline, "bob never got the queued message"
-        time.sleep(0.2)
+    wait_for("bob to get the queued message", lambda: count(node, bob, PW))
     assert count(node, ALICE, PW) == 0
     node.cli("user", "quota", ALICE, "--storage", "0")
-    deadline = time.monotonic() + 30
-    while count(node, ALICE, PW) == 0:
-        assert time.monotonic() < deadline, "alice never got the message once her quota allowed it"
-        time.sleep(0.5)
+    wait_for("alice to get the message once her quota allows it", lambda: count(node, ALICE, PW))
     got = fetch_all(node, ALICE, PW)[0][1]
     assert got.startswith(b"Return-Path: <sender@remote.test>\r\nReceived: from ") and got.endswith(big), got[:200]
     assert count(node, bob, PW) == 1

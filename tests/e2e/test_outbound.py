@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from mailutil import free_port, wait_for
+
 LOCAL = "local.test"
 ALICE = f"alice@{LOCAL}"
 PW = "outbound pass"
@@ -43,22 +45,6 @@ WAIT = 30.0  # for a queued message to arrive or be reported
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("postfix") or not shutil.which("dnsmasq"),
                                 reason="needs root, Postfix and dnsmasq (scripts/test-deps.sh installs them)")
-
-
-def free_port(host: str, kind=socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: str, fn, timeout: float = WAIT):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
