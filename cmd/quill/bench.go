@@ -27,7 +27,7 @@ func newBenchCmd() *cobra.Command {
 		duration, deadline, step                  time.Duration
 		concurrency, nUsers, createPar            int
 		probeStart, probeMax                      int
-		mix, imapMix                              float64
+		mix, imapMix, paceRate                    float64
 		remoteDomain                              string
 		rcpts                                     int
 		noAuth                                    bool
@@ -130,6 +130,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				Duration:    duration,
 				Deadline:    deadline,
 				Concurrency: concurrency,
+				Rate:        paceRate,
 				Mix:         mix,
 				Seed:        seed,
 				Step:        step,
@@ -192,6 +193,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f.StringVar(&imapAddr, "imap", "127.0.0.1:1143", "IMAP server address (used with --mix-imap or --workload imap)")
 	f.DurationVar(&duration, "duration", bench.DefaultDuration,
 		"length of the run (3m when --probe is given without --duration)")
+	f.Float64Var(&paceRate, "rate", 0, "cap the requests started per second across all workers (0: none); runs of two servers at the same rate compare latencies under the same load")
 	f.IntVar(&concurrency, "concurrency", bench.DefaultConcurrency, "number of concurrent workers (without --probe)")
 	f.BoolVar(&probe, "probe", false, "raise concurrency step by step until 10% of requests miss the deadline")
 	f.DurationVar(&step, "step", bench.DefaultStep, "length of one probe step")

@@ -96,17 +96,7 @@ func TestRunIMAPWorkload(t *testing.T) {
 	}
 	users[2].Password = "wrong" // user00003: every IMAP login fails
 
-	sl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ssrv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
-		return &memSMTPSession{m: m}, nil
-	}))
-	ssrv.Domain = "localhost"
-	ssrv.MaxMessageBytes = 2 << 20
-	go ssrv.Serve(sl)
-	defer ssrv.Close()
+	smtpAddr := fakeSMTP(t, func() smtp.Session { return &memSMTPSession{m: m} })
 
 	il, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -125,7 +115,7 @@ func TestRunIMAPWorkload(t *testing.T) {
 
 	var progress bytes.Buffer
 	cfg := Config{
-		SMTPAddr:    sl.Addr().String(),
+		SMTPAddr:    smtpAddr,
 		IMAPAddr:    il.Addr().String(), // no POP3 address: none is needed
 		Users:       users,
 		Duration:    1500 * time.Millisecond,

@@ -31,6 +31,9 @@ type Report struct {
 	// Concurrency is the number of workers of a fixed run, or that of the
 	// best step of a probe.
 	Concurrency int `json:"concurrency"`
+	// RateCap is Config.Rate: the cap on requests started per second (0:
+	// none, a closed loop).
+	RateCap float64 `json:"rate_cap,omitempty"`
 
 	// Headline figures: of the whole run when fixed, of the best step when
 	// probing (the whole run's are in Total).
@@ -203,6 +206,7 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 		DeadlineMS:  ms(cfg.Deadline),
 		ElapsedS:    round2(elapsed.Seconds()),
 		Concurrency: cfg.Concurrency,
+		RateCap:     cfg.Rate,
 		Steps:       steps,
 		Best:        -1,
 		SizeModel: SizeModel{
@@ -311,6 +315,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "quill bench: Porcupine workload, %s mode, %d users, %.0f%% SMTP, deadline %.0f ms, %.1f s\n",
 			r.Mode, r.Users, r.Mix*100, r.DeadlineMS, r.ElapsedS)
 		fmt.Fprintf(&b, "  SMTP %s   POP3 %s\n", r.SMTPAddr, r.POP3Addr)
+	}
+	if r.RateCap > 0 {
+		fmt.Fprintf(&b, "  paced: at most %.1f requests started per second\n", r.RateCap)
 	}
 	if r.Interrupted {
 		fmt.Fprintf(&b, "  (interrupted)\n")

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Defaults of a run.
@@ -45,6 +47,12 @@ type Config struct {
 	// the length of a step.
 	Probe *Probe
 	Step  time.Duration
+	// Rate, if positive, caps the requests started per second across all
+	// workers (an open-loop pace while the server keeps up): two servers
+	// run at the same Rate carry the same load, so their latencies
+	// compare like with like, which a closed loop at saturation does not
+	// (the faster server then also queues more work per command).
+	Rate float64
 	// Mix is the fraction of the requests that are not IMAP sessions that
 	// are SMTP deliveries; the others are POP3 sessions.
 	Mix float64
@@ -99,6 +107,8 @@ func (cfg *Config) check() error {
 		return errors.New("bench: duration must be positive")
 	case cfg.Deadline <= 0:
 		return errors.New("bench: deadline must be positive")
+	case cfg.Rate < 0:
+		return errors.New("bench: rate must not be negative")
 	case cfg.Probe == nil && cfg.Concurrency < 1:
 		return errors.New("bench: concurrency must be at least 1")
 	case cfg.Probe != nil && (cfg.Step <= 0 || cfg.Probe.Start < 1 || cfg.Probe.Max < cfg.Probe.Start):
@@ -176,6 +186,8 @@ type runner struct {
 	workers []chan struct{} // close to stop that worker
 	nextID  uint64
 	active  atomic.Int64
+	// pace, if set, hands out the Config.Rate starts per second.
+	pace *rate.Limiter
 }
 
 // setConcurrency starts or stops workers so that n run.
@@ -213,6 +225,9 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 		case <-rn.stop.Done():
 			return
 		default:
+		}
+		if rn.pace != nil && rn.pace.Wait(rn.stop) != nil {
+			return // the run is over (or ctx cancelled) before this start's turn
 		}
 		var res Result
 		switch chooseOp(rng.Float64(), rn.cfg.Mix, rn.cfg.IMAPMix) {
@@ -325,6 +340,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rn := &runner{cfg: cfg, rec: rec, stop: stop, abort: abort,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
 		readerBusy: make([]atomic.Bool, len(cfg.Users))}
+	if cfg.Rate > 0 {
+		// A burst of one: starts are spread evenly, not bunched at the top
+		// of each second.
+		rn.pace = rate.NewLimiter(rate.Limit(cfg.Rate), 1)
+	}
 
 	cpu0 := takeCPUSample(cfg.ServerPIDs)
 	start := time.Now()

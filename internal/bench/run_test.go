@@ -182,18 +182,7 @@ func popSession(conn net.Conn, st *mailStore) {
 func TestRunAgainstFakeServers(t *testing.T) {
 	st := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
 
-	sl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
-		return &smtpSession{st: st}, nil
-	}))
-	srv.Domain = "localhost"
-	srv.AllowInsecureAuth = true
-	srv.MaxMessageBytes = 2 << 20
-	go srv.Serve(sl)
-	defer srv.Close()
+	smtpAddr := fakeSMTP(t, func() smtp.Session { return &smtpSession{st: st} })
 
 	pl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -207,7 +196,7 @@ func TestRunAgainstFakeServers(t *testing.T) {
 
 	var progress bytes.Buffer
 	cfg := Config{
-		SMTPAddr:    sl.Addr().String(),
+		SMTPAddr:    smtpAddr,
 		POP3Addr:    pl.Addr().String(),
 		Users:       users,
 		Duration:    1500 * time.Millisecond,
@@ -419,18 +408,9 @@ func (s *subSession) Data(r io.Reader) error {
 func TestSubmissionWorkload(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
-		return &subSession{mu: &mu, got: &got}, nil
-	}))
-	srv.Domain, srv.AllowInsecureAuth = "localhost", true
-	go srv.Serve(l)
-	defer srv.Close()
+	addr := fakeSMTP(t, func() smtp.Session { return &subSession{mu: &mu, got: &got} })
 	users := GenerateUsers(5, "bench.example", "pw")
-	rep, err := Run(context.Background(), Config{SMTPAddr: l.Addr().String(), Users: users, Duration: 500 * time.Millisecond,
+	rep, err := Run(context.Background(), Config{SMTPAddr: addr, Users: users, Duration: 500 * time.Millisecond,
 		Deadline: DefaultDeadline, Concurrency: 2, Mix: 1, Seed: 7, Domain: "bench.example",
 		Submit: &Submit{RemoteDomain: "far.example", Rcpts: 2}})
 	if err != nil {
@@ -448,4 +428,60 @@ func TestSubmissionWorkload(t *testing.T) {
 			t.Fatalf("submission %q: want the logged-in user as sender and two far.example recipients", g)
 		}
 	}
+}
+
+// TestRunPaced checks that --rate caps the starts: six workers against a
+// server that answers at once would make hundreds of deliveries a second.
+func TestRunPaced(t *testing.T) {
+	st := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
+	const perSec = 40
+	cfg := Config{
+		SMTPAddr:    fakeSMTP(t, func() smtp.Session { return &smtpSession{st: st} }),
+		Users:       GenerateUsers(20, "bench.example", "pw"),
+		Duration:    2 * time.Second,
+		Deadline:    DefaultDeadline,
+		Concurrency: 6,
+		Mix:         1,
+		Seed:        7,
+		Rate:        perSec,
+	}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One start at once, then one every 25 ms: about 80 in two seconds.
+	want := cfg.Duration.Seconds() * perSec
+	if got := float64(rep.Total.Requests); got < want*0.75 || got > want+2 {
+		t.Errorf("paced at %d/s for %v: %v requests, want about %v", perSec, cfg.Duration, got, want)
+	}
+	if rep.RateCap != perSec {
+		t.Errorf("report's rate cap %v, want %v", rep.RateCap, perSec)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "paced: at most 40.0 requests started per second") {
+		t.Errorf("text report does not say it was paced:\n%s", text.String())
+	}
+}
+
+// fakeSMTP serves SMTP on a free loopback port with a session from
+// newSession per connection (plaintext AUTH allowed, 2 MB messages) until
+// the test ends, and returns its address.
+func fakeSMTP(t *testing.T, newSession func() smtp.Session) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
+		return newSession(), nil
+	}))
+	srv.Domain = "localhost"
+	srv.AllowInsecureAuth = true
+	srv.MaxMessageBytes = 2 << 20
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String()
 }

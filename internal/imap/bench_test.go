@@ -42,7 +42,8 @@ func BenchmarkFetchHeaders(b *testing.B) {
 
 // BenchmarkBodyAndStore times the IMAP mix's other two commands on one
 // node (a real store, fsync and all): UID FETCH of one message's BODY.PEEK[]
-// (no flag change) and UID STORE of a flag on one message.
+// (no flag change) and UID STORE of a flag on one message; and 20 bodies
+// read at once that were unseen (the FETCH then sets \Seen on them).
 func BenchmarkBodyAndStore(b *testing.B) {
 	n := 160
 	if v, err := strconv.Atoi(os.Getenv("QUILL_BENCH_MESSAGES")); err == nil && v > 0 {
@@ -54,6 +55,21 @@ func BenchmarkBodyAndStore(b *testing.B) {
 		for i := range b.N {
 			msgs, err := cl.Fetch(imap.UIDSetNum(imap.UID(i%n+1)), opts).Collect()
 			if err != nil || len(msgs) != 1 {
+				b.Fatalf("FETCH: %d messages, %v", len(msgs), err)
+			}
+		}
+	})
+	b.Run("unseen_then_fetch_body_20", func(b *testing.B) {
+		// 20 unseen messages read at once (a client opening a thread):
+		// the FETCH's \Seen is one flag change, not one per message.
+		set := imap.UIDSet{imap.UIDRange{Start: 1, Stop: 20}}
+		unseen := &imap.StoreFlags{Op: imap.StoreFlagsDel, Flags: []imap.Flag{imap.FlagSeen}, Silent: true}
+		opts := &imap.FetchOptions{UID: true, BodySection: []*imap.FetchItemBodySection{{}}}
+		for range b.N {
+			if _, err := cl.Store(set, unseen, nil).Collect(); err != nil {
+				b.Fatalf("STORE: %v", err)
+			}
+			if msgs, err := cl.Fetch(set, opts).Collect(); err != nil || len(msgs) != 20 {
 				b.Fatalf("FETCH: %d messages, %v", len(msgs), err)
 			}
 		}

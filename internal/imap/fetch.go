@@ -40,6 +40,13 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		}
 	}
 
+	// RFC 9051 §6.4.5: BODY[...] (not .PEEK) sets \Seen. One flag change
+	// for all the messages, started now so that its round trip to the
+	// writer (replicated and fsync'd there) overlaps the first body's
+	// read, and awaited before the first response shows any flags.
+	seen := s.setSeen(sel, idx, setSeen, options.ChangedSince)
+	var seenUIDs map[uint32]bool
+
 	for _, i := range idx {
 		m := sel.msgs[i]
 		if options.ChangedSince > 0 && m.modSeq <= options.ChangedSince {
@@ -77,21 +84,15 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 				return storeErr("FETCH EMAILID", err)
 			}
 		}
-		flagsChanged := false
-		if setSeen && !m.gone && !m.has(`\Seen`) {
-			// RFC 9051 §6.4.5: BODY[...] (not .PEEK) sets \Seen.
-			upd, _, err := s.srv.store.StoreFlags(s.ctx(), s.user, sel.id, []uint32{m.uid}, mailbox.FlagsAdd, []string{`\Seen`}, 0)
-			if err != nil {
-				return storeErr("FETCH (setting \\Seen)", err)
+		if seen != nil {
+			r := <-seen
+			seen = nil
+			if r.err != nil {
+				return storeErr("FETCH (setting \\Seen)", r.err)
 			}
-			if len(upd) == 1 {
-				if mailbox.SameFlags(upd[0].Flags, mailbox.ApplyFlags(m.flags, mailbox.FlagsAdd, []string{`\Seen`})) {
-					sel.ownChanges([]uint64{upd[0].ModSeq})
-				}
-				m.flags, m.modSeq = upd[0].Flags, upd[0].ModSeq
-				flagsChanged = true
-			}
+			seenUIDs = sel.seenSet(idx, r.updated)
 		}
+		flagsChanged := seenUIDs[m.uid]
 		rw := w.CreateMessage(uint32(i + 1))
 		if options.UID {
 			rw.WriteUID(imap.UID(m.uid))
@@ -150,11 +151,85 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			return err
 		}
 	}
+	if seen != nil {
+		// No message was served (all expunged meanwhile): the change is
+		// still waited for, so the next command sees it, but left for the
+		// next poll to report.
+		<-seen
+	}
 	if expungeIssued {
 		// RFC 5530 EXPUNGEISSUED: the rest was answered.
 		return no(codeExpungeIssued, "FETCH: some of the messages were expunged by another session")
 	}
 	return nil
+}
+
+// seenResult is the outcome of FETCH's flag change (setSeen).
+type seenResult struct {
+	updated []mailbox.Message
+	err     error
+}
+
+// setSeen starts, if set, the flag change that gives \Seen to the messages
+// of idx a FETCH serves without it, and returns where its outcome arrives
+// (nil when there is nothing to change). The messages another session
+// expunged are left alone; so are those CHANGEDSINCE leaves out, which the
+// FETCH does not serve.
+func (s *session) setSeen(sel *selected, idx []int, set bool, changedSince uint64) <-chan seenResult {
+	if !set {
+		return nil
+	}
+	var uids []uint32
+	for _, i := range idx {
+		m := sel.msgs[i]
+		if (changedSince > 0 && m.modSeq <= changedSince) || m.gone || m.has(`\Seen`) {
+			continue
+		}
+		uids = append(uids, m.uid)
+	}
+	if len(uids) == 0 {
+		return nil
+	}
+	out := make(chan seenResult, 1) // never blocks: a FETCH that fails first does not wait
+	ctx, user, mbox := s.ctx(), s.user, sel.id
+	go func() {
+		upd, _, err := s.srv.store.StoreFlags(ctx, user, mbox, uids, mailbox.FlagsAdd, []string{`\Seen`}, 0)
+		out <- seenResult{upd, err}
+	}()
+	return out
+}
+
+// seenSet takes FETCH's \Seen changes into the session's view and returns
+// the UIDs whose flags changed (their responses then show FLAGS). As for
+// STORE, MODSEQs that are exactly this change's let the session skip the
+// next full read of the mailbox.
+func (sel *selected) seenSet(idx []int, updated []mailbox.Message) map[uint32]bool {
+	if len(updated) == 0 {
+		return nil
+	}
+	byUID := make(map[uint32]*msgState, len(idx)) // the FETCH's messages, not the mailbox's
+	for _, i := range idx {
+		byUID[sel.msgs[i].uid] = sel.msgs[i]
+	}
+	changed := make(map[uint32]bool, len(updated))
+	var own []uint64
+	explained := true
+	for _, u := range updated {
+		m := byUID[u.UID]
+		if m == nil {
+			continue
+		}
+		if u.ModSeq > sel.modSeq {
+			own = append(own, u.ModSeq)
+			explained = explained && mailbox.SameFlags(u.Flags, mailbox.ApplyFlags(m.flags, mailbox.FlagsAdd, []string{`\Seen`}))
+		}
+		m.flags, m.modSeq = u.Flags, u.ModSeq
+		changed[u.UID] = true
+	}
+	if explained {
+		sel.ownChanges(own)
+	}
+	return changed
 }
 
 // noNULs returns b with every NUL as 0x80: a plain literal may not hold

@@ -353,3 +353,49 @@ func TestPreviewBareLFAndEmptyModifiers(t *testing.T) {
 		t.Errorf("PREVIEW (): %s, want BAD", st)
 	}
 }
+
+// A FETCH of several bodies (not .PEEK) sets \Seen on those that lack it
+// in one flag change: each of those responses shows the new FLAGS and
+// MODSEQ, the message already seen shows none, another session sees them
+// all seen, and the session's own change is not reported back to it.
+func TestFetchSetsSeenOnEveryMessage(t *testing.T) {
+	e := newEnv(t)
+	for i := 1; i <= 3; i++ {
+		e.deliver(fmt.Sprintf("From: a@example.org\r\nSubject: m%d\r\n\r\nbody %d\r\n", i, i))
+	}
+	a, b := e.raw(true), e.raw(true)
+	a.ok("ENABLE CONDSTORE")
+	a.ok("SELECT INBOX")
+	a.ok(`STORE 2 +FLAGS.SILENT (\Seen)`)
+	u := a.ok("FETCH 1:3 (BODY[TEXT])")
+	for _, want := range []string{"* 1 FETCH (FLAGS (\\Seen \\Recent) MODSEQ (", "* 3 FETCH (FLAGS (\\Seen \\Recent) MODSEQ ("} {
+		if !has(u, want) {
+			t.Errorf("FETCH 1:3 BODY[TEXT]: %q, want %q", u, want)
+		}
+	}
+	if has(u, "* 2 FETCH (FLAGS") || !has(u, "* 2 FETCH (BODY[TEXT]") {
+		t.Errorf("FETCH 1:3 BODY[TEXT]: %q, want message 2 (already seen) without FLAGS", u)
+	}
+	if u := a.ok("NOOP"); has(u, "FETCH") {
+		t.Errorf("NOOP after the FETCH: %q, want no echo of the session's own change", u)
+	}
+	b.ok("SELECT INBOX")
+	if u := b.ok("SEARCH UNSEEN"); len(u) != 1 || u[0] != "* SEARCH" {
+		t.Errorf("another session's SEARCH UNSEEN: %q, want none", u)
+	}
+	// A message expunged and swept elsewhere is skipped; the other is
+	// still served and seen.
+	e.deliver("From: a@example.org\r\nSubject: m4\r\n\r\nbody 4\r\n")
+	e.deliver("From: a@example.org\r\nSubject: m5\r\n\r\nbody 5\r\n")
+	a.ok("NOOP")
+	b.ok("NOOP")
+	b.ok(`STORE 4 +FLAGS.SILENT (\Deleted)`)
+	b.ok("EXPUNGE")
+	if _, err := e.core.Boxes.SweepExpunged(time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	u, st := a.cmd("FETCH 4:5 (BODY[TEXT])")
+	if !strings.HasPrefix(st, "NO [EXPUNGEISSUED]") || !has(u, "* 5 FETCH (FLAGS (\\Seen \\Recent) MODSEQ (") {
+		t.Errorf("FETCH 4:5 after 4 was swept: %q %s, want 5 served and seen, NO [EXPUNGEISSUED]", u, st)
+	}
+}

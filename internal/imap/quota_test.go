@@ -68,17 +68,17 @@ func TestQuota(t *testing.T) {
 		t.Fatalf("COPY past the limit: %s", st)
 	}
 	r.ok("MOVE 1 Archive") // the root holds as much as before
-	if err := e.core.Proxy.CheckRecipient(ctx, testUser, 0); !errors.Is(err, userdb.ErrOverQuota) {
+	if _, err := e.core.Proxy.CheckRecipient(ctx, testUser, 0); !errors.Is(err, userdb.ErrOverQuota) {
 		t.Fatalf("recipient check at the limit: %v", err)
 	}
 
 	// Room for one message again, but not for one of 3.5 KB (4 KB limit, 1 KB used).
 	r.ok(`STORE 1 +FLAGS (\Deleted)`)
 	r.ok("EXPUNGE")
-	if err := e.core.Proxy.CheckRecipient(ctx, testUser, 0); err != nil {
+	if _, err := e.core.Proxy.CheckRecipient(ctx, testUser, 0); err != nil {
 		t.Fatalf("recipient check with room: %v", err)
 	}
-	if err := e.core.Proxy.CheckRecipient(ctx, testUser, 3500); !errors.Is(err, userdb.ErrOverQuota) {
+	if _, err := e.core.Proxy.CheckRecipient(ctx, testUser, 3500); !errors.Is(err, userdb.ErrOverQuota) {
 		t.Fatalf("recipient check of a message larger than the room: %v", err)
 	}
 	if st := appendMsg(body(5) + strings.Repeat("y", 3500)); !strings.HasPrefix(st, "NO [OVERQUOTA]") {

@@ -75,27 +75,29 @@ type Proxy struct {
 // CheckRecipient says whether mail of size bytes (0: not known yet) for
 // addr is accepted here: nil, or an error wrapping userdb.ErrNotFound,
 // ErrForeignDomain or userdb.ErrOverQuota, or another error when the user's
-// manager cannot be reached (a temporary failure).
-func (p *Proxy) CheckRecipient(ctx context.Context, addr string, size int64) error {
+// manager cannot be reached (a temporary failure). limited says the user
+// has a quota, so a message larger than size is worth checking again once
+// its real size is known; for anyone else no size can be refused.
+func (p *Proxy) CheckRecipient(ctx context.Context, addr string, size int64) (limited bool, err error) {
 	addr = userdb.Normalize(addr)
 	lctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
 	defer cancel()
 	prof, _, err := p.Users.Lookup(lctx, addr)
 	if err == nil {
-		return p.checkQuota(lctx, prof, size)
+		return prof.QuotaStorage > 0 || prof.QuotaMessages > 0, p.checkQuota(lctx, prof, size)
 	}
 	if !errors.Is(err, userdb.ErrNotFound) {
-		return err
+		return false, err
 	}
 	if p.Peers.Degraded() {
 		// The user's profile may be on a node that is down or cut off: a
 		// bounce would be final, so ask the sender to try later.
-		return fmt.Errorf("recipient %s: not found while some nodes are unreachable: %w", addr, ErrTryLater)
+		return false, fmt.Errorf("recipient %s: not found while some nodes are unreachable: %w", addr, ErrTryLater)
 	}
 	if !p.Users.ServesDomain(userdb.Domain(addr)) {
-		return fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)
+		return false, fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)
 	}
-	return fmt.Errorf("recipient %s: %w", addr, userdb.ErrNotFound)
+	return false, fmt.Errorf("recipient %s: %w", addr, userdb.ErrNotFound)
 }
 
 // checkQuota refuses a message that would take a user with a quota past

@@ -66,7 +66,7 @@ const (
 type Local interface {
 	// ServesDomain says whether the domain's mail stays here.
 	ServesDomain(domain string) bool
-	CheckRecipient(ctx context.Context, addr string, size int64) error
+	CheckRecipient(ctx context.Context, addr string, size int64) (limited bool, err error)
 	Deliver(ctx context.Context, rcpts []string, raw []byte) error
 }
 
@@ -446,7 +446,8 @@ func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, b
 	var ok []int
 	for i, r := range rcpts {
 		out[i].Rcpt, out[i].Remote = r, q.Cfg.Hostname
-		switch err := q.Local.CheckRecipient(ctx, r, int64(len(body))); {
+		_, err := q.Local.CheckRecipient(ctx, r, int64(len(body)))
+		switch {
 		case err == nil:
 			ok = append(ok, i)
 		case errors.Is(err, userdb.ErrOverQuota):

@@ -103,8 +103,8 @@ type Deliverer interface {
 	// temporary failure).
 	// size is the size the client declared (RFC 1870), 0 when it did not;
 	// an error wrapping userdb.ErrOverQuota says the recipient's quota
-	// leaves no room.
-	CheckRecipient(ctx context.Context, addr string, size int64) error
+	// leaves no room. limited says the recipient has a quota at all.
+	CheckRecipient(ctx context.Context, addr string, size int64) (limited bool, err error)
 	// Deliver stores a message for the recipients and returns once it is
 	// durable under their write policy; DeliverJunk the same into their
 	// junk mailboxes (a DMARC p=quarantine, a spam verdict).
@@ -174,6 +174,9 @@ type session struct {
 	authUser string
 	// size is the message size MAIL declared (RFC 1870), 0 if none.
 	size int64
+	// limited are the recipients of rcpts that have a quota: only they
+	// are checked again at DATA against the message's real size.
+	limited []string
 }
 
 // command returns the context of one command's work, bounded by d: it ends
@@ -185,7 +188,7 @@ func (s *session) command(d time.Duration) (context.Context, func()) {
 }
 
 func (s *session) Reset() {
-	s.from, s.rcpts, s.remote, s.inTx, s.utf8, s.size = "", nil, nil, false, false, 0
+	s.from, s.rcpts, s.remote, s.limited, s.inTx, s.utf8, s.size = "", nil, nil, nil, false, false, 0
 }
 
 func (s *session) Logout() error { return nil }
@@ -239,10 +242,13 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	}
 	ctx, done := s.command(s.b.cfg.RcptTimeout)
 	defer done()
-	err := s.b.p.CheckRecipient(ctx, to, s.size)
+	limited, err := s.b.p.CheckRecipient(ctx, to, s.size)
 	switch {
 	case err == nil:
 		s.rcpts = append(s.rcpts, to)
+		if limited {
+			s.limited = append(s.limited, to)
+		}
 		return nil
 	case errors.Is(err, userdb.ErrOverQuota):
 		// RFC 3463 4.2.2: mailbox full, for now (the user may make room).
@@ -400,15 +406,17 @@ func (s *session) Data(r io.Reader) (err error) {
 // fullAtData returns the local recipients whose quota cannot take the
 // message as it came (raw, trace headers first). RCPT checked the size MAIL
 // declared; only a body larger than that (or none declared) is checked
-// again, so a client that declares its size costs nothing more. A check
-// that cannot be made counts as room: RCPT accepted the recipient.
+// again, so a client that declares its size costs nothing more, and only
+// for the recipients that have a quota (RCPT learnt which), so mail for
+// users without one costs no second lookup. A check that cannot be made
+// counts as room: RCPT accepted the recipient.
 func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) []string {
 	if int64(len(raw)-trace) <= s.size || len(s.remote) > 0 {
 		return nil
 	}
 	var full []string
-	for _, r := range s.rcpts {
-		if err := s.b.p.CheckRecipient(ctx, r, int64(len(raw))); errors.Is(err, userdb.ErrOverQuota) {
+	for _, r := range s.limited {
+		if _, err := s.b.p.CheckRecipient(ctx, r, int64(len(raw))); errors.Is(err, userdb.ErrOverQuota) {
 			full = append(full, r)
 		}
 	}
