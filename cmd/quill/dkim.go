@@ -49,8 +49,9 @@ func init() {
 	// quill domain dkim DOMAIN: the same, where an operator managing a
 	// domain looks for it (issue 14 adds the domains' other settings).
 	var dc adminClient
-	domain := &cobra.Command{Use: "domain", Short: "Manage a mail domain's settings"}
+	domain := &cobra.Command{Use: "domain", Short: "Manage the served mail domains and their settings"}
 	dc.flags(domain)
+	domain.AddCommand(domainCmds(&dc)...)
 	domain.AddCommand(dkimAddCmd(&dc, "dkim DOMAIN"), policyCmd(&dc), policiesCmd(&dc))
 	rootCmd.AddCommand(domain)
 }

@@ -97,7 +97,10 @@ type Server struct {
 	DKIM DKIM
 	// Policies manages the domains' inbound policies (/api/policies).
 	Policies Policies
-	Node     NodeInfo
+	// Domains manages the served domains and aliases (/api/domains,
+	// /api/aliases); users are added only in them. nil: any domain.
+	Domains Domains
+	Node    NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz, on loopback too (any local account could otherwise read
 	// and change every user): "Authorization: Bearer TOKEN", or the
@@ -120,6 +123,13 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
 	mux.HandleFunc("GET /api/users/{address}/quota", s.getQuota)
 	mux.HandleFunc("PUT /api/users/{address}/quota", s.setQuota)
+	mux.HandleFunc("GET /api/domains", s.listDomains)
+	mux.HandleFunc("POST /api/domains", s.addDomain)
+	mux.HandleFunc("PUT /api/domains/{name}", s.setDomain)
+	mux.HandleFunc("DELETE /api/domains/{name}", s.deleteDomain)
+	mux.HandleFunc("GET /api/aliases", s.listAliases)
+	mux.HandleFunc("PUT /api/aliases/{address}", s.setAlias)
+	mux.HandleFunc("DELETE /api/aliases/{address}", s.deleteAlias)
 	mux.HandleFunc("GET /api/tls", s.listCerts)
 	mux.HandleFunc("PUT /api/tls", s.setCert)
 	mux.HandleFunc("DELETE /api/tls/{name...}", s.deleteCert)
@@ -251,10 +261,17 @@ func (s *Server) addUser(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
+	if err := s.checkUserDomain(u.Address); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
 	p, err := s.Users.AddUser(r.Context(), u.Address, u.Password)
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return
+	}
+	if s.Domains != nil {
+		s.claimPostmaster(r.Context(), p.Address)
 	}
 	if u.Replicas != 0 || u.WritePolicy != "" {
 		if err := s.Users.SetReplication(r.Context(), p.Address, u.Replicas, u.WritePolicy); err != nil {

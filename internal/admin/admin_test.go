@@ -16,7 +16,14 @@ import (
 )
 
 func newServer(t *testing.T, token string) *httptest.Server {
-	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
+	ts, _ := newServerCore(t, token, false)
+	return ts
+}
+
+// newServerCore is newServer with the node's core, and with domains (users
+// only in served domains) if asked.
+func newServerCore(t *testing.T, token string, domains bool) (*httptest.Server, *core.Core) {
+	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler), SubaddressSeparator: "+"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,9 +39,12 @@ func newServer(t *testing.T, token string) *httptest.Server {
 				{Node: "n-other", Class: sns.RelayClass, Workers: 1, Max: 2, Pending: 3},
 				{Node: string(c.ID), Class: sns.RelayClass, Workers: 1, Max: 2, Overflow: true}}}
 		}}}
+	if domains {
+		s.Domains = c
+	}
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
-	return ts
+	return ts, c
 }
 
 func call(t *testing.T, method, url, token, body string) (int, string) {

@@ -95,7 +95,20 @@ func (c *Creator) Create(ctx context.Context, users []User) (CreateResult, error
 		client = &http.Client{Timeout: AdminTimeout}
 	}
 	parallel := max(c.Parallel, 1)
-	url := strings.TrimRight(c.BaseURL, "/") + "/api/users"
+	base := strings.TrimRight(c.BaseURL, "/")
+	url := base + "/api/users"
+	// Users are added only in served domains: the users' domains first.
+	seen := map[string]bool{}
+	for _, u := range users {
+		dom := u.Address[strings.LastIndexByte(u.Address, '@')+1:]
+		if seen[dom] {
+			continue
+		}
+		seen[dom] = true
+		if _, err := c.post(ctx, client, base+"/api/domains", "domain "+dom, map[string]string{"name": dom}); err != nil {
+			return CreateResult{}, err
+		}
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -158,7 +171,13 @@ func (c *Creator) Create(ctx context.Context, users []User) (CreateResult, error
 }
 
 func (c *Creator) createOne(ctx context.Context, client *http.Client, url string, u User) (created bool, err error) {
-	body, _ := json.Marshal(map[string]string{"address": u.Address, "password": u.Password})
+	return c.post(ctx, client, url, "user "+u.Address, map[string]string{"address": u.Address, "password": u.Password})
+}
+
+// post creates what by POSTing v to url: true if created, false if it
+// existed already (409).
+func (c *Creator) post(ctx context.Context, client *http.Client, url, what string, v any) (created bool, err error) {
+	body, _ := json.Marshal(v)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return false, err
@@ -169,7 +188,7 @@ func (c *Creator) createOne(ctx context.Context, client *http.Client, url string
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false, fmt.Errorf("create %s: %w", u.Address, err)
+		return false, fmt.Errorf("create %s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
@@ -179,5 +198,5 @@ func (c *Creator) createOne(ctx context.Context, client *http.Client, url string
 	case http.StatusConflict:
 		return false, nil
 	}
-	return false, fmt.Errorf("create %s: %s: %s", u.Address, resp.Status, strings.TrimSpace(string(msg)))
+	return false, fmt.Errorf("create %s: %s: %s", what, resp.Status, strings.TrimSpace(string(msg)))
 }

@@ -38,13 +38,23 @@ func TestGenerateUsers(t *testing.T) {
 func TestCreatorCreates(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]string{"user00002@d.example": "old"}
+	domains := map[string]bool{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/api/users" {
-			http.NotFound(w, r)
-			return
-		}
 		if r.Header.Get("Authorization") != "Bearer tok" {
 			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		if r.Method == http.MethodPost && r.URL.Path == "/api/domains" {
+			var d struct{ Name string }
+			json.NewDecoder(r.Body).Decode(&d)
+			mu.Lock()
+			defer mu.Unlock()
+			domains[d.Name] = true
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		if r.Method != http.MethodPost || r.URL.Path != "/api/users" {
+			http.NotFound(w, r)
 			return
 		}
 		var body struct{ Address, Password string }
@@ -54,6 +64,10 @@ func TestCreatorCreates(t *testing.T) {
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		if !domains[body.Address[strings.LastIndexByte(body.Address, '@')+1:]] {
+			http.Error(w, "domain not served", http.StatusBadRequest)
+			return
+		}
 		if _, ok := seen[body.Address]; ok {
 			w.WriteHeader(http.StatusConflict)
 			return

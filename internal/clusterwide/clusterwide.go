@@ -1,6 +1,6 @@
 // Package clusterwide keeps the objects every node holds a replica of: the
-// cluster's TLS certificates now (issue 11), domains and their settings
-// later. They are hard state in Porcupine's sense (§2.2: lost only with
+// cluster's TLS certificates (issue 11), the domains' DKIM keys and
+// inbound policies, the served domains and their aliases. They are hard state in Porcupine's sense (§2.2: lost only with
 // every replica) but, unlike a user's profile, each node needs them to
 // serve any session, so every node keeps one.
 //

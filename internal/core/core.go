@@ -179,6 +179,8 @@ type Options struct {
 	ClusterAddr string
 	Join        []string
 	Log         *slog.Logger
+	// SubaddressSeparator splits user+tag@ (RFC 5233); empty: none.
+	SubaddressSeparator string
 	// MinFree is the free space under which the node declares its disk
 	// full (0: diskFullBelow).
 	MinFree int64
@@ -281,7 +283,8 @@ func New(o Options) (*Core, error) {
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, balance.DefaultSpread)
 	c.Queue.Placer = c.Placer
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Writers: c.Writers, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
-		Placer: c.Placer, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy}
+		Placer: c.Placer, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy,
+		Domains: wideTables{c}, Separator: o.SubaddressSeparator, Log: log}
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC.Registrar())
 	c.Boxes.Register(c.RPC.Registrar())

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/quillmail/quill/internal/domain"
 	"log/slog"
 	"net"
 	"net/http"
@@ -82,6 +83,9 @@ type Config struct {
 	// long as the node runs.
 	Join     []string `flag:"join" help:"gossip addresses of other nodes to join (host:port,...), retried until they answer"`
 	Hostname string   `flag:"hostname" help:"host name used in greetings and Received headers" doc:"the machine's host name"`
+	// SubaddressSeparator splits user+tag@ (RFC 5233): mail for it goes
+	// to user@ when no user or alias has the whole address.
+	SubaddressSeparator string `flag:"subaddress-separator" help:"separator of sub-addresses (user+tag@ reaches user@); empty: none"`
 	// MaxMessageBytes is the SMTP SIZE limit.
 	MaxMessageBytes int64 `flag:"max-message-size" help:"largest message accepted, in bytes"`
 	// AuthFailDelay is how long a wrong password waits before its error,
@@ -139,42 +143,43 @@ func DefaultConfig() Config {
 		host = "localhost"
 	}
 	return Config{
-		DataDir:          "quill-data",
-		SMTPAddr:         "127.0.0.1:2525",
-		POP3Addr:         "127.0.0.1:1110",
-		IMAPAddr:         "127.0.0.1:1143",
-		HTTPAddr:         "127.0.0.1:8025",
-		SMTPSAddr:        "127.0.0.1:1465",
-		SubmissionAddr:   "127.0.0.1:1587",
-		IMAPSAddr:        "127.0.0.1:1993",
-		POP3SAddr:        "127.0.0.1:1995",
-		Hostname:         host,
-		MaxMessageBytes:  25 << 20,
-		AuthFailDelay:    time.Second,
-		AuthMaxDelay:     16 * time.Second,
-		MaxConnsPerIP:    150,
-		AuthLockoutAfter: 20,
-		AuthLockoutFor:   15 * time.Minute,
-		MinFree:          256 << 20,
-		Replicas:         core.DefaultReplicas,
-		WritePolicy:      string(replica.One),
-		ReplaceAfter:     replica.DefaultReplaceAfter,
-		LogMaxAge:        replica.DefaultMaxAge,
-		AuditInterval:    writer.DefaultAuditInterval,
-		ACMEDirectory:    acmecert.LetsEncrypt,
-		ACMEHTTP:         ":80",
-		OutboundPort:     25,
-		MTASTSPort:       443,
-		CheckInbound:     true,
-		SubmitRecipients: 100,
-		SubmitPerHour:    500,
-		QueueLifetime:    queue.DefaultLifetime,
-		QueueWarn:        queue.DefaultWarnAfter,
-		QueueRetry:       queue.DefaultRetry,
-		QueueWorkers:     queue.DefaultWorkers,
-		RelayWorkers:     2,
-		FilterWorkers:    2,
-		Logger:           slog.Default(),
+		DataDir:             "quill-data",
+		SMTPAddr:            "127.0.0.1:2525",
+		POP3Addr:            "127.0.0.1:1110",
+		IMAPAddr:            "127.0.0.1:1143",
+		HTTPAddr:            "127.0.0.1:8025",
+		SMTPSAddr:           "127.0.0.1:1465",
+		SubmissionAddr:      "127.0.0.1:1587",
+		IMAPSAddr:           "127.0.0.1:1993",
+		POP3SAddr:           "127.0.0.1:1995",
+		Hostname:            host,
+		SubaddressSeparator: domain.DefaultSeparator,
+		MaxMessageBytes:     25 << 20,
+		AuthFailDelay:       time.Second,
+		AuthMaxDelay:        16 * time.Second,
+		MaxConnsPerIP:       150,
+		AuthLockoutAfter:    20,
+		AuthLockoutFor:      15 * time.Minute,
+		MinFree:             256 << 20,
+		Replicas:            core.DefaultReplicas,
+		WritePolicy:         string(replica.One),
+		ReplaceAfter:        replica.DefaultReplaceAfter,
+		LogMaxAge:           replica.DefaultMaxAge,
+		AuditInterval:       writer.DefaultAuditInterval,
+		ACMEDirectory:       acmecert.LetsEncrypt,
+		ACMEHTTP:            ":80",
+		OutboundPort:        25,
+		MTASTSPort:          443,
+		CheckInbound:        true,
+		SubmitRecipients:    100,
+		SubmitPerHour:       500,
+		QueueLifetime:       queue.DefaultLifetime,
+		QueueWarn:           queue.DefaultWarnAfter,
+		QueueRetry:          queue.DefaultRetry,
+		QueueWorkers:        queue.DefaultWorkers,
+		RelayWorkers:        2,
+		FilterWorkers:       2,
+		Logger:              slog.Default(),
 	}
 }
 
@@ -228,7 +233,7 @@ func Start(cfg Config) (*Node, error) {
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
-		Register: relaySvc.Register})
+		Register: relaySvc.Register, SubaddressSeparator: cfg.SubaddressSeparator})
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +471,7 @@ func (n *Node) startListeners() error {
 	if err != nil {
 		return err
 	}
-	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Domains: n.Core, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {

@@ -10,11 +10,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/domain"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
@@ -70,6 +73,18 @@ type Proxy struct {
 	Repl     *replica.Manager
 	Replicas int
 	Policy   replica.Policy
+	// Domains are the cluster's served domains and aliases (nil: none,
+	// users only); Separator splits sub-addresses (RFC 5233, "": none).
+	Domains   domain.Tables
+	Separator string
+	Log       *slog.Logger // nil: slog's default
+}
+
+func (p *Proxy) log() *slog.Logger {
+	if p.Log != nil {
+		return p.Log
+	}
+	return slog.Default()
 }
 
 // CheckRecipient says whether mail of size bytes (0: not known yet) for
@@ -94,10 +109,72 @@ func (p *Proxy) CheckRecipient(ctx context.Context, addr string, size int64) (li
 		// bounce would be final, so ask the sender to try later.
 		return false, fmt.Errorf("recipient %s: not found while some nodes are unreachable: %w", addr, ErrTryLater)
 	}
-	if !p.Users.ServesDomain(userdb.Domain(addr)) {
+	if !p.ServesDomain(userdb.Domain(addr)) {
 		return false, fmt.Errorf("recipient %s: %w", addr, ErrForeignDomain)
 	}
 	return false, fmt.Errorf("recipient %s: %w", addr, userdb.ErrNotFound)
+}
+
+// Recipients says which users receive mail of size bytes (0: not known
+// yet) sent to addr, and which of them have a quota (limited): addr itself
+// when it is a user; an alias's targets, looked at first (as Postfix's
+// virtual aliases are); else the first of domain.Fallbacks (the address
+// without its sub-address tag, the domain's postmaster for a role address,
+// its catch-all) that reaches a user. The errors are CheckRecipient's: a
+// target over its quota refuses the whole address (452 for all rather
+// than a message split between its targets), a target that is no user
+// here (deleted since, or elsewhere) is left out and logged.
+func (p *Proxy) Recipients(ctx context.Context, addr string, size int64) (users, limited []string, err error) {
+	addr = userdb.Normalize(addr)
+	if p.Domains != nil {
+		if targets, ok := domain.Expand(addr, p.Domains); ok {
+			return p.targets(ctx, addr, targets, size)
+		}
+	}
+	lim, err := p.CheckRecipient(ctx, addr, size)
+	if err == nil {
+		if lim {
+			limited = []string{addr}
+		}
+		return []string{addr}, limited, nil
+	}
+	if !errors.Is(err, userdb.ErrNotFound) || p.Domains == nil {
+		return nil, nil, err
+	}
+	for _, fb := range domain.Fallbacks(addr, p.Separator, p.Domains) {
+		targets, ok := domain.Expand(fb, p.Domains)
+		if !ok {
+			targets = []string{fb}
+		}
+		u, l, ferr := p.targets(ctx, addr, targets, size)
+		if errors.Is(ferr, userdb.ErrNotFound) {
+			continue
+		}
+		return u, l, ferr
+	}
+	return nil, nil, err
+}
+
+// targets checks each address addr stands for, as Recipients says.
+func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size int64) (users, limited []string, err error) {
+	for _, t := range targets {
+		lim, err := p.CheckRecipient(ctx, t, size)
+		switch {
+		case err == nil:
+			users = append(users, t)
+			if lim {
+				limited = append(limited, t)
+			}
+		case errors.Is(err, userdb.ErrNotFound) || errors.Is(err, ErrForeignDomain):
+			p.log().Warn("alias target is not a user here; left out", "address", addr, "target", t)
+		default:
+			return nil, nil, fmt.Errorf("address %s: %w", addr, err)
+		}
+	}
+	if len(users) == 0 {
+		return nil, nil, fmt.Errorf("address %s: none of %s is a user here: %w", addr, strings.Join(targets, ", "), userdb.ErrNotFound)
+	}
+	return users, limited, nil
 }
 
 // checkQuota refuses a message that would take a user with a quota past
@@ -128,10 +205,17 @@ func (p *Proxy) usage(ctx context.Context, user string) (*writer.MailboxesReply,
 	return rep, nil
 }
 
-// ServesDomain reports whether the cluster serves a domain (any live node
-// holds a profile in it): mail for other domains leaves through the
-// outbound queue.
-func (p *Proxy) ServesDomain(domain string) bool { return p.Users.ServesDomain(domain) }
+// ServesDomain reports whether the cluster serves a domain (it was added,
+// or any live node holds a profile in it): mail for other domains leaves
+// through the outbound queue.
+func (p *Proxy) ServesDomain(name string) bool {
+	if p.Domains != nil {
+		if _, ok := p.Domains.Domain(domain.Normalize(name)); ok {
+			return true
+		}
+	}
+	return p.Users.ServesDomain(name)
+}
 
 // Deliver stores one message for every recipient (Porcupine §2.3.1): for
 // each recipient the mailbox's writer on the user's manager hands out the

@@ -66,7 +66,9 @@ const (
 type Local interface {
 	// ServesDomain says whether the domain's mail stays here.
 	ServesDomain(domain string) bool
-	CheckRecipient(ctx context.Context, addr string, size int64) (limited bool, err error)
+	// Recipients says which users an address reaches (itself, an
+	// alias's targets, ...), proxy.Proxy.Recipients.
+	Recipients(ctx context.Context, addr string, size int64) (users, limited []string, err error)
 	Deliver(ctx context.Context, rcpts []string, raw []byte) error
 }
 
@@ -444,12 +446,18 @@ func (q *Queue) deliverDomain(ctx context.Context, from, domain string, rcpts []
 func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, body []byte) []Result {
 	out := make([]Result, len(rcpts))
 	var ok []int
+	var to []string
 	for i, r := range rcpts {
 		out[i].Rcpt, out[i].Remote = r, q.Cfg.Hostname
-		_, err := q.Local.CheckRecipient(ctx, r, int64(len(body)))
+		users, _, err := q.Local.Recipients(ctx, r, int64(len(body)))
 		switch {
 		case err == nil:
 			ok = append(ok, i)
+			for _, u := range users {
+				if !slices.Contains(to, u) {
+					to = append(to, u)
+				}
+			}
 		case errors.Is(err, userdb.ErrOverQuota):
 			out[i].Status, out[i].Text = "4.2.2", "mailbox full"
 		case errors.Is(err, userdb.ErrNotFound):
@@ -460,10 +468,6 @@ func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, b
 	}
 	if len(ok) == 0 {
 		return out
-	}
-	var to []string
-	for _, i := range ok {
-		to = append(to, rcpts[i])
 	}
 	raw := append([]byte(fmt.Sprintf(returnPathFmt, from)), body...)
 	err := q.Local.Deliver(ctx, to, raw)

@@ -105,6 +105,10 @@ type Deliverer interface {
 	// an error wrapping userdb.ErrOverQuota says the recipient's quota
 	// leaves no room. limited says the recipient has a quota at all.
 	CheckRecipient(ctx context.Context, addr string, size int64) (limited bool, err error)
+	// Recipients is CheckRecipient for an address that may stand for
+	// other users (an alias, a sub-address, a role address, a catch-all):
+	// the users it reaches, and those of them with a quota.
+	Recipients(ctx context.Context, addr string, size int64) (users, limited []string, err error)
 	// Deliver stores a message for the recipients and returns once it is
 	// durable under their write policy; DeliverJunk the same into their
 	// junk mailboxes (a DMARC p=quarantine, a spam verdict).
@@ -242,12 +246,20 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	}
 	ctx, done := s.command(s.b.cfg.RcptTimeout)
 	defer done()
-	limited, err := s.b.p.CheckRecipient(ctx, to, s.size)
+	users, limited, err := s.b.p.Recipients(ctx, to, s.size)
 	switch {
 	case err == nil:
-		s.rcpts = append(s.rcpts, to)
-		if limited {
-			s.limited = append(s.limited, to)
+		// An alias, a sub-address or a catch-all stands for users: they
+		// are the message's recipients, each once.
+		for _, u := range users {
+			if !slices.Contains(s.rcpts, u) {
+				s.rcpts = append(s.rcpts, u)
+			}
+		}
+		for _, u := range limited {
+			if !slices.Contains(s.limited, u) {
+				s.limited = append(s.limited, u)
+			}
 		}
 		return nil
 	case errors.Is(err, userdb.ErrOverQuota):

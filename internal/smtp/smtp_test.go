@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/quillmail/quill/internal/domain"
 	"log/slog"
 	"net"
 	"strings"
@@ -25,7 +26,14 @@ func startServer(t *testing.T, maxSize int64) (string, *proxy.Proxy) {
 // startServerWith is startServer with a change to the configuration.
 func startServerWith(t *testing.T, maxSize int64, configure func(*smtp.Config)) (string, *proxy.Proxy) {
 	t.Helper()
-	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler)})
+	addr, c := startCore(t, maxSize, configure)
+	return addr, c.Proxy
+}
+
+// startCore is startServerWith, returning the node's core.
+func startCore(t *testing.T, maxSize int64, configure func(*smtp.Config)) (string, *core.Core) {
+	t.Helper()
+	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler), SubaddressSeparator: "+"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +57,7 @@ func startServerWith(t *testing.T, maxSize int64, configure func(*smtp.Config)) 
 	}
 	go s.Serve(l)
 	t.Cleanup(func() { s.Close(); c.Close() })
-	return l.Addr().String(), p
+	return l.Addr().String(), c
 }
 
 func inboxBodies(t *testing.T, p *proxy.Proxy, user string) [][]byte {
@@ -396,5 +404,48 @@ func TestOverQuotaAtRcpt(t *testing.T) {
 	}
 	if n := len(inboxBodies(t, p, "alice@example.org")); n != 1 {
 		t.Fatalf("alice has %d messages, want 1", n)
+	}
+}
+
+// Mail to an alias, a sub-address and postmaster@ reaches the users they
+// stand for, each user once however many of the recipients name them; an
+// address nothing takes is refused at RCPT.
+func TestAliasesAtRcpt(t *testing.T) {
+	addr, c := startCore(t, 1<<20, nil)
+	ctx := context.Background()
+	if _, err := c.AddDomain(ctx, domain.Domain{Name: "example.org", Postmaster: "bob@example.org"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetAlias(ctx, domain.Alias{Address: "team@example.org", Targets: []string{"alice@example.org", "bob@example.org"}}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := gosmtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.Mail("a@far.net", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Rcpt("nobody@example.org", nil); smtpCode(err) != 5501 {
+		t.Errorf("RCPT nobody@: %v, want 550 5.1.1", err)
+	}
+	for _, r := range []string{"team@example.org", "alice+lists@example.org", "postmaster@example.org"} {
+		if err := cl.Rcpt(r, nil); err != nil {
+			t.Fatalf("RCPT %s: %v", r, err)
+		}
+	}
+	w, err := cl.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("Subject: to the team\r\n\r\nhello\r\n"))
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"alice@example.org", "bob@example.org"} {
+		if n := len(inboxBodies(t, c.Proxy, u)); n != 1 {
+			t.Errorf("%s has %d messages, want 1", u, n)
+		}
 	}
 }

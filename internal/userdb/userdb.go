@@ -8,6 +8,7 @@ package userdb
 import (
 	"errors"
 	"fmt"
+	"github.com/quillmail/quill/internal/domain"
 	"strings"
 	"sync"
 	"time"
@@ -312,6 +313,32 @@ func ValidateAddress(addr string) error {
 	dom := addr[at+1:]
 	if strings.Contains(addr[:at], "@") || strings.HasPrefix(dom, ".") || strings.HasSuffix(dom, ".") || strings.Contains(dom, "..") {
 		return fmt.Errorf("address %q: bad domain", addr)
+	}
+	return nil
+}
+
+// ValidateNewAddress is ValidateAddress and more, for an address that is to
+// become a user or an alias: a local part of letters, digits and . - _ + =
+// (no dot first, last or twice in a row: RFC 5321's dot-atom, narrowed to
+// what is safe as a file or folder name when mail is exported, so no / or
+// ..), and a domain name domain.ValidName accepts. Addresses already
+// stored are only held to ValidateAddress, so an upgrade reads them all.
+func ValidateNewAddress(addr string) error {
+	if err := ValidateAddress(addr); err != nil {
+		return err
+	}
+	at := strings.LastIndexByte(addr, '@')
+	local := addr[:at]
+	if local[0] == '.' || local[len(local)-1] == '.' || strings.Contains(local, "..") {
+		return fmt.Errorf("address %q: a dot may not start or end the local part or follow another", addr)
+	}
+	for _, c := range []byte(local) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte(".-_+=", c) >= 0) {
+			return fmt.Errorf("address %q: character %q not allowed in the local part (letters, digits and . - _ + =)", addr, c)
+		}
+	}
+	if err := domain.ValidName(strings.ToLower(addr[at+1:])); err != nil {
+		return fmt.Errorf("address %q: %w", addr, err)
 	}
 	return nil
 }

@@ -72,6 +72,23 @@ func TestProfilesScanByBucket(t *testing.T) {
 	}
 }
 
+// Users and aliases get stricter addresses than those already stored:
+// nothing that walks out of a folder when mail is exported, a domain name
+// that is one.
+func TestValidateNewAddress(t *testing.T) {
+	for _, ok := range []string{"a@b.c", "first.last+tag@example.org", "x_y-z=1@mail.example-1.org", "Bob@Example.ORG"} {
+		if err := ValidateNewAddress(ok); err != nil {
+			t.Errorf("%s rejected: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"../x@example.org", "a/b@example.org", ".a@example.org", "a.@example.org", "a..b@example.org",
+		"a%b@example.org", "a'b@example.org", "a@-x.org", "a@x_y.org", "a@x..org", "", "a b@x.org", "a@b@c"} {
+		if err := ValidateNewAddress(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
 func TestValidateAddress(t *testing.T) {
 	for _, ok := range []string{"a@b.c", "first.last+tag@example.org"} {
 		if err := ValidateAddress(ok); err != nil {

@@ -1030,7 +1030,7 @@ func (m *Manager) profileApplied(p *userdb.Profile) {
 // mailboxes, to the profile's replicas (hard state) and its soft state.
 func (m *Manager) AddUser(ctx context.Context, addr, password string) (*userdb.Profile, error) {
 	addr = userdb.Normalize(addr)
-	if err := userdb.ValidateAddress(addr); err != nil {
+	if err := userdb.ValidateNewAddress(addr); err != nil {
 		return nil, err
 	}
 	hash, keys, err := hashAndKeys(password)

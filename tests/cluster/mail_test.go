@@ -18,8 +18,20 @@ import (
 // ioTimeout bounds every client operation in these tests.
 const ioTimeout = 10 * time.Second
 
+// serveDomain adds the domain of addr through the node unless the node
+// serves it already (a user is added only in a served domain).
+func (n *Node) serveDomain(t *testing.T, addr string) {
+	t.Helper()
+	dom := addr[strings.LastIndexByte(addr, '@')+1:]
+	err := n.api(http.MethodPost, "/api/domains", map[string]string{"name": dom}, nil)
+	if err != nil && !strings.Contains(err.Error(), "409") {
+		fatalf(t, "add domain %s through %s: %v", dom, n.ID, err)
+	}
+}
+
 func (n *Node) addUser(t *testing.T, addr, pw string) {
 	t.Helper()
+	n.serveDomain(t, addr)
 	body, _ := json.Marshal(map[string]string{"address": addr, "password": pw})
 	c := http.Client{Timeout: 30 * time.Second}
 	req, _ := http.NewRequest(http.MethodPost, "http://"+n.HTTP+"/api/users", bytes.NewReader(body))

@@ -398,6 +398,7 @@ func freeSubnet(t *testing.T) int {
 // token, if any).
 func (n *Node) createUser(t *testing.T, addr, pw string) {
 	t.Helper()
+	n.serveDomain(t, addr)
 	if err := n.api(http.MethodPost, "/api/users", map[string]string{"address": addr, "password": pw}, nil); err != nil {
 		fatalf(t, "add %s: %v", addr, err)
 	}

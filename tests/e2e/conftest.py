@@ -216,7 +216,15 @@ class QuillNode:
             raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
         return r
 
+    def add_domain(self, domain: str) -> None:
+        """Serves the domain (users are added only in served domains); one
+        served already is left as it is."""
+        r = self.cli("domain", "add", domain, check=False)
+        if r.returncode != 0 and "already exists" not in r.stderr:
+            raise AssertionError(f"quill domain add {domain} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+
     def add_user(self, addr: str, pw: str) -> None:
+        self.add_domain(addr.rsplit("@", 1)[1].lower())
         self.cli("user", "add", addr, "--password", pw)
 
     @property

@@ -694,6 +694,7 @@ def test_admin_cli_user_lifecycle(node):
 
 def test_admin_cli_survives_restart_and_password_from_stdin(node, quill_bin):
     import subprocess
+    node.add_domain(DOMAIN)
     r = subprocess.run([quill_bin, "user", "add", ALICE, "--server", node.http_url, "--data", str(node.data_dir)],
                        input="piped-pw\n", capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -703,6 +704,12 @@ def test_admin_cli_survives_restart_and_password_from_stdin(node, quill_bin):
 
 
 def test_admin_api_post_users(node):
+    # A user only in a served domain.
+    status, body = node.api("POST", "/api/users",
+                            json.dumps({"address": ALICE, "password": PW}).encode())
+    assert status == 400 and b"not served" in body, (status, body)
+    status, body = node.api("POST", "/api/domains", json.dumps({"name": DOMAIN}).encode())
+    assert status == 201, (status, body)
     status, body = node.api("POST", "/api/users",
                             json.dumps({"address": ALICE, "password": PW}).encode())
     assert 200 <= status < 300, (status, body)
@@ -715,9 +722,14 @@ def test_admin_api_post_users(node):
 
 
 def test_admin_cli_rejects_bad_input(node):
+    node.add_domain(DOMAIN)
     for args in (["user", "add", "notanaddress", "--password", "x"],
                  ["user", "add", f"@{DOMAIN}", "--password", "x"],
                  ["user", "add", "sp ace@" + DOMAIN, "--password", "x"],
+                 ["user", "add", "../x@" + DOMAIN, "--password", "x"],
+                 ["user", "add", "a/b@" + DOMAIN, "--password", "x"],
+                 ["user", "add", "victim@gmail.com", "--password", "x"],
+                 ["domain", "add", "bad_name.org"],
                  ["user", "add", ALICE, "--password", "p" * 5000]):
         r = node.cli(*args, check=False)
         assert r.returncode != 0 and r.stderr.strip(), (args, r)
@@ -757,3 +769,34 @@ def test_user_deleted_during_pop3_session(users):
     send(users, ALICE, message("fresh", b"y\r\n"))
     got = fetch_all(users, ALICE, PW)
     assert len(got) == 1 and b"Subject: fresh" in got[0][1]
+
+
+# ---- domains and aliases (issue 14) -----------------------------------------
+
+def test_aliases_subaddresses_and_role_addresses(node):
+    """What an operator sets with `quill domain` and `quill alias` reaches
+    the users by SMTP: an alias (each user once however many recipients
+    name them), user+tag@, postmaster@ and abuse@ (RFC 2142) and the
+    catch-all; an address nothing takes is refused at RCPT."""
+    node.cli("domain", "add", DOMAIN, "--postmaster", BOB)
+    for u in (ALICE, BOB, CAROL):
+        node.add_user(u, PW)
+    r = node.cli("alias", "set", f"team@{DOMAIN}", ALICE, BOB)
+    assert "alice@quill.test, bob@quill.test" in r.stdout, r.stdout
+    assert f"team@{DOMAIN}" in node.cli("alias", "list", "--domain", DOMAIN).stdout
+    assert BOB in node.cli("domain", "list").stdout
+
+    assert send(node, [f"team@{DOMAIN}", f"alice+news@{DOMAIN}"], message("team", b"x\r\n")) == {}
+    assert send(node, f"postmaster@{DOMAIN}", message("pm", b"x\r\n")) == {}
+    assert send(node, f"Abuse@{DOMAIN}", message("abuse", b"x\r\n")) == {}
+    with pytest.raises(smtplib.SMTPRecipientsRefused):
+        send(node, f"nobody@{DOMAIN}", message("lost", b"x\r\n"))
+    assert (count(node, ALICE, PW), count(node, BOB, PW), count(node, CAROL, PW)) == (1, 3, 0)
+
+    node.cli("domain", "set", DOMAIN, "--catch-all", CAROL)
+    assert send(node, f"nobody@{DOMAIN}", message("caught", b"x\r\n")) == {}
+    assert count(node, CAROL, PW) == 1
+    # A domain in use stays; an alias goes.
+    assert node.cli("domain", "del", DOMAIN, check=False).returncode != 0
+    node.cli("alias", "del", f"team@{DOMAIN}")
+    assert f"team@{DOMAIN}" not in node.cli("alias", "list").stdout
