@@ -41,7 +41,8 @@ func TestDomainsAliasesAndWhatAnAddressReaches(t *testing.T) {
 	}
 
 	must("PUT", "/api/aliases/sales@example.org", `{"targets":["Alice@example.org","bob@example.org","alice@example.org"]}`, 200)
-	must("PUT", "/api/aliases/team@example.org", `{"targets":["sales@example.org","carol@elsewhere.net"]}`, 200)
+	must("PUT", "/api/aliases/team@example.org", `{"targets":["sales@example.org","carol@elsewhere.net"]}`, 400) // no forwarding
+	must("PUT", "/api/aliases/team@example.org", `{"targets":["sales@example.org","dave@example.org"]}`, 200)
 	must("PUT", "/api/aliases/bob@example.org", `{"targets":["alice@example.org"]}`, 200) // an alias before the user
 	must("PUT", "/api/aliases/x@other.org", `{"targets":["alice@example.org"]}`, 400)     // not a served domain
 	must("PUT", "/api/aliases/loop@example.org", `{"targets":["loop@example.org"]}`, 400)
@@ -69,12 +70,13 @@ func TestDomainsAliasesAndWhatAnAddressReaches(t *testing.T) {
 	}
 	reach("alice@example.org", "alice@example.org")
 	reach("sales@example.org", "alice@example.org") // bob@ is an alias of alice@
-	reach("team@example.org", "alice@example.org")  // carol@elsewhere.net is left out
+	reach("team@example.org", "alice@example.org")  // dave@ is no user: left out
 	reach("alice+news@example.org", "alice@example.org")
 	reach("Postmaster@example.org", "alice@example.org")
 	reach("abuse+x@example.org", "alice@example.org")
 	reach("nobody@example.org")
-	must("PUT", "/api/domains/example.org", `{"catch_all":"carol@example.org"}`, 200)
+	must("PUT", "/api/domains/example.org", `{"catch_all":"carol@elsewhere.net"}`, 400)
+	must("PUT", "/api/domains/example.org", `{"catch_all":"Carol@Example.org"}`, 200)
 	reach("nobody@example.org") // the catch-all is no user
 	must("POST", "/api/users", `{"address":"carol@example.org","password":"pw"}`, 201)
 	reach("nobody@example.org", "carol@example.org")

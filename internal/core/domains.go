@@ -88,7 +88,7 @@ func (c *Core) AddDomain(ctx context.Context, d domain.Domain) (domain.Domain, e
 		return d, fmt.Errorf("domain %s: %w", d.Name, domain.ErrExists)
 	}
 	d.Created = time.Now().UTC().Truncate(time.Second)
-	if err := c.checkDomainTargets(d); err != nil {
+	if err := c.checkDomainTargets(&d); err != nil {
 		return d, err
 	}
 	if err := c.putWide(ctx, domainPrefix+d.Name, d, false); err != nil {
@@ -106,7 +106,7 @@ func (c *Core) SetDomain(ctx context.Context, d domain.Domain) (domain.Domain, e
 		return d, fmt.Errorf("domain %s: %w", d.Name, domain.ErrNotFound)
 	}
 	d.Created = old.Created
-	if err := c.checkDomainTargets(d); err != nil {
+	if err := c.checkDomainTargets(&d); err != nil {
 		return d, err
 	}
 	if err := c.putWide(ctx, domainPrefix+d.Name, d, false); err != nil {
@@ -116,15 +116,19 @@ func (c *Core) SetDomain(ctx context.Context, d domain.Domain) (domain.Domain, e
 	return d, nil
 }
 
-// checkDomainTargets checks a domain's postmaster and catch-all: addresses,
-// if set.
-func (c *Core) checkDomainTargets(d domain.Domain) error {
+// checkDomainTargets normalizes and checks a domain's postmaster and
+// catch-all: addresses, if set, in a served domain (or the domain itself).
+func (c *Core) checkDomainTargets(d *domain.Domain) error {
+	d.Postmaster, d.CatchAll = userdb.Normalize(d.Postmaster), userdb.Normalize(d.CatchAll)
 	for _, a := range []struct{ what, addr string }{{"postmaster", d.Postmaster}, {"catch-all", d.CatchAll}} {
 		if a.addr == "" {
 			continue
 		}
 		if err := userdb.ValidateAddress(a.addr); err != nil {
 			return fmt.Errorf("domain %s: %s: %w", d.Name, a.what, err)
+		}
+		if dom := userdb.Domain(a.addr); dom != d.Name && !c.ServesDomain(dom) {
+			return fmt.Errorf("domain %s: %s %s: domain %s is not served here (mail is not forwarded to other domains)", d.Name, a.what, a.addr, dom)
 		}
 	}
 	return nil
@@ -170,7 +174,7 @@ func (c *Core) SetAlias(ctx context.Context, a domain.Alias) (domain.Alias, erro
 		a.Targets[i] = userdb.Normalize(a.Targets[i])
 	}
 	a.Targets = slices.Compact(slices.Sorted(slices.Values(a.Targets)))
-	if err := domain.CheckAlias(a, userdb.ValidateNewAddress, c.HasDomain); err != nil {
+	if err := domain.CheckAlias(a, userdb.ValidateNewAddress, userdb.ValidateAddress, c.ServesDomain); err != nil {
 		return a, err
 	}
 	if err := c.putWide(ctx, aliasPrefix+a.Address, a, false); err != nil {

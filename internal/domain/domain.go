@@ -169,11 +169,13 @@ func Fallbacks(addr, sep string, t Tables) []string {
 	return out
 }
 
-// CheckAlias checks an alias before it is stored: a valid address in a
-// served domain (served reports which are), one to maxTargets targets,
-// each an address, none the alias itself.
-func CheckAlias(a Alias, validAddress func(string) error, served func(string) bool) error {
-	if err := validAddress(a.Address); err != nil {
+// CheckAlias checks an alias before it is stored: an address valid for a
+// new one (validNew) in a served domain (served reports which are), one to
+// maxTargets targets, each an address (validAddress: an existing user's
+// may be older than today's rules) in a served domain, since mail is not
+// forwarded elsewhere (that needs SRS), and none the alias itself.
+func CheckAlias(a Alias, validNew, validAddress func(string) error, served func(string) bool) error {
+	if err := validNew(a.Address); err != nil {
 		return fmt.Errorf("alias: %w", err)
 	}
 	if _, dom := split(a.Address); !served(dom) {
@@ -188,6 +190,9 @@ func CheckAlias(a Alias, validAddress func(string) error, served func(string) bo
 		}
 		if err := validAddress(tg); err != nil {
 			return fmt.Errorf("alias %s: target: %w", a.Address, err)
+		}
+		if _, dom := split(tg); !served(dom) {
+			return fmt.Errorf("alias %s: target %s: domain %s is not served here (mail is not forwarded to other domains)", a.Address, tg, dom)
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package imap
 
 import (
 	"bytes"
+	"context"
 	"errors"
 
 	"github.com/emersion/go-imap/v2"
@@ -10,7 +11,7 @@ import (
 )
 
 // Fetch answers FETCH and UID FETCH (RFC 9051 §6.4.5, RFC 7162 §3.1.4).
-func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *imap.FetchOptions) error {
+func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *imap.FetchOptions) (err error) {
 	sel := s.sel
 	idx, err := s.resolve(numSet, false)
 	if err != nil {
@@ -46,6 +47,18 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 	// read, and awaited before the first response shows any flags.
 	seen := s.setSeen(sel, idx, setSeen, options.ChangedSince)
 	var seenUIDs map[uint32]bool
+	var flipped []mailbox.Message // what the \Seen change changed
+	served := map[uint32]bool{}   // UIDs whose response went out whole
+	defer func() {
+		if seen != nil { // never awaited: nothing was served
+			if r := <-seen; r.err == nil {
+				flipped = r.updated
+			}
+		}
+		if err != nil {
+			s.unseeUnserved(sel, flipped, served)
+		}
+	}()
 
 	for _, i := range idx {
 		m := sel.msgs[i]
@@ -90,6 +103,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			if r.err != nil {
 				return storeErr("FETCH (setting \\Seen)", r.err)
 			}
+			flipped = r.updated
 			seenUIDs = sel.seenSet(idx, r.updated)
 		}
 		flagsChanged := seenUIDs[m.uid]
@@ -150,12 +164,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		if err := rw.Close(); err != nil {
 			return err
 		}
-	}
-	if seen != nil {
-		// No message was served (all expunged meanwhile): the change is
-		// still waited for, so the next command sees it, but left for the
-		// next poll to report.
-		<-seen
+		served[m.uid] = true
 	}
 	if expungeIssued {
 		// RFC 5530 EXPUNGEISSUED: the rest was answered.
@@ -190,13 +199,36 @@ func (s *session) setSeen(sel *selected, idx []int, set bool, changedSince uint6
 	if len(uids) == 0 {
 		return nil
 	}
-	out := make(chan seenResult, 1) // never blocks: a FETCH that fails first does not wait
-	ctx, user, mbox := s.ctx(), s.user, sel.id
+	out := make(chan seenResult, 1)
+	// Not cut short by a hang-up: Fetch waits for it in any case, and a
+	// change half made is worse than one made and then undone.
+	ctx, user, mbox := context.WithoutCancel(s.ctx()), s.user, sel.id
 	go func() {
 		upd, _, err := s.srv.store.StoreFlags(ctx, user, mbox, uids, mailbox.FlagsAdd, []string{`\Seen`}, 0)
 		out <- seenResult{upd, err}
 	}()
 	return out
+}
+
+// unseeUnserved takes \Seen back from the messages a failed FETCH gave it
+// to (flipped) but did not send whole (served): a client cut off halfway
+// through a batch of unread messages finds the rest still unread, as it
+// would have had the change been made one message at a time. The session's
+// view keeps them seen until its next poll, which then reports the change.
+func (s *session) unseeUnserved(sel *selected, flipped []mailbox.Message, served map[uint32]bool) {
+	var uids []uint32
+	for _, m := range flipped {
+		if !served[m.UID] {
+			uids = append(uids, m.UID)
+		}
+	}
+	if len(uids) == 0 {
+		return
+	}
+	ctx := context.WithoutCancel(s.ctx())
+	if _, _, err := s.srv.store.StoreFlags(ctx, s.user, sel.id, uids, mailbox.FlagsRemove, []string{`\Seen`}, 0); err != nil {
+		s.srv.cfg.Logger.Warn("FETCH failed: \\Seen not taken back from the messages it did not send", "user", s.user, "uids", len(uids), "err", err)
+	}
 }
 
 // seenSet takes FETCH's \Seen changes into the session's view and returns

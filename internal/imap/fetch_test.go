@@ -399,3 +399,27 @@ func TestFetchSetsSeenOnEveryMessage(t *testing.T) {
 		t.Errorf("FETCH 4:5 after 4 was swept: %q %s, want 5 served and seen, NO [EXPUNGEISSUED]", u, st)
 	}
 }
+
+// A client cut off in the middle of a FETCH of unread bodies finds the
+// messages it was not sent whole still unread: the one flag change that
+// gave them all \Seen is taken back for those.
+func TestFetchCutShortLeavesUnsentUnseen(t *testing.T) {
+	e := newEnv(t)
+	line := strings.Repeat("0123456789", 9) + "\r\n"
+	e.deliver("Subject: big\r\n\r\n" + strings.Repeat(line, 90_000)) // 8 MB
+	e.deliver("Subject: small\r\n\r\nsmall\r\n")
+	cutShortFetch(t, e, "FETCH 1:2 BODY[]")
+	o := e.raw(true)
+	o.ok("SELECT INBOX")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		u := o.ok("SEARCH UNSEEN")
+		if len(u) == 1 && u[0] == "* SEARCH 1 2" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SEARCH UNSEEN after the cut-short FETCH: %q, want both messages unseen", u)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -934,6 +934,22 @@ func TestFetchCutShortEndsTheSession(t *testing.T) {
 	e := newEnv(t)
 	line := strings.Repeat("0123456789", 9) + "\r\n"
 	e.deliver("Subject: big\r\n\r\n" + strings.Repeat(line, 200_000)) // 18 MB
+	cutShortFetch(t, e, "FETCH 1 BODY.PEEK[]")
+	time.Sleep(500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	e.srv.Shutdown(ctx)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("shutdown waited %v for the session whose FETCH was cut short", took.Round(time.Millisecond))
+	}
+}
+
+// cutShortFetch logs in on a connection with a tiny receive buffer, sends
+// the FETCH, waits for the first response to start, and resets the
+// connection, as a client that crashed mid-answer.
+func cutShortFetch(t *testing.T, e *env, fetch string) {
+	t.Helper()
 	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
 		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
 	}}
@@ -943,7 +959,7 @@ func TestFetchCutShortEndsTheSession(t *testing.T) {
 	}
 	r := bufio.NewReader(c)
 	r.ReadString('\n')
-	fmt.Fprintf(c, "a LOGIN %s %s\r\nb SELECT INBOX\r\nc FETCH 1 BODY.PEEK[]\r\n", testUser, testPass)
+	fmt.Fprintf(c, "a LOGIN %s %s\r\nb SELECT INBOX\r\nc %s\r\n", testUser, testPass, fetch)
 	for {
 		l, err := r.ReadString('\n')
 		if err != nil {
@@ -953,14 +969,6 @@ func TestFetchCutShortEndsTheSession(t *testing.T) {
 			break
 		}
 	}
-	c.(*net.TCPConn).SetLinger(0) // a reset, as a client that crashed
+	c.(*net.TCPConn).SetLinger(0)
 	c.Close()
-	time.Sleep(500 * time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	start := time.Now()
-	e.srv.Shutdown(ctx)
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("shutdown waited %v for the session whose FETCH was cut short", took.Round(time.Millisecond))
-	}
 }

@@ -128,7 +128,7 @@ func (p *Proxy) Recipients(ctx context.Context, addr string, size int64) (users,
 	addr = userdb.Normalize(addr)
 	if p.Domains != nil {
 		if targets, ok := domain.Expand(addr, p.Domains); ok {
-			return p.targets(ctx, addr, targets, size)
+			return p.targets(ctx, addr, targets, size, true)
 		}
 	}
 	lim, err := p.CheckRecipient(ctx, addr, size)
@@ -142,11 +142,11 @@ func (p *Proxy) Recipients(ctx context.Context, addr string, size int64) (users,
 		return nil, nil, err
 	}
 	for _, fb := range domain.Fallbacks(addr, p.Separator, p.Domains) {
-		targets, ok := domain.Expand(fb, p.Domains)
-		if !ok {
+		targets, isAlias := domain.Expand(fb, p.Domains)
+		if !isAlias {
 			targets = []string{fb}
 		}
-		u, l, ferr := p.targets(ctx, addr, targets, size)
+		u, l, ferr := p.targets(ctx, addr, targets, size, isAlias)
 		if errors.Is(ferr, userdb.ErrNotFound) {
 			continue
 		}
@@ -155,8 +155,10 @@ func (p *Proxy) Recipients(ctx context.Context, addr string, size int64) (users,
 	return nil, nil, err
 }
 
-// targets checks each address addr stands for, as Recipients says.
-func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size int64) (users, limited []string, err error) {
+// targets checks each address addr stands for, as Recipients says; a
+// missing target of an alias is logged (an operator's dangling alias),
+// one of a fallback is not (anyone can probe x+y@).
+func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size int64, alias bool) (users, limited []string, err error) {
 	for _, t := range targets {
 		lim, err := p.CheckRecipient(ctx, t, size)
 		switch {
@@ -166,6 +168,9 @@ func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size
 				limited = append(limited, t)
 			}
 		case errors.Is(err, userdb.ErrNotFound) || errors.Is(err, ErrForeignDomain):
+			if !alias {
+				continue
+			}
 			p.log().Warn("alias target is not a user here; left out", "address", addr, "target", t)
 		default:
 			return nil, nil, fmt.Errorf("address %s: %w", addr, err)

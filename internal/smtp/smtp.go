@@ -181,6 +181,25 @@ type session struct {
 	// limited are the recipients of rcpts that have a quota: only they
 	// are checked again at DATA against the message's real size.
 	limited []string
+	// asked maps each user of rcpts to the address the client gave for
+	// it (an alias, a sub-address, a catch-all's): replies and trace
+	// headers name that, never the mailbox behind it.
+	asked map[string]string
+}
+
+// askedFor returns the addresses the client gave for users.
+func (s *session) askedFor(users []string) []string {
+	out := make([]string, 0, len(users))
+	for _, u := range users {
+		a := s.asked[u]
+		if a == "" {
+			a = u
+		}
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // command returns the context of one command's work, bounded by d: it ends
@@ -192,7 +211,7 @@ func (s *session) command(d time.Duration) (context.Context, func()) {
 }
 
 func (s *session) Reset() {
-	s.from, s.rcpts, s.remote, s.limited, s.inTx, s.utf8, s.size = "", nil, nil, nil, false, false, 0
+	s.from, s.rcpts, s.remote, s.limited, s.asked, s.inTx, s.utf8, s.size = "", nil, nil, nil, nil, false, false, 0
 }
 
 func (s *session) Logout() error { return nil }
@@ -207,7 +226,9 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 		return errNeedsUTF8("sender", from)
 	}
 	s.from, s.inTx, s.utf8 = from, true, utf8
-	s.rcpts, s.remote, s.size = nil, nil, 0
+	// A second MAIL without RSET starts a new transaction too (go-smtp
+	// does not refuse it): nothing of the last one's recipients stays.
+	s.rcpts, s.remote, s.limited, s.asked, s.size = nil, nil, nil, nil, 0
 	if opts != nil {
 		s.size = opts.Size
 	}
@@ -251,9 +272,13 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	case err == nil:
 		// An alias, a sub-address or a catch-all stands for users: they
 		// are the message's recipients, each once.
+		if s.asked == nil {
+			s.asked = map[string]string{}
+		}
 		for _, u := range users {
 			if !slices.Contains(s.rcpts, u) {
 				s.rcpts = append(s.rcpts, u)
+				s.asked[u] = to
 			}
 		}
 		for _, u := range limited {
@@ -363,7 +388,7 @@ func (s *session) Data(r io.Reader) (err error) {
 			// RFC 3463 4.2.2: mailbox full, for now.
 			s.b.cfg.Logger.Info("message refused: over quota", "rcpts", full, "size", len(raw))
 			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
-				Message: fmt.Sprintf("mailbox full: %s", strings.Join(full, ", "))}
+				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))}
 		case s.b.cfg.Defer != nil:
 			// One durable write decides the 250, as for remote
 			// recipients: the queue delivers to the others now.
@@ -559,7 +584,7 @@ func (s *session) writeTrace(w *bytes.Buffer) {
 	}
 	helo := sanitize(s.conn.Hostname())
 	for_ := ""
-	if all := append(slices.Clone(s.rcpts), s.remote...); len(all) == 1 {
+	if all := append(s.askedFor(s.rcpts), s.remote...); len(all) == 1 {
 		clean := sanitize
 		if s.utf8 {
 			clean = sanitizeUTF8 // the header is UTF-8 already (RFC 6532)

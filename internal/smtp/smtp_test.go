@@ -449,3 +449,68 @@ func TestAliasesAtRcpt(t *testing.T) {
 		}
 	}
 }
+
+// The client hears the addresses it gave, not the mailboxes behind them:
+// a full alias is named in the 452 and in the Received line; and a second
+// MAIL without RSET forgets the first transaction's recipients, quota
+// marks included.
+func TestAliasNamedNotItsMailbox(t *testing.T) {
+	addr, c := startCore(t, 1<<20, nil)
+	ctx := context.Background()
+	if _, err := c.AddDomain(ctx, domain.Domain{Name: "example.org"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetAlias(ctx, domain.Alias{Address: "solo@example.org", Targets: []string{"alice@example.org"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Users.SetQuota(ctx, "alice@example.org", 2000, 0); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := gosmtp.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	data := func(size int) error {
+		w, err := cl.Data()
+		if err != nil {
+			return err
+		}
+		w.Write([]byte("Subject: s\r\n\r\n"))
+		for ; size > 0; size -= 100 {
+			w.Write(append(bytes.Repeat([]byte("x"), 98), "\r\n"...))
+		}
+		return w.Close()
+	}
+	mailTo := func(rcpt string) {
+		t.Helper()
+		if err := cl.Mail("a@far.net", nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Rcpt(rcpt, nil); err != nil {
+			t.Fatalf("RCPT %s: %v", rcpt, err)
+		}
+	}
+	mailTo("solo@example.org")
+	if err := data(100); err != nil {
+		t.Fatal(err)
+	}
+	if b := inboxBodies(t, c.Proxy, "alice@example.org"); len(b) != 1 || !bytes.Contains(b[0], []byte("for <solo@example.org>")) {
+		t.Errorf("Received line of mail to solo@: %q", b)
+	}
+	mailTo("solo@example.org")
+	err = data(3000)
+	if smtpCode(err) != 4522 || !strings.Contains(err.Error(), "solo@example.org") || strings.Contains(err.Error(), "alice") {
+		t.Errorf("3,000 bytes to solo@ (alice@ full): %v, want 452 naming solo@ only", err)
+	}
+	// MAIL, RCPT solo@ (a quota), MAIL again, RCPT bob@ (none): the
+	// second transaction is bob's alone.
+	mailTo("solo@example.org")
+	mailTo("bob@example.org")
+	if err := data(3000); err != nil {
+		t.Errorf("3,000 bytes to bob@ after a MAIL without RSET: %v", err)
+	}
+	if n := len(inboxBodies(t, c.Proxy, "bob@example.org")); n != 1 {
+		t.Errorf("bob has %d messages, want 1", n)
+	}
+}
