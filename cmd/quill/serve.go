@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -86,7 +86,20 @@ Durations are written like ` + "`30s`, `5m`, `168h`" + `. Config files of the ol
 }
 
 func serve(cfg node.Config, configNote string) error {
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var out io.Writer = os.Stderr
+	var file *logFile
+	if cfg.LogFile != "" {
+		var err error
+		if file, err = openLogFile(cfg.LogFile); err != nil {
+			return err
+		}
+		out = file
+	}
+	logger, err := newLogger(out, cfg.LogFormat, cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = logger
 	if configNote != "" {
 		cfg.Logger.Warn(configNote)
 	}
@@ -109,6 +122,14 @@ func serve(cfg node.Config, configNote string) error {
 	for s == syscall.SIGHUP {
 		// SIGHUP re-reads the TLS certificates (a renewal by certbot or
 		// the like); the log says what is in service.
+		if file != nil {
+			// After logrotate moved the file away: a new one, the same name.
+			if err := file.Reopen(); err != nil {
+				cfg.Logger.Error("SIGHUP: log file not reopened; still writing the old one", "err", err)
+			} else {
+				cfg.Logger.Info("SIGHUP: log file reopened", "file", cfg.LogFile)
+			}
+		}
 		cfg.Logger.Info("SIGHUP: reloading TLS certificates")
 		n.Certs.Reload(true)
 		s = <-sig

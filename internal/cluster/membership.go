@@ -649,6 +649,20 @@ func (m *Membership) Domains() map[string]bool {
 // run on memberlist's goroutines, so they only signal.
 type events Membership
 
-func (e *events) NotifyJoin(*memberlist.Node)   { (*Membership)(e).trigger() }
-func (e *events) NotifyLeave(*memberlist.Node)  { (*Membership)(e).trigger() }
+// NotifyJoin and NotifyLeave also log the change: one line per member
+// that joins, leaves or is declared dead (memberlist does not say which
+// of the last two; the user-map line that follows says who is live).
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	if e.cfg.Logger != nil {
+		e.cfg.Logger.Info("member joined", "node", n.Name, "addr", n.Address())
+	}
+	(*Membership)(e).trigger()
+}
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	if e.cfg.Logger != nil {
+		e.cfg.Logger.Info("member left or failed", "node", n.Name, "addr", n.Address())
+	}
+	(*Membership)(e).trigger()
+}
 func (e *events) NotifyUpdate(*memberlist.Node) { (*Membership)(e).trigger() }

@@ -181,7 +181,7 @@ func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
 	}
 	if o.Err != nil {
 		s.failures++
-		s.srv.cfg.Logger.Info("login failed", "user", username, "mech", creds.Mechanism, "remote", remote.String(), "err", o.Err, "delay", o.Delay)
+		s.srv.cfg.Logger.Info("imap: login failed", "user", username, "mech", creds.Mechanism, "remote", remote.String(), "err", o.Err, "delay", o.Delay)
 		if o.Delay > 0 {
 			retry.Sleep(s.ctx(), o.Delay) // ends early if the client hangs up
 		}
@@ -195,6 +195,7 @@ func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
 	}
 	s.user = prof.Address
 	s.changes, s.unsub = s.srv.store.Subscribe(s.life, s.user)
+	s.srv.cfg.Logger.Info("imap: logged in", "user", s.user, "mech", creds.Mechanism, "remote", remote.String())
 	return nil
 }
 

@@ -83,6 +83,11 @@ type Config struct {
 	// long as the node runs.
 	Join     []string `flag:"join" help:"gossip addresses of other nodes to join (host:port,...), retried until they answer"`
 	Hostname string   `flag:"hostname" help:"host name used in greetings and Received headers" doc:"the machine's host name"`
+	// LogFormat, LogFile and LogLevel shape the node's log (quill serve
+	// builds Logger from them).
+	LogFormat string `flag:"log-format" help:"log format: text (key=value) or json"`
+	LogFile   string `flag:"log-file" help:"write the log to FILE (reopened on SIGHUP, for logrotate) instead of standard error"`
+	LogLevel  string `flag:"log-level" help:"least level logged: debug, info, warn or error"`
 	// SubaddressSeparator splits user+tag@ (RFC 5233): mail for it goes
 	// to user@ when no user or alias has the whole address.
 	SubaddressSeparator string `flag:"subaddress-separator" help:"separator of sub-addresses (user+tag@ reaches user@); empty: none"`
@@ -154,6 +159,8 @@ func DefaultConfig() Config {
 		POP3SAddr:           "127.0.0.1:1995",
 		Hostname:            host,
 		SubaddressSeparator: domain.DefaultSeparator,
+		LogFormat:           "text",
+		LogLevel:            "info",
 		MaxMessageBytes:     25 << 20,
 		AuthFailDelay:       time.Second,
 		AuthMaxDelay:        16 * time.Second,

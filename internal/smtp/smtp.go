@@ -251,7 +251,12 @@ func isASCII(s string) bool {
 	return true
 }
 
-func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
+func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
+	defer func() {
+		if err != nil {
+			s.logRefusal("recipient refused", err, "rcpt", to)
+		}
+	}()
 	if s.submitting() && !sameAddress(s.from, s.authUser) {
 		// Defence in depth: the sender was checked at MAIL, and AUTH is
 		// refused within a transaction.
@@ -289,7 +294,6 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 		return nil
 	case errors.Is(err, userdb.ErrOverQuota):
 		// RFC 3463 4.2.2: mailbox full, for now (the user may make room).
-		s.b.cfg.Logger.Info("recipient refused: over quota", "rcpt", to, "err", err)
 		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
 			Message: fmt.Sprintf("<%s>: mailbox full", to)}
 	case errors.Is(err, userdb.ErrNotFound):
@@ -318,6 +322,10 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 }
 
 func (s *session) Data(r io.Reader) (err error) {
+	// One line per message, accepted or not, with an id that the 451
+	// replies also give (reference).
+	id, start, size := reference(), time.Now(), 0
+	defer func() { s.logMessage(id, size, time.Since(start), err) }()
 	if len(s.rcpts) == 0 && len(s.remote) == 0 {
 		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"}
 	}
@@ -336,6 +344,7 @@ func (s *session) Data(r io.Reader) (err error) {
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
 	raw := normalizeLF(buf.Bytes())
+	size = len(raw) - trace
 	quarantine := false
 	if hops := receivedCount(raw[trace:]); hops >= maxHops {
 		// RFC 5321 §6.3: a message that went through this many relays is
@@ -546,6 +555,41 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 // reference names a failure in the reply and in the log line that holds
 // its cause: the cause (node addresses, RPC errors) is not for the client.
 func reference() string { return fmt.Sprintf("%08x", rand.Uint32()) }
+
+// client is the remote address of the session, for the log.
+func (s *session) client() string {
+	if a := s.conn.Conn().RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// logMessage writes the line an operator looks for about one message:
+// accepted (size, sender, recipients, client, login), or refused with the
+// reply's code and text.
+func (s *session) logMessage(id string, size int, took time.Duration, err error) {
+	if err != nil {
+		s.logRefusal("message refused", err, "id", id, "size", size, "rcpts", strings.Join(append(s.askedFor(s.rcpts), s.remote...), ","))
+		return
+	}
+	s.b.cfg.Logger.Info("message accepted", "id", id, "size", size, "from", s.from,
+		"rcpts", strings.Join(s.rcpts, ","), "remote_rcpts", strings.Join(s.remote, ","),
+		"client", s.client(), "auth", s.authUser, "ms", took.Milliseconds())
+}
+
+// logRefusal logs a refused command with its reply code, enhanced status
+// and text (what the client was told), or the error when there was no
+// reply (the client went away).
+func (s *session) logRefusal(msg string, err error, attrs ...any) {
+	attrs = append(attrs, "from", s.from, "client", s.client())
+	var se *gosmtp.SMTPError
+	if errors.As(err, &se) {
+		attrs = append(attrs, "code", se.Code, "status", fmt.Sprintf("%d.%d.%d", se.EnhancedCode[0], se.EnhancedCode[1], se.EnhancedCode[2]), "reason", se.Message)
+	} else {
+		attrs = append(attrs, "err", err)
+	}
+	s.b.cfg.Logger.Info(msg, attrs...)
+}
 
 func errTooLarge(limit int64) error {
 	return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 3, 4},

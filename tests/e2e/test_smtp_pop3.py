@@ -800,3 +800,54 @@ def test_aliases_subaddresses_and_role_addresses(node):
     assert node.cli("domain", "del", DOMAIN, check=False).returncode != 0
     node.cli("alias", "del", f"team@{DOMAIN}")
     assert f"team@{DOMAIN}" not in node.cli("alias", "list").stdout
+
+
+# ---- the log an operator reads (issue 14) -----------------------------------
+
+def _log_records(path) -> list[dict]:
+    out = []
+    for line in path.read_text("utf-8").splitlines():
+        out.append(json.loads(line))  # every line is one JSON record
+    return out
+
+
+def _wait_record(path, pred, what: str, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = _log_records(path) if path.exists() else []
+        found = [r for r in recs if pred(r)]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no log record for {what} in {path}: {recs[-20:]}")
+        time.sleep(0.1)
+
+
+def test_log_lines_json_file_reopened_on_sighup(quill_factory, tmp_path):
+    """--log-format json --log-file: one record per accepted message, per
+    refused recipient (with the code the client got), per login and failed
+    login; SIGHUP after the file was moved away (logrotate) starts a new
+    file of the same name."""
+    log = tmp_path / "quill.log"
+    node = quill_factory("--log-format", "json", "--log-file", str(log))
+    node.add_user(ALICE, PW)
+    assert send(node, ALICE, message("logged", b"x\r\n")) == {}
+    rec = _wait_record(log, lambda r: r.get("msg") == "message accepted", "an accepted message")
+    assert rec["rcpts"] == ALICE and rec["from"] == "sender@remote.test" and rec["size"] > 0 and rec["id"], rec
+    with pytest.raises(smtplib.SMTPRecipientsRefused):
+        send(node, f"nobody@{DOMAIN}", message("lost", b"x\r\n"))
+    rec = _wait_record(log, lambda r: r.get("msg") == "recipient refused", "a refused recipient")
+    assert rec["code"] == 550 and rec["status"] == "5.1.1" and rec["rcpt"] == f"nobody@{DOMAIN}", rec
+    assert count(node, ALICE, PW) == 1
+    _wait_record(log, lambda r: r.get("msg") == "pop3: logged in" and r.get("user") == ALICE, "a POP3 login")
+    with pytest.raises(poplib.error_proto):
+        count(node, ALICE, "wrong")
+    _wait_record(log, lambda r: r.get("msg") == "pop3: login failed", "a failed login")
+
+    rotated = tmp_path / "quill.log.1"
+    log.rename(rotated)
+    node.proc.send_signal(signal.SIGHUP)
+    _wait_record(log, lambda r: r.get("msg") == "SIGHUP: log file reopened", "the reopen, in the new file")
+    assert send(node, ALICE, message("after rotation", b"x\r\n")) == {}
+    _wait_record(log, lambda r: r.get("msg") == "message accepted", "a message after the rotation")
+    assert not [r for r in _log_records(rotated) if r.get("msg") == "SIGHUP: log file reopened"]
