@@ -59,9 +59,7 @@ func (c *Core) HasDomain(name string) bool {
 // ServesDomain reports whether the cluster takes mail for a domain: it was
 // added, or (a cluster from before domains were objects) a user lives
 // there.
-func (c *Core) ServesDomain(name string) bool {
-	return c.HasDomain(name) || c.Users.ServesDomain(name)
-}
+func (c *Core) ServesDomain(name string) bool { return c.Proxy.ServesDomain(name) }
 
 // putWide stores a clusterwide object (deleted: its tombstone) on every
 // live node, durable here at least.

@@ -48,7 +48,12 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 	seen := s.setSeen(sel, idx, setSeen, options.ChangedSince)
 	var seenUIDs map[uint32]bool
 	var flipped []mailbox.Message // what the \Seen change changed
-	served := map[uint32]bool{}   // UIDs whose response went out whole
+	// served names the UIDs whose response went out whole, kept only when
+	// there is a change to take back (not for FETCH 1:* FLAGS).
+	var served map[uint32]bool
+	if seen != nil {
+		served = map[uint32]bool{}
+	}
 	defer func() {
 		if seen != nil { // never awaited: nothing was served
 			if r := <-seen; r.err == nil {
@@ -164,7 +169,9 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		if err := rw.Close(); err != nil {
 			return err
 		}
-		served[m.uid] = true
+		if served != nil {
+			served[m.uid] = true
+		}
 	}
 	if expungeIssued {
 		// RFC 5530 EXPUNGEISSUED: the rest was answered.

@@ -96,25 +96,21 @@ type queueDeferrer struct{ n *Node }
 
 func (d queueDeferrer) Enqueue(ctx context.Context, user, from string, rcpts []string, raw []byte) error {
 	cfg := d.n.Queue.Cfg
-	want, policy := cfg.Replicas, cfg.Policy
+	want := cfg.Replicas
+	policies := make([]replica.Policy, 0, len(rcpts))
 	for _, r := range rcpts {
 		p, _, err := d.n.Users.Lookup(ctx, r)
 		if err != nil {
 			return err
 		}
-		if p.Replicas > want {
-			want = p.Replicas
-		}
-		if pol, _ := replica.ParsePolicy(p.WritePolicy); policyRank[pol] > policyRank[policy] {
-			policy = pol
-		}
+		want = max(want, p.Replicas)
+		pol, _ := replica.ParsePolicy(p.WritePolicy) // "": the cluster's
+		policies = append(policies, pol)
 	}
+	policy := replica.Strictest(want, cfg.Policy, policies...)
 	_, err := d.n.Queue.Add(ctx, user, from, rcpts, raw, want, policy)
 	return err
 }
-
-// policyRank orders write policies from the least to the most strict.
-var policyRank = map[replica.Policy]int{replica.One: 1, replica.Quorum: 2, replica.All: 3}
 
 // snsTick is how often the node advances its part in the SNS manager: well
 // under the beacon interval, so beacons and orders go out on time.

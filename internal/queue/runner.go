@@ -453,11 +453,7 @@ func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, b
 		switch {
 		case err == nil:
 			ok = append(ok, i)
-			for _, u := range users {
-				if !slices.Contains(to, u) {
-					to = append(to, u)
-				}
-			}
+			to = append(to, users...) // Deliver gives each user one copy
 		case errors.Is(err, userdb.ErrOverQuota):
 			out[i].Status, out[i].Text = "4.2.2", "mailbox full"
 		case errors.Is(err, userdb.ErrNotFound):

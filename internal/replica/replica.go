@@ -74,6 +74,22 @@ func (p Policy) Need(n int) int {
 	return min(1, n)
 }
 
+// Strictest returns the policy among ps that waits for the most of n
+// copies (the first such; def for an empty list or "" entries): what a
+// write for several users must meet to be as durable as each user's own.
+func Strictest(n int, def Policy, ps ...Policy) Policy {
+	best := def
+	for _, p := range ps {
+		if p == "" {
+			p = def
+		}
+		if p.Need(n) > best.Need(n) {
+			best = p
+		}
+	}
+	return best
+}
+
 // Stamp orders the updates of one object: the coordinator's hybrid logical
 // clock, then its node id (Porcupine's ⟨wall clock, node⟩ pair).
 type Stamp struct {

@@ -322,8 +322,8 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 }
 
 func (s *session) Data(r io.Reader) (err error) {
-	// One line per message, accepted or not, with an id that the 451
-	// replies also give (reference).
+	// One line per message, accepted or not (logMessage), with an id that
+	// the 451 replies give as their reference.
 	id, start, size := reference(), time.Now(), 0
 	defer func() { s.logMessage(id, size, time.Since(start), err) }()
 	if len(s.rcpts) == 0 && len(s.remote) == 0 {
@@ -395,7 +395,6 @@ func (s *session) Data(r io.Reader) (err error) {
 			// delivery as ordinary mail (INBOX, not Junk): it waits for
 			// room with the sender instead.
 			// RFC 3463 4.2.2: mailbox full, for now.
-			s.b.cfg.Logger.Info("message refused: over quota", "rcpts", full, "size", len(raw))
 			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
 				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))}
 		case s.b.cfg.Defer != nil:
@@ -403,7 +402,7 @@ func (s *session) Data(r io.Reader) (err error) {
 			// recipients: the queue delivers to the others now.
 			if err := s.b.cfg.Defer.Enqueue(ctx, "", s.from, s.rcpts, raw[len(returnPath(s.from)):]); err != nil {
 				metrics.DeliveryFailures.Inc()
-				ref := reference()
+				ref := id
 				s.b.cfg.Logger.Error("queueing for a full mailbox failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
 				return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
 					Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
@@ -424,7 +423,7 @@ func (s *session) Data(r io.Reader) (err error) {
 		all := append(slices.Clone(s.rcpts), s.remote...)
 		if err := s.b.cfg.Queue.Enqueue(ctx, s.authUser, s.from, all, relay); err != nil {
 			metrics.DeliveryFailures.Inc()
-			ref := reference()
+			ref := id
 			s.b.cfg.Logger.Error("queueing failed", "from", s.from, "rcpts", all, "err", err, "ref", ref)
 			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
 				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)}
@@ -437,7 +436,7 @@ func (s *session) Data(r io.Reader) (err error) {
 	}
 	if err := deliver(ctx, s.rcpts, raw); err != nil {
 		metrics.DeliveryFailures.Inc()
-		ref := reference()
+		ref := id
 		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
 		if proxy.NoStorage(err) {
 			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 3, 1},
