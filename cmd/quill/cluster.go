@@ -39,7 +39,7 @@ func init() {
 	var d adminClient
 	dash := &cobra.Command{
 		Use:   "dashboard",
-		Short: "Print the address that opens the dashboard in a browser (it carries the admin token once)",
+		Short: "Print the address that opens the admin console in a browser, signed in (it carries the admin token once)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tok, err := d.tokenValue()

@@ -2,10 +2,10 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"net/url"
 	"strconv"
-	"strings"
+
+	"github.com/quillmail/quill/internal/config"
 
 	"github.com/spf13/cobra"
 )
@@ -63,37 +63,8 @@ func limitOrNone(n int64, format func(int64) string) string {
 	return format(n)
 }
 
-// sizeUnits are the suffixes parseSize takes, in powers of 1024 (as
-// RFC 9208 counts STORAGE in units of 1024 octets).
-var sizeUnits = []struct {
-	suffix string
-	mult   int64
-}{{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
-
-// parseSize reads a size such as 500M, 2G, 1.5G or 1048576 (bytes).
-func parseSize(s string) (int64, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "IB"), "B")
-	mult := int64(1)
-	for _, u := range sizeUnits {
-		if u.suffix != "B" && strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSuffix(t, u.suffix), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || math.IsNaN(f) || f < 0 || f*float64(mult) > 1<<62 {
-		return 0, fmt.Errorf("size %q: want a number of bytes with an optional K, M, G or T", s)
-	}
-	return int64(f * float64(mult)), nil
-}
-
-// formatSize writes a byte count the way parseSize reads it.
-func formatSize(n int64) string {
-	for _, u := range sizeUnits[:4] {
-		if n >= u.mult {
-			return strconv.FormatFloat(float64(n)/float64(u.mult), 'f', 1, 64) + u.suffix
-		}
-	}
-	return strconv.FormatInt(n, 10) + "B"
-}
+// parseSize and formatSize are config.ParseSize and config.FormatSize.
+var (
+	parseSize  = config.ParseSize
+	formatSize = config.FormatSize
+)

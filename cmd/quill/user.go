@@ -123,6 +123,7 @@ func init() {
 	var c adminClient
 	var password, policy string
 	var replicas int
+	var isAdmin bool
 	cmd := &cobra.Command{Use: "user", Short: "Manage users on a running node"}
 	c.flags(cmd)
 
@@ -133,7 +134,7 @@ func init() {
 			if err != nil {
 				return err
 			}
-			body := map[string]any{"address": args[0], "password": pw, "replicas": replicas, "write_policy": policy}
+			body := map[string]any{"address": args[0], "password": pw, "replicas": replicas, "write_policy": policy, "admin": isAdmin}
 			if err := c.do("POST", "/api/users", body, nil); err != nil {
 				return err
 			}
@@ -142,6 +143,7 @@ func init() {
 		},
 	}
 	add.Flags().StringVar(&password, "password", "", "the password (default: read from stdin or prompt)")
+	add.Flags().BoolVar(&isAdmin, "admin", false, "the user may sign in to the admin console")
 	replFlags := func(cmd *cobra.Command) {
 		cmd.Flags().IntVar(&replicas, "replicas", 0, "copies of each of the user's messages (0: the cluster's --replicas)")
 		cmd.Flags().StringVar(&policy, "write-policy", "", "replicas durable before delivery is acknowledged: one, quorum or all (empty: the cluster's --write-policy)")
@@ -176,6 +178,27 @@ func init() {
 		},
 	}
 	passwd.Flags().StringVar(&password, "password", "", "the new password (default: read from stdin or prompt)")
+
+	var on, off bool
+	adm := &cobra.Command{
+		Use: "admin ADDRESS --on|--off", Short: "Let a user sign in to the admin console (--on) or stop them (--off)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if on == off {
+				return fmt.Errorf("give --on or --off")
+			}
+			if err := c.do("PUT", "/api/users/"+url.PathEscape(args[0])+"/admin", map[string]bool{"admin": on}, nil); err != nil {
+				return err
+			}
+			if on {
+				fmt.Printf("%s may sign in to the admin console\n", args[0])
+			} else {
+				fmt.Printf("%s may no longer sign in to the admin console\n", args[0])
+			}
+			return nil
+		},
+	}
+	adm.Flags().BoolVar(&on, "on", false, "allow")
+	adm.Flags().BoolVar(&off, "off", false, "forbid")
 
 	var hashPW string
 	hash := &cobra.Command{
@@ -216,19 +239,24 @@ func init() {
 				Created     time.Time `json:"created"`
 				Replicas    int       `json:"replicas"`
 				WritePolicy string    `json:"write_policy"`
+				Admin       bool      `json:"admin"`
 			}
 			if err := c.do("GET", "/api/users", nil, &users); err != nil {
 				return err
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY")
+			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY\tCONSOLE")
 			for _, u := range users {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas), policyOrDefault(u.WritePolicy))
+				console := ""
+				if u.Admin {
+					console = "admin"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas), policyOrDefault(u.WritePolicy), console)
 			}
 			return w.Flush()
 		},
 	}
-	cmd.AddCommand(add, passwd, set, del, list, hash, quotaCommand(&c))
+	cmd.AddCommand(add, passwd, set, adm, del, list, hash, quotaCommand(&c))
 	rootCmd.AddCommand(cmd)
 }
 

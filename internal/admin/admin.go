@@ -8,7 +8,6 @@ package admin
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -24,9 +23,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/sns"
+	"github.com/quillmail/quill/internal/telemetry"
 	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
@@ -102,14 +104,27 @@ type Server struct {
 	Domains Domains
 	Node    NodeInfo
 	// Token, when non-empty, is required on every request except
-	// /healthz, on loopback too (any local account could otherwise read
-	// and change every user): "Authorization: Bearer TOKEN", or the
-	// cookie a browser gets by opening /?token=TOKEN once.
+	// /healthz and the console's sign-in page and files, on loopback too
+	// (any local account could otherwise read and change every user):
+	// "Authorization: Bearer TOKEN", or a console session a browser gets
+	// by signing in (signin.go).
 	Token string
+	// Verifier and Logins check an admin user's console sign-in the way
+	// every protocol's login is checked (the proxy, the guard's delays
+	// and lockouts); nil Verifier: the token only.
+	Verifier saslsrv.Verifier
+	Logins   guard.Logins
+	// View gathers every member's telemetry for the console (nil: this
+	// node's membership alone, without figures).
+	View *telemetry.View
+	// Hostname is this node's, for the console's title.
+	Hostname string
 	// Pprof serves Go's profiler under /debug/pprof/ (heap dumps hold
 	// mail and passwords in memory: off unless asked for).
 	Pprof  bool
 	Logger *slog.Logger
+
+	sessions sessions
 }
 
 // Handler returns the HTTP handler.
@@ -120,6 +135,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/users", s.addUser)
 	mux.HandleFunc("PUT /api/users/{address}/password", s.setPassword)
 	mux.HandleFunc("PUT /api/users/{address}/replication", s.setReplication)
+	mux.HandleFunc("PUT /api/users/{address}/admin", s.setAdmin)
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
 	mux.HandleFunc("GET /api/users/{address}/quota", s.getQuota)
 	mux.HandleFunc("PUT /api/users/{address}/quota", s.setQuota)
@@ -149,7 +165,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/replication", s.replication)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /{$}", s.dashboard)
+	s.consoleRoutes(mux)
 	if s.Pprof {
 		// Go's profiler, for operators chasing a slow node (--pprof).
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -157,43 +173,6 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	return s.auth(mux)
-}
-
-// tokenCookie carries the token for a browser, which cannot send a header.
-const tokenCookie = "quill_admin"
-
-// tokenOf returns the token a request presents: its bearer header or its
-// cookie.
-func tokenOf(r *http.Request) string {
-	if h := r.Header.Get("Authorization"); h != "" {
-		return strings.TrimPrefix(h, "Bearer ")
-	}
-	if c, err := r.Cookie(tokenCookie); err == nil {
-		return c.Value
-	}
-	return ""
-}
-
-func (s *Server) auth(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.Token != "" && r.URL.Path != "/healthz" {
-			// A browser opens /?token=TOKEN once (`quill dashboard` prints
-			// that address): it gets the token as a cookie that scripts of
-			// other sites cannot read or send, and a clean address.
-			if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet &&
-				subtle.ConstantTimeCompare([]byte(q), []byte(s.Token)) == 1 {
-				http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: s.Token, Path: "/", HttpOnly: true,
-					SameSite: http.SameSiteStrictMode})
-				http.Redirect(w, r, r.URL.Path, http.StatusSeeOther)
-				return
-			}
-			if subtle.ConstantTimeCompare([]byte(tokenOf(r)), []byte(s.Token)) != 1 {
-				writeError(w, http.StatusUnauthorized, errors.New("admin token missing or wrong (see "+TokenFile+" in the data directory; a browser opens the address `quill dashboard` prints)"))
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 type userJSON struct {
@@ -204,6 +183,8 @@ type userJSON struct {
 	// "": the cluster's defaults).
 	Replicas    int    `json:"replicas,omitempty"`
 	WritePolicy string `json:"write_policy,omitempty"`
+	// Admin lets the user sign in to the console.
+	Admin bool `json:"admin,omitempty"`
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -246,7 +227,7 @@ func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]userJSON, len(ps))
 	for i, p := range ps {
-		out[i] = userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas, WritePolicy: p.WritePolicy}
+		out[i] = userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas, WritePolicy: p.WritePolicy, Admin: p.Admin}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -257,30 +238,44 @@ func (s *Server) addUser(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	if _, err := replica.ParsePolicy(u.WritePolicy); err != nil {
-		writeError(w, http.StatusBadRequest, err)
-		return
-	}
-	if err := s.checkUserDomain(u.Address); err != nil {
-		writeError(w, http.StatusBadRequest, err)
-		return
-	}
-	p, err := s.Users.AddUser(r.Context(), u.Address, u.Password)
+	p, err := s.createUser(r.Context(), u)
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return
 	}
+	writeJSON(w, http.StatusCreated, userJSON{Address: p.Address, Created: p.Created, Admin: p.Admin})
+}
+
+// createUser adds a user (API and console): only in a served domain, the
+// domain's first user becoming its postmaster, with the replication
+// settings and admin flag asked for.
+func (s *Server) createUser(ctx context.Context, u userJSON) (*userdb.Profile, error) {
+	if _, err := replica.ParsePolicy(u.WritePolicy); err != nil {
+		return nil, err
+	}
+	if err := s.checkUserDomain(u.Address); err != nil {
+		return nil, err
+	}
+	p, err := s.Users.AddUser(ctx, u.Address, u.Password)
+	if err != nil {
+		return nil, err
+	}
 	if s.Domains != nil {
-		s.claimPostmaster(r.Context(), p.Address)
+		s.claimPostmaster(ctx, p.Address)
 	}
 	if u.Replicas != 0 || u.WritePolicy != "" {
-		if err := s.Users.SetReplication(r.Context(), p.Address, u.Replicas, u.WritePolicy); err != nil {
-			writeError(w, statusOf(err), err)
-			return
+		if err := s.Users.SetReplication(ctx, p.Address, u.Replicas, u.WritePolicy); err != nil {
+			return nil, err
 		}
 	}
-	s.Logger.Info("user added", "user", p.Address)
-	writeJSON(w, http.StatusCreated, userJSON{Address: p.Address, Created: p.Created})
+	if u.Admin {
+		if err := s.Users.SetAdmin(ctx, p.Address, true); err != nil {
+			return nil, err
+		}
+		p.Admin = true
+	}
+	s.Logger.Info("user added", "user", p.Address, "admin", u.Admin, "by", whoOf(ctx))
+	return p, nil
 }
 
 func (s *Server) setPassword(w http.ResponseWriter, r *http.Request) {
@@ -310,6 +305,21 @@ func (s *Server) setReplication(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Logger.Info("replication settings changed", "user", addr, "replicas", u.Replicas, "write_policy", u.WritePolicy)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setAdmin(w http.ResponseWriter, r *http.Request) {
+	var u userJSON
+	if err := readJSON(r, &u); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	addr := r.PathValue("address")
+	if err := s.Users.SetAdmin(r.Context(), addr, u.Admin); err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("console access changed", "user", addr, "admin", u.Admin, "by", whoOf(r.Context()))
 	w.WriteHeader(http.StatusNoContent)
 }
 

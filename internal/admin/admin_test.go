@@ -120,8 +120,8 @@ func TestTokenAndViews(t *testing.T) {
 		t.Fatalf("cluster: %d %s", c, b)
 	}
 	if c, b := call(t, "GET", ts.URL+"/", "sekrit", ""); c != 200 || !strings.Contains(b, "bucket 255") ||
-		!strings.Contains(b, "SNS manager") || !strings.Contains(b, "n-other</td>") || !strings.Contains(b, "</html>") {
-		t.Fatalf("dashboard (the whole page, with the SNS manager's table): %d\n%s", c, b)
+		!strings.Contains(b, "Workers (SNS)") || !strings.Contains(b, "n-other</td>") || !strings.Contains(b, "</html>") {
+		t.Fatalf("console (the whole page, with the SNS manager's table): %d\n%s", c, b)
 	}
 	if c, b := call(t, "GET", ts.URL+"/api/sns/manager", "sekrit", ""); c != 200 || !strings.Contains(b, `"manager": "n-other"`) {
 		t.Fatalf("/api/sns/manager: %d %s", c, b)
@@ -131,8 +131,9 @@ func TestTokenAndViews(t *testing.T) {
 	}
 }
 
-// A browser gets the token as a cookie from /?token=, and the cookie
-// opens the dashboard; a wrong token in the query sets nothing.
+// A browser opening /?token= gets a console session cookie, which opens
+// the console; a wrong token in the query sets nothing and sends the
+// browser to the sign-in page.
 func TestDashboardTokenCookie(t *testing.T) {
 	ts := newServer(t, "sekrit")
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -141,8 +142,8 @@ func TestDashboardTokenCookie(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 401 || len(resp.Cookies()) != 0 {
-		t.Fatalf("wrong token: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/signin") || len(resp.Cookies()) != 0 {
+		t.Fatalf("wrong token: %d to %q, cookies %v", resp.StatusCode, resp.Header.Get("Location"), resp.Cookies())
 	}
 	resp, err = client.Get(ts.URL + "/?token=sekrit")
 	if err != nil {
@@ -151,6 +152,9 @@ func TestDashboardTokenCookie(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) != 1 || !resp.Cookies()[0].HttpOnly {
 		t.Fatalf("right token: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	if v := resp.Cookies()[0].Value; strings.Contains(v, "sekrit") {
+		t.Fatalf("the session cookie carries the token itself: %q", v)
 	}
 	req, _ := http.NewRequest("GET", ts.URL+"/", nil)
 	req.AddCookie(resp.Cookies()[0])

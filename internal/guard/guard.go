@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -99,6 +100,10 @@ type Guard struct {
 	// tell the other nodes (LockOut applies theirs here). Called with the
 	// guard's lock held: it must not block.
 	OnLockout func(ip netip.Addr, until time.Time)
+
+	// logins and loginFailures count this node's logins since it
+	// started, for the console's rates.
+	logins, loginFailures atomic.Uint64
 
 	mu       sync.Mutex
 	total    int
@@ -310,6 +315,18 @@ func (f *failures) count(now time.Time, window time.Duration) int {
 	return f.n
 }
 
+// Logins returns the logins that succeeded and failed on this node since
+// it started (every protocol's logins pass the guard).
+func (g *Guard) Logins() (ok, failed uint64) {
+	return g.logins.Load(), g.loginFailures.Load()
+}
+
+// LoginCounts returns the logins that succeeded and failed on this node since
+// it started (every protocol's logins pass the guard).
+func (g *Guard) LoginCounts() (ok, failed uint64) {
+	return g.logins.Load(), g.loginFailures.Load()
+}
+
 // LoginAllowed says whether a login from remote may be checked at all: an
 // address locked out gets ErrLockedOut, before any password is hashed.
 func (g *Guard) LoginAllowed(remote net.Addr) error {
@@ -325,6 +342,7 @@ func (g *Guard) LoginAllowed(remote net.Addr) error {
 // LoginFailed records a failed login of account from remote and returns
 // how long to wait before answering it.
 func (g *Guard) LoginFailed(remote net.Addr, account string) time.Duration {
+	g.loginFailures.Add(1)
 	ip := addrOf(remote)
 	now := g.now()
 	g.mu.Lock()
@@ -397,6 +415,7 @@ const maxAccounts = 10000
 // LoginSucceeded clears the failures of remote's address (not the
 // account's: a right password from one address says nothing of others).
 func (g *Guard) LoginSucceeded(remote net.Addr) {
+	g.logins.Add(1)
 	ip := addrOf(remote)
 	g.mu.Lock()
 	defer g.mu.Unlock()

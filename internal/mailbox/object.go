@@ -322,7 +322,7 @@ func (m *Manager) Scan(fn func(h replica.Held) error) error {
 		if len(msg.Replicas) == 0 {
 			return nil // stored before replication: its node is its only copy
 		}
-		return fn(replica.Held{Object: ObjectName(user, msg.ID), User: user, Replicas: msg.Replicas, Want: msg.Want})
+		return fn(replica.Held{Object: ObjectName(user, msg.ID), User: user, Replicas: msg.Replicas, Want: msg.Want, Bytes: msg.Size})
 	})
 }
 

@@ -2,7 +2,10 @@
 // manager and proxy counts the same way and the admin API exports them.
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
 
 var (
 	// Registry is the node's own registry (not the global default), so
@@ -53,6 +56,27 @@ var (
 	TextSure = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quill_text_index_sure_total", Help: "Message and search key pairs this node's text index proved to match without reading the message, for sessions on any node."})
 )
+
+// Total is the sum of a counter's or gauge's values over all its labels:
+// what the console's rates read.
+func Total(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 16)
+	go func() { c.Collect(ch); close(ch) }()
+	sum := 0.0
+	for m := range ch {
+		var d dto.Metric
+		if m.Write(&d) != nil {
+			continue
+		}
+		switch {
+		case d.Counter != nil:
+			sum += d.Counter.GetValue()
+		case d.Gauge != nil:
+			sum += d.Gauge.GetValue()
+		}
+	}
+	return sum
+}
 
 func init() {
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,

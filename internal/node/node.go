@@ -31,8 +31,10 @@ import (
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/smtp"
 	"github.com/quillmail/quill/internal/sns"
+	"github.com/quillmail/quill/internal/telemetry"
 	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/writer"
+	"google.golang.org/grpc"
 )
 
 // Config is everything an operator can set on a node. Each tagged field is
@@ -208,6 +210,10 @@ type Node struct {
 	relays   *sns.Pool
 	filters  *sns.Pool // the SNS filter workers (nil: the node checks itself)
 	relaySvc *sns.NodeService
+	// reporter makes this node's telemetry report (served to every
+	// node's console); view gathers every member's for this node's.
+	reporter *telemetry.Reporter
+	view     *telemetry.View
 	snsMgr   *sns.Manager
 	snsStop  chan struct{}
 	stop     context.CancelFunc // ends the certificate watcher
@@ -237,14 +243,21 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	relaySvc := &sns.NodeService{}
+	var self *Node
+	reporter := newReporter(&self)
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
-		Register: relaySvc.Register, SubaddressSeparator: cfg.SubaddressSeparator})
+		Register: func(r grpc.ServiceRegistrar) {
+			relaySvc.Register(r)
+			reporter.Register(r)
+		}, SubaddressSeparator: cfg.SubaddressSeparator})
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Core: c, cfg: cfg, started: time.Now(), addrs: map[string]string{}, relaySvc: relaySvc}
+	n := &Node{Core: c, cfg: cfg, started: time.Now(), addrs: map[string]string{}, relaySvc: relaySvc, reporter: reporter}
+	self = n
+	n.view = n.newView()
 	if len(cfg.TLSCert) != len(cfg.TLSKey) {
 		n.Shutdown(context.Background())
 		return nil, fmt.Errorf("tls: %d --tls-cert file(s) but %d --tls-key file(s): give one key per certificate", len(cfg.TLSCert), len(cfg.TLSKey))
@@ -273,6 +286,11 @@ func Start(cfg Config) (*Node, error) {
 	var watch context.Context
 	watch, n.stop = context.WithCancel(context.Background())
 	go n.Certs.Watch(watch, tlscert.DefaultPollInterval)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.reporter.Run(watch.Done())
+	}()
 	n.wg.Add(1)
 	go func() {
 		// The cluster's fake-salt key is made once membership has
@@ -502,6 +520,9 @@ func (n *Node) startListeners() error {
 			return &st
 		},
 	}}
+	// The console: admin users sign in through the same login check as
+	// every protocol; the cluster picture comes from every member.
+	as.Verifier, as.Logins, as.View, as.Hostname = n.Proxy, n.Guard, n.view, cfg.Hostname
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
 }

@@ -576,6 +576,8 @@ type Profile struct {
 	// no limit.
 	QuotaStorage  int64 `protobuf:"varint,14,opt,name=quota_storage,json=quotaStorage,proto3" json:"quota_storage,omitempty"`
 	QuotaMessages int64 `protobuf:"varint,15,opt,name=quota_messages,json=quotaMessages,proto3" json:"quota_messages,omitempty"`
+	// The user may sign in to the admin console.
+	Admin         bool `protobuf:"varint,16,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -713,6 +715,13 @@ func (x *Profile) GetQuotaMessages() int64 {
 		return x.QuotaMessages
 	}
 	return 0
+}
+
+func (x *Profile) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
 }
 
 // MessageObject is a message as the replication manager replicates it:
@@ -1276,7 +1285,7 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\vspecial_use\x18\x04 \x01(\tR\n" +
 	"specialUse\x12!\n" +
 	"\fuid_reserved\x18\x05 \x01(\rR\vuidReserved\x12(\n" +
-	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\xfc\x03\n" +
+	"\x10mod_seq_reserved\x18\x06 \x01(\x04R\x0emodSeqReserved\"\x92\x04\n" +
 	"\aProfile\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12#\n" +
 	"\rpassword_hash\x18\x02 \x01(\tR\fpasswordHash\x12\x18\n" +
@@ -1293,7 +1302,8 @@ const file_quill_v1_common_proto_rawDesc = "" +
 	"\fscram_sha256\x18\f \x01(\tR\vscramSha256\x12$\n" +
 	"\rsubscriptions\x18\r \x03(\tR\rsubscriptions\x12#\n" +
 	"\rquota_storage\x18\x0e \x01(\x03R\fquotaStorage\x12%\n" +
-	"\x0equota_messages\x18\x0f \x01(\x03R\rquotaMessages\"\xc0\x02\n" +
+	"\x0equota_messages\x18\x0f \x01(\x03R\rquotaMessages\x12\x14\n" +
+	"\x05admin\x18\x10 \x01(\bR\x05admin\"\xc0\x02\n" +
 	"\rMessageObject\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +

@@ -61,6 +61,9 @@ type Held struct {
 	User     string
 	Replicas []cluster.NodeID
 	Want     int
+	// Bytes is the object's size here (the message's), for the figures
+	// of what a node holds.
+	Bytes int64
 }
 
 // Scanner is a Handler that can list what this node holds.
@@ -91,6 +94,30 @@ type RepairStats struct {
 	UnderReplicated int       `json:"under_replicated"`
 	Rehomed         int       `json:"rehomed"`
 	LastRepair      time.Time `json:"last_repair,omitzero"`
+	// Held is what the scan found here by object kind (mailbox.ObjectKind,
+	// queue.Kind): the console's figures of what each node holds.
+	Held map[string]HeldCount `json:"held,omitempty"`
+}
+
+// HeldCount is the objects of one kind held here and their bytes.
+type HeldCount struct {
+	Objects int   `json:"objects"`
+	Bytes   int64 `json:"bytes"`
+}
+
+// Away returns how long node n has not been seen alive by the repair scan
+// (since this process started, for a node never seen), the measure repair
+// holds against ReplaceAfter; false before the first scan.
+func (m *Manager) Away(n cluster.NodeID) (time.Duration, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.repair.lastSeen == nil {
+		return 0, false
+	}
+	if t, ok := m.repair.lastSeen[n]; ok {
+		return time.Since(t), true
+	}
+	return time.Since(m.repair.started), true
 }
 
 // RepairStats returns the last scan's figures.
@@ -172,8 +199,11 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 		if !ok {
 			continue
 		}
+		var held HeldCount
 		err := sc.Scan(func(o Held) error {
 			st.Objects++
+			held.Objects++
+			held.Bytes += o.Bytes
 			var live, gone []cluster.NodeID
 			for _, n := range o.Replicas {
 				if alive[n] {
@@ -208,6 +238,10 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 		if err != nil {
 			m.log.Warn("repair scan failed", "kind", kind, "err", err)
 		}
+		if st.Held == nil {
+			st.Held = map[string]HeldCount{}
+		}
+		st.Held[kind] = held
 	}
 	scanTook := time.Since(scanStart)
 	var cut bool

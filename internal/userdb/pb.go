@@ -18,7 +18,7 @@ func (p *Profile) ToPB() *nodepb.Profile {
 	out := &nodepb.Profile{Address: p.Address, PasswordHash: p.PasswordHash, Created: nodepb.Nanos(p.Created),
 		Updated: nodepb.Nanos(p.Updated), Version: uint64(p.Version), Deleted: p.Deleted, Spread: int32(p.Spread),
 		Replicas: int32(p.Replicas), WritePolicy: p.WritePolicy, LastUidValidity: p.LastUIDValidity, ScramSha256: p.SCRAMSHA256,
-		Subscriptions: p.Subscriptions, QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages}
+		Subscriptions: p.Subscriptions, QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages, Admin: p.Admin}
 	for _, d := range p.Mailboxes {
 		out.Mailboxes = append(out.Mailboxes, &nodepb.MailboxDef{Name: d.Name, UidValidity: d.UIDValidity,
 			Subscribed: d.Subscribed, SpecialUse: d.SpecialUse, UidReserved: d.UIDReserved, ModSeqReserved: d.ModSeqReserved})
@@ -34,7 +34,7 @@ func ProfileFromPB(p *nodepb.Profile) *Profile {
 	out := &Profile{Address: p.Address, PasswordHash: p.PasswordHash, Created: nodepb.Time(p.Created),
 		Updated: nodepb.Time(p.Updated), Version: hlc.Timestamp(p.Version), Deleted: p.Deleted, Spread: int(p.Spread),
 		Replicas: int(p.Replicas), WritePolicy: p.WritePolicy, LastUIDValidity: p.LastUidValidity, SCRAMSHA256: p.ScramSha256,
-		Subscriptions: p.Subscriptions, QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages}
+		Subscriptions: p.Subscriptions, QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages, Admin: p.Admin}
 	for _, d := range p.Mailboxes {
 		out.Mailboxes = append(out.Mailboxes, MailboxDef{Name: d.Name, UIDValidity: d.UidValidity,
 			Subscribed: d.Subscribed, SpecialUse: d.SpecialUse, UIDReserved: d.UidReserved, ModSeqReserved: d.ModSeqReserved})

@@ -75,6 +75,9 @@ type Profile struct {
 	// and MESSAGE); 0 is no limit.
 	QuotaStorage  int64 `json:"quota_storage,omitempty"`
 	QuotaMessages int64 `json:"quota_messages,omitempty"`
+	// Admin lets the user sign in to the admin console with their
+	// password (besides the node's admin token).
+	Admin bool `json:"admin,omitempty"`
 }
 
 // MailboxDef is the hard state of one mailbox of a user.

@@ -1095,6 +1095,14 @@ func (m *Manager) SetQuota(ctx context.Context, addr string, storage, messages i
 	return err
 }
 
+// SetAdmin lets a user sign in to the admin console with their password,
+// or stops them.
+func (m *Manager) SetAdmin(ctx context.Context, addr string, on bool) error {
+	addr = userdb.Normalize(addr)
+	_, err := m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "admin", Address: addr, Admin: on})
+	return err
+}
+
 // Usage returns what a user's mail takes over all mailboxes, and their
 // quota limits.
 func (m *Manager) Usage(ctx context.Context, addr string) (mailbox.Usage, error) {

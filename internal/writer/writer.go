@@ -570,6 +570,9 @@ type ApplyRequest struct {
 	// quota; 0 is no limit).
 	QuotaStorage  int64 `json:"quota_storage,omitempty"`
 	QuotaMessages int64 `json:"quota_messages,omitempty"`
+	// Admin is whether the user may sign in to the admin console (op
+	// admin).
+	Admin bool `json:"admin,omitempty"`
 }
 
 // apply runs a profile change at the user's manager.
@@ -626,6 +629,12 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 			return nil, err
 		}
 		p.QuotaStorage, p.QuotaMessages = req.QuotaStorage, req.QuotaMessages
+		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
+	case "admin":
+		if err != nil {
+			return nil, err
+		}
+		p.Admin = req.Admin
 		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
 	case "delete":
 		if err != nil {
