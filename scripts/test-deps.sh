@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks (with the
 # Perl TLS modules it only recommends, so --tls works under --no-install-recommends), openssl,
-# fetchmail, Postfix, dnsmasq, neomutt and rspamd from Debian, pytest and scramp (SCRAM client) from PyPI, and the Go modules; protoc
+# fetchmail, Postfix, dnsmasq, neomutt, rspamd and Chromium from Debian, pytest, scramp (SCRAM client) and Playwright
+# (which drives that Chromium in the console test) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
 # ACME test CA.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail swaks libnet-ssleay-perl libio-socket-ssl-perl openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd; do
+for pkg in curl isync fetchmail swaks libnet-ssleay-perl libio-socket-ssl-perl openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd chromium fonts-liberation; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -26,6 +27,9 @@ python3 -c 'import scramp' >/dev/null 2>&1 || python3 -m pip install -q 'scramp>
 # dkimpy (with pynacl for ed25519): an independent DKIM and ARC implementation
 # the e2e tests check Quill's signatures and seals with (test_outbound.py).
 python3 -c 'import dkim, authres, nacl' >/dev/null 2>&1 || python3 -m pip install -q 'dkimpy>=1.1,<2' 'authres>=1.2,<2' 'pynacl>=1.5,<2'
+# Playwright drives Debian's Chromium (tests/e2e/test_console.py gives it
+# the path); its own browser download is not needed.
+python3 -c 'import playwright' >/dev/null 2>&1 || python3 -m pip install -q 'playwright>=1.40,<2'
 go mod download
 (cd third_party/imapserver && go mod download)
 go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12

@@ -141,6 +141,13 @@ func (s *Server) consoleRoutes(mux *http.ServeMux) {
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
 	t := pages[name]
+	if name != "overview" && s.Node.Members != nil { // the overview set them from its picture
+		var ids []cluster.NodeID
+		for _, m := range s.Node.Members() {
+			ids = append(ids, m.ID)
+		}
+		setColors(ids)
+	}
 	p := page{Title: title, Nav: name, Who: whoOf(r.Context()), Node: s.Node.ID, Hostname: s.Hostname,
 		OK: r.URL.Query().Get("ok"), Err: r.URL.Query().Get("err"), Data: data}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -255,6 +262,11 @@ func (s *Server) gather(ctx context.Context) clusterView {
 	wg.Wait()
 	um := s.Node.UserMap()
 	v.Epoch = um.Epoch
+	var ids []cluster.NodeID
+	for _, n := range v.Nodes {
+		ids = append(ids, n.ID)
+	}
+	setColors(append(ids, um.Node[:]...))
 	count := map[cluster.NodeID]int{}
 	for b := 0; b < cluster.Buckets; b++ {
 		v.Buckets = append(v.Buckets, BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]})

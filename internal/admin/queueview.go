@@ -5,15 +5,50 @@ import (
 	"fmt"
 	"hash/fnv"
 	"html/template"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/queue"
 )
 
-// nodeColor gives each node a colour of its own, the same on every page
-// and every node's console (a hash of its id).
+// palette holds colours far apart, given to the nodes in the order of
+// their ids, so nodes of a small cluster never look alike; the same
+// members get the same colours on every node's console.
+var palette = []string{"#3b6fd4", "#2e9e5b", "#d9822b", "#8e44ad", "#c0392b", "#16a2b8",
+	"#b7950b", "#d35493", "#5d6d7e", "#1e8449", "#6c3483", "#a04000"}
+
+// colors maps the nodes last drawn to their colours (setColors).
+var colors struct {
+	sync.Mutex
+	of map[cluster.NodeID]string
+}
+
+// setColors gives the nodes of a picture their colours, by the order of
+// their ids.
+func setColors(ids []cluster.NodeID) {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	m := make(map[cluster.NodeID]string, len(sorted))
+	for i, id := range sorted {
+		m[id] = palette[i%len(palette)]
+	}
+	colors.Lock()
+	colors.of = m
+	colors.Unlock()
+}
+
+// nodeColor gives each node its colour: its place among the nodes last
+// drawn, or a hue hashed from its id for a node not among them.
 func nodeColor(id any) template.CSS {
+	colors.Lock()
+	c, ok := colors.of[cluster.NodeID(fmt.Sprint(id))]
+	colors.Unlock()
+	if ok {
+		return template.CSS(c)
+	}
 	h := fnv.New32a()
 	h.Write([]byte(fmt.Sprint(id)))
 	return template.CSS(fmt.Sprintf("hsl(%d,55%%,45%%)", h.Sum32()%360))
