@@ -143,6 +143,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/domains", s.addDomain)
 	mux.HandleFunc("PUT /api/domains/{name}", s.setDomain)
 	mux.HandleFunc("DELETE /api/domains/{name}", s.deleteDomain)
+	mux.HandleFunc("GET /api/domains/{name}/usage", s.domainUsage)
 	mux.HandleFunc("GET /api/aliases", s.listAliases)
 	mux.HandleFunc("PUT /api/aliases/{address}", s.setAlias)
 	mux.HandleFunc("DELETE /api/aliases/{address}", s.deleteAlias)

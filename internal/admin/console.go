@@ -32,6 +32,7 @@ import (
 	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/telemetry"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
 )
 
 //go:embed ui
@@ -620,10 +621,20 @@ func (s *Server) domainPage(w http.ResponseWriter, r *http.Request) {
 		done(w, r, "/domains", fmt.Errorf("domain %s: %w", name, domain.ErrNotFound), "")
 		return
 	}
-	s.render(w, r, "domain", name, struct {
+	v := struct {
 		domain.Domain
-		Aliases []domain.Alias
-	}{d, s.Domains.Aliases(name)})
+		Aliases  []domain.Alias
+		Usage    *usermgr.DomainUsage
+		UsageErr string
+	}{Domain: d, Aliases: s.Domains.Aliases(name)}
+	ctx, cancel := context.WithTimeout(r.Context(), consoleDeadline)
+	defer cancel()
+	if u, err := s.Users.DomainUsage(ctx, name); err != nil {
+		v.UsageErr = err.Error()
+	} else {
+		v.Usage = &u
+	}
+	s.render(w, r, "domain", name, v)
 }
 
 func (s *Server) domainPost(w http.ResponseWriter, r *http.Request) {
@@ -647,7 +658,13 @@ func (s *Server) domainPost(w http.ResponseWriter, r *http.Request) {
 	default:
 		d.Postmaster = strings.TrimSpace(r.PostFormValue("postmaster"))
 		d.CatchAll = strings.TrimSpace(r.PostFormValue("catch_all"))
-		_, err := s.Domains.SetDomain(ctx, d)
+		storage, messages, err := quotaFields(r)
+		if err != nil {
+			done(w, r, "/domains/"+url.PathEscape(name), err, "")
+			return
+		}
+		d.QuotaStorage, d.QuotaMessages, d.QuotaPermanent = storage, messages, r.PostFormValue("quota_permanent") != ""
+		_, err = s.Domains.SetDomain(ctx, d)
 		if err == nil {
 			s.Logger.Info("domain changed", "domain", name, "postmaster", d.Postmaster, "catch_all", d.CatchAll, "by", whoOf(ctx))
 		}

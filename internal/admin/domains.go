@@ -8,6 +8,7 @@ import (
 
 	"github.com/quillmail/quill/internal/domain"
 	"github.com/quillmail/quill/internal/userdb"
+	"github.com/quillmail/quill/internal/usermgr"
 )
 
 // Domains manages the served domains and their aliases (/api/domains,
@@ -77,6 +78,27 @@ func (s *Server) deleteDomain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// domainUsage answers GET /api/domains/{name}/usage: what the domain's
+// users take together (at most 30 s old) and its quota.
+func (s *Server) domainUsage(w http.ResponseWriter, r *http.Request) {
+	name := domain.Normalize(r.PathValue("name"))
+	d, ok := s.domainOf(name)
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Errorf("domain %s: %w", name, domain.ErrNotFound))
+		return
+	}
+	u, err := s.Users.DomainUsage(r.Context(), name)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		usermgr.DomainUsage
+		QuotaStorage  int64 `json:"quota_storage"`
+		QuotaMessages int64 `json:"quota_messages"`
+	}{u, d.QuotaStorage, d.QuotaMessages})
 }
 
 // listAliases answers GET /api/aliases[?domain=D].

@@ -110,13 +110,17 @@ func (c *Core) SetDomain(ctx context.Context, d domain.Domain) (domain.Domain, e
 	if err := c.putWide(ctx, domainPrefix+d.Name, d, false); err != nil {
 		return d, fmt.Errorf("domain %s: %w", d.Name, err)
 	}
-	c.log.Info("domain changed", "domain", d.Name, "postmaster", d.Postmaster, "catch_all", d.CatchAll)
+	c.log.Info("domain changed", "domain", d.Name, "postmaster", d.Postmaster, "catch_all", d.CatchAll,
+		"quota_storage", d.QuotaStorage, "quota_messages", d.QuotaMessages, "quota_permanent", d.QuotaPermanent)
 	return d, nil
 }
 
 // checkDomainTargets normalizes and checks a domain's postmaster and
 // catch-all: addresses, if set, in a served domain (or the domain itself).
 func (c *Core) checkDomainTargets(d *domain.Domain) error {
+	if d.QuotaStorage < 0 || d.QuotaMessages < 0 {
+		return fmt.Errorf("domain %s: quota of %d bytes and %d messages: limits cannot be negative", d.Name, d.QuotaStorage, d.QuotaMessages)
+	}
 	d.Postmaster, d.CatchAll = userdb.Normalize(d.Postmaster), userdb.Normalize(d.CatchAll)
 	for _, a := range []struct{ what, addr string }{{"postmaster", d.Postmaster}, {"catch-all", d.CatchAll}} {
 		if a.addr == "" {

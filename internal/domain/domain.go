@@ -35,7 +35,20 @@ type Domain struct {
 	// CatchAll, if set, receives the mail of any address of the domain that
 	// nothing else takes.
 	CatchAll string `json:"catch_all,omitempty"`
+	// QuotaStorage and QuotaMessages limit the mail of all the domain's
+	// users together: bytes and messages, 0 for no limit (beside each
+	// user's own quota).
+	QuotaStorage  int64 `json:"quota_storage,omitempty"`
+	QuotaMessages int64 `json:"quota_messages,omitempty"`
+	// QuotaPermanent makes a delivery refused for a quota (the user's or
+	// the domain's) a permanent failure, 552 5.2.2, that the sender's
+	// server bounces at once, instead of 452 4.2.2, which it retries
+	// until the mailbox has room or the message expires.
+	QuotaPermanent bool `json:"quota_permanent,omitempty"`
 }
+
+// Limited says the domain has a quota of its own.
+func (d Domain) Limited() bool { return d.QuotaStorage > 0 || d.QuotaMessages > 0 }
 
 // Alias is an address that delivers to others.
 type Alias struct {

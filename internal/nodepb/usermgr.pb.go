@@ -25,6 +25,110 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type DomainUsageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DomainUsageRequest) Reset() {
+	*x = DomainUsageRequest{}
+	mi := &file_quill_v1_usermgr_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DomainUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DomainUsageRequest) ProtoMessage() {}
+
+func (x *DomainUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_usermgr_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DomainUsageRequest.ProtoReflect.Descriptor instead.
+func (*DomainUsageRequest) Descriptor() ([]byte, []int) {
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DomainUsageRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+type DomainUsageReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Storage       int64                  `protobuf:"varint,1,opt,name=storage,proto3" json:"storage,omitempty"`
+	Messages      int64                  `protobuf:"varint,2,opt,name=messages,proto3" json:"messages,omitempty"`
+	Users         int32                  `protobuf:"varint,3,opt,name=users,proto3" json:"users,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DomainUsageReply) Reset() {
+	*x = DomainUsageReply{}
+	mi := &file_quill_v1_usermgr_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DomainUsageReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DomainUsageReply) ProtoMessage() {}
+
+func (x *DomainUsageReply) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_usermgr_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DomainUsageReply.ProtoReflect.Descriptor instead.
+func (*DomainUsageReply) Descriptor() ([]byte, []int) {
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DomainUsageReply) GetStorage() int64 {
+	if x != nil {
+		return x.Storage
+	}
+	return 0
+}
+
+func (x *DomainUsageReply) GetMessages() int64 {
+	if x != nil {
+		return x.Messages
+	}
+	return 0
+}
+
+func (x *DomainUsageReply) GetUsers() int32 {
+	if x != nil {
+		return x.Users
+	}
+	return 0
+}
+
 type ScanRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Buckets       []uint32               `protobuf:"varint,1,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
@@ -35,7 +139,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[0]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +151,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[0]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +164,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{0}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ScanRequest) GetBuckets() []uint32 {
@@ -91,7 +195,7 @@ type ScanReply struct {
 
 func (x *ScanReply) Reset() {
 	*x = ScanReply{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[1]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -103,7 +207,7 @@ func (x *ScanReply) String() string {
 func (*ScanReply) ProtoMessage() {}
 
 func (x *ScanReply) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[1]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -116,7 +220,7 @@ func (x *ScanReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanReply.ProtoReflect.Descriptor instead.
 func (*ScanReply) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{1}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ScanReply) GetNode() string {
@@ -170,7 +274,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[2]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +286,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[2]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +299,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{2}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LookupRequest) GetUser() string {
@@ -215,7 +319,7 @@ type LookupReply struct {
 
 func (x *LookupReply) Reset() {
 	*x = LookupReply{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[3]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +331,7 @@ func (x *LookupReply) String() string {
 func (*LookupReply) ProtoMessage() {}
 
 func (x *LookupReply) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[3]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +344,7 @@ func (x *LookupReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupReply.ProtoReflect.Descriptor instead.
 func (*LookupReply) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{3}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LookupReply) GetProfile() *Profile {
@@ -267,7 +371,7 @@ type NoteRequest struct {
 
 func (x *NoteRequest) Reset() {
 	*x = NoteRequest{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[4]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +383,7 @@ func (x *NoteRequest) String() string {
 func (*NoteRequest) ProtoMessage() {}
 
 func (x *NoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[4]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +396,7 @@ func (x *NoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NoteRequest.ProtoReflect.Descriptor instead.
 func (*NoteRequest) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{4}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NoteRequest) GetUser() string {
@@ -318,7 +422,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[5]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +434,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[5]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +447,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{5}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateRequest) GetProfile() *Profile {
@@ -362,7 +466,7 @@ type ListReply struct {
 
 func (x *ListReply) Reset() {
 	*x = ListReply{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[6]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +478,7 @@ func (x *ListReply) String() string {
 func (*ListReply) ProtoMessage() {}
 
 func (x *ListReply) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[6]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +491,7 @@ func (x *ListReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReply.ProtoReflect.Descriptor instead.
 func (*ListReply) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{6}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListReply) GetProfiles() []*Profile {
@@ -409,7 +513,7 @@ type HandoffUser struct {
 
 func (x *HandoffUser) Reset() {
 	*x = HandoffUser{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[7]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +525,7 @@ func (x *HandoffUser) String() string {
 func (*HandoffUser) ProtoMessage() {}
 
 func (x *HandoffUser) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[7]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +538,7 @@ func (x *HandoffUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffUser.ProtoReflect.Descriptor instead.
 func (*HandoffUser) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{7}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HandoffUser) GetUser() string {
@@ -477,7 +581,7 @@ type HandoffBucket struct {
 
 func (x *HandoffBucket) Reset() {
 	*x = HandoffBucket{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[8]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +593,7 @@ func (x *HandoffBucket) String() string {
 func (*HandoffBucket) ProtoMessage() {}
 
 func (x *HandoffBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[8]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +606,7 @@ func (x *HandoffBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffBucket.ProtoReflect.Descriptor instead.
 func (*HandoffBucket) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{8}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HandoffBucket) GetBucket() uint32 {
@@ -544,7 +648,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[9]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +660,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[9]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +673,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{9}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HandoffRequest) GetFrom() string {
@@ -602,7 +706,7 @@ type HandoffReply struct {
 
 func (x *HandoffReply) Reset() {
 	*x = HandoffReply{}
-	mi := &file_quill_v1_usermgr_proto_msgTypes[10]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +718,7 @@ func (x *HandoffReply) String() string {
 func (*HandoffReply) ProtoMessage() {}
 
 func (x *HandoffReply) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_usermgr_proto_msgTypes[10]
+	mi := &file_quill_v1_usermgr_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +731,7 @@ func (x *HandoffReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffReply.ProtoReflect.Descriptor instead.
 func (*HandoffReply) Descriptor() ([]byte, []int) {
-	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{10}
+	return file_quill_v1_usermgr_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HandoffReply) GetRefused() []uint32 {
@@ -641,7 +745,13 @@ var File_quill_v1_usermgr_proto protoreflect.FileDescriptor
 
 const file_quill_v1_usermgr_proto_rawDesc = "" +
 	"\n" +
-	"\x16quill/v1/usermgr.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\x1a\x15quill/v1/writer.proto\";\n" +
+	"\x16quill/v1/usermgr.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\x1a\x15quill/v1/writer.proto\",\n" +
+	"\x12DomainUsageRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\"^\n" +
+	"\x10DomainUsageReply\x12\x18\n" +
+	"\astorage\x18\x01 \x01(\x03R\astorage\x12\x1a\n" +
+	"\bmessages\x18\x02 \x01(\x03R\bmessages\x12\x14\n" +
+	"\x05users\x18\x03 \x01(\x05R\x05users\";\n" +
 	"\vScanRequest\x12\x18\n" +
 	"\abuckets\x18\x01 \x03(\rR\abuckets\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\"\xaa\x01\n" +
@@ -679,14 +789,15 @@ const file_quill_v1_usermgr_proto_rawDesc = "" +
 	"\x04boot\x18\x02 \x01(\x04R\x04boot\x121\n" +
 	"\abuckets\x18\x03 \x03(\v2\x17.quill.v1.HandoffBucketR\abuckets\"(\n" +
 	"\fHandoffReply\x12\x18\n" +
-	"\arefused\x18\x01 \x03(\rR\arefused2\xca\x02\n" +
+	"\arefused\x18\x01 \x03(\rR\arefused2\x93\x03\n" +
 	"\vUserManager\x122\n" +
 	"\x04Scan\x12\x15.quill.v1.ScanRequest\x1a\x13.quill.v1.ScanReply\x128\n" +
 	"\x06Lookup\x12\x17.quill.v1.LookupRequest\x1a\x15.quill.v1.LookupReply\x12.\n" +
 	"\x04Note\x12\x15.quill.v1.NoteRequest\x1a\x0f.quill.v1.Empty\x122\n" +
 	"\x06Update\x12\x17.quill.v1.UpdateRequest\x1a\x0f.quill.v1.Empty\x12,\n" +
 	"\x04List\x12\x0f.quill.v1.Empty\x1a\x13.quill.v1.ListReply\x12;\n" +
-	"\aHandoff\x12\x18.quill.v1.HandoffRequest\x1a\x16.quill.v1.HandoffReplyB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
+	"\aHandoff\x12\x18.quill.v1.HandoffRequest\x1a\x16.quill.v1.HandoffReply\x12G\n" +
+	"\vDomainUsage\x12\x1c.quill.v1.DomainUsageRequest\x1a\x1a.quill.v1.DomainUsageReplyB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
 
 var (
 	file_quill_v1_usermgr_proto_rawDescOnce sync.Once
@@ -700,46 +811,50 @@ func file_quill_v1_usermgr_proto_rawDescGZIP() []byte {
 	return file_quill_v1_usermgr_proto_rawDescData
 }
 
-var file_quill_v1_usermgr_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_quill_v1_usermgr_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_quill_v1_usermgr_proto_goTypes = []any{
-	(*ScanRequest)(nil),    // 0: quill.v1.ScanRequest
-	(*ScanReply)(nil),      // 1: quill.v1.ScanReply
-	(*LookupRequest)(nil),  // 2: quill.v1.LookupRequest
-	(*LookupReply)(nil),    // 3: quill.v1.LookupReply
-	(*NoteRequest)(nil),    // 4: quill.v1.NoteRequest
-	(*UpdateRequest)(nil),  // 5: quill.v1.UpdateRequest
-	(*ListReply)(nil),      // 6: quill.v1.ListReply
-	(*HandoffUser)(nil),    // 7: quill.v1.HandoffUser
-	(*HandoffBucket)(nil),  // 8: quill.v1.HandoffBucket
-	(*HandoffRequest)(nil), // 9: quill.v1.HandoffRequest
-	(*HandoffReply)(nil),   // 10: quill.v1.HandoffReply
-	(*Profile)(nil),        // 11: quill.v1.Profile
-	(*BoxState)(nil),       // 12: quill.v1.BoxState
-	(*Empty)(nil),          // 13: quill.v1.Empty
+	(*DomainUsageRequest)(nil), // 0: quill.v1.DomainUsageRequest
+	(*DomainUsageReply)(nil),   // 1: quill.v1.DomainUsageReply
+	(*ScanRequest)(nil),        // 2: quill.v1.ScanRequest
+	(*ScanReply)(nil),          // 3: quill.v1.ScanReply
+	(*LookupRequest)(nil),      // 4: quill.v1.LookupRequest
+	(*LookupReply)(nil),        // 5: quill.v1.LookupReply
+	(*NoteRequest)(nil),        // 6: quill.v1.NoteRequest
+	(*UpdateRequest)(nil),      // 7: quill.v1.UpdateRequest
+	(*ListReply)(nil),          // 8: quill.v1.ListReply
+	(*HandoffUser)(nil),        // 9: quill.v1.HandoffUser
+	(*HandoffBucket)(nil),      // 10: quill.v1.HandoffBucket
+	(*HandoffRequest)(nil),     // 11: quill.v1.HandoffRequest
+	(*HandoffReply)(nil),       // 12: quill.v1.HandoffReply
+	(*Profile)(nil),            // 13: quill.v1.Profile
+	(*BoxState)(nil),           // 14: quill.v1.BoxState
+	(*Empty)(nil),              // 15: quill.v1.Empty
 }
 var file_quill_v1_usermgr_proto_depIdxs = []int32{
-	11, // 0: quill.v1.ScanReply.profiles:type_name -> quill.v1.Profile
-	11, // 1: quill.v1.LookupReply.profile:type_name -> quill.v1.Profile
-	11, // 2: quill.v1.UpdateRequest.profile:type_name -> quill.v1.Profile
-	11, // 3: quill.v1.ListReply.profiles:type_name -> quill.v1.Profile
-	11, // 4: quill.v1.HandoffUser.profile:type_name -> quill.v1.Profile
-	12, // 5: quill.v1.HandoffUser.boxes:type_name -> quill.v1.BoxState
-	7,  // 6: quill.v1.HandoffBucket.users:type_name -> quill.v1.HandoffUser
-	8,  // 7: quill.v1.HandoffRequest.buckets:type_name -> quill.v1.HandoffBucket
-	0,  // 8: quill.v1.UserManager.Scan:input_type -> quill.v1.ScanRequest
-	2,  // 9: quill.v1.UserManager.Lookup:input_type -> quill.v1.LookupRequest
-	4,  // 10: quill.v1.UserManager.Note:input_type -> quill.v1.NoteRequest
-	5,  // 11: quill.v1.UserManager.Update:input_type -> quill.v1.UpdateRequest
-	13, // 12: quill.v1.UserManager.List:input_type -> quill.v1.Empty
-	9,  // 13: quill.v1.UserManager.Handoff:input_type -> quill.v1.HandoffRequest
-	1,  // 14: quill.v1.UserManager.Scan:output_type -> quill.v1.ScanReply
-	3,  // 15: quill.v1.UserManager.Lookup:output_type -> quill.v1.LookupReply
-	13, // 16: quill.v1.UserManager.Note:output_type -> quill.v1.Empty
-	13, // 17: quill.v1.UserManager.Update:output_type -> quill.v1.Empty
-	6,  // 18: quill.v1.UserManager.List:output_type -> quill.v1.ListReply
-	10, // 19: quill.v1.UserManager.Handoff:output_type -> quill.v1.HandoffReply
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
+	13, // 0: quill.v1.ScanReply.profiles:type_name -> quill.v1.Profile
+	13, // 1: quill.v1.LookupReply.profile:type_name -> quill.v1.Profile
+	13, // 2: quill.v1.UpdateRequest.profile:type_name -> quill.v1.Profile
+	13, // 3: quill.v1.ListReply.profiles:type_name -> quill.v1.Profile
+	13, // 4: quill.v1.HandoffUser.profile:type_name -> quill.v1.Profile
+	14, // 5: quill.v1.HandoffUser.boxes:type_name -> quill.v1.BoxState
+	9,  // 6: quill.v1.HandoffBucket.users:type_name -> quill.v1.HandoffUser
+	10, // 7: quill.v1.HandoffRequest.buckets:type_name -> quill.v1.HandoffBucket
+	2,  // 8: quill.v1.UserManager.Scan:input_type -> quill.v1.ScanRequest
+	4,  // 9: quill.v1.UserManager.Lookup:input_type -> quill.v1.LookupRequest
+	6,  // 10: quill.v1.UserManager.Note:input_type -> quill.v1.NoteRequest
+	7,  // 11: quill.v1.UserManager.Update:input_type -> quill.v1.UpdateRequest
+	15, // 12: quill.v1.UserManager.List:input_type -> quill.v1.Empty
+	11, // 13: quill.v1.UserManager.Handoff:input_type -> quill.v1.HandoffRequest
+	0,  // 14: quill.v1.UserManager.DomainUsage:input_type -> quill.v1.DomainUsageRequest
+	3,  // 15: quill.v1.UserManager.Scan:output_type -> quill.v1.ScanReply
+	5,  // 16: quill.v1.UserManager.Lookup:output_type -> quill.v1.LookupReply
+	15, // 17: quill.v1.UserManager.Note:output_type -> quill.v1.Empty
+	15, // 18: quill.v1.UserManager.Update:output_type -> quill.v1.Empty
+	8,  // 19: quill.v1.UserManager.List:output_type -> quill.v1.ListReply
+	12, // 20: quill.v1.UserManager.Handoff:output_type -> quill.v1.HandoffReply
+	1,  // 21: quill.v1.UserManager.DomainUsage:output_type -> quill.v1.DomainUsageReply
+	15, // [15:22] is the sub-list for method output_type
+	8,  // [8:15] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -758,7 +873,7 @@ func file_quill_v1_usermgr_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quill_v1_usermgr_proto_rawDesc), len(file_quill_v1_usermgr_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

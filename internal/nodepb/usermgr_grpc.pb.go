@@ -23,12 +23,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	UserManager_Scan_FullMethodName    = "/quill.v1.UserManager/Scan"
-	UserManager_Lookup_FullMethodName  = "/quill.v1.UserManager/Lookup"
-	UserManager_Note_FullMethodName    = "/quill.v1.UserManager/Note"
-	UserManager_Update_FullMethodName  = "/quill.v1.UserManager/Update"
-	UserManager_List_FullMethodName    = "/quill.v1.UserManager/List"
-	UserManager_Handoff_FullMethodName = "/quill.v1.UserManager/Handoff"
+	UserManager_Scan_FullMethodName        = "/quill.v1.UserManager/Scan"
+	UserManager_Lookup_FullMethodName      = "/quill.v1.UserManager/Lookup"
+	UserManager_Note_FullMethodName        = "/quill.v1.UserManager/Note"
+	UserManager_Update_FullMethodName      = "/quill.v1.UserManager/Update"
+	UserManager_List_FullMethodName        = "/quill.v1.UserManager/List"
+	UserManager_Handoff_FullMethodName     = "/quill.v1.UserManager/Handoff"
+	UserManager_DomainUsage_FullMethodName = "/quill.v1.UserManager/DomainUsage"
 )
 
 // UserManagerClient is the client API for UserManager service.
@@ -41,6 +42,9 @@ type UserManagerClient interface {
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*Empty, error)
 	List(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*ListReply, error)
 	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffReply, error)
+	// DomainUsage sums what the users of a domain whose buckets the node
+	// manages take (a domain quota).
+	DomainUsage(ctx context.Context, in *DomainUsageRequest, opts ...grpc.CallOption) (*DomainUsageReply, error)
 }
 
 type userManagerClient struct {
@@ -111,6 +115,16 @@ func (c *userManagerClient) Handoff(ctx context.Context, in *HandoffRequest, opt
 	return out, nil
 }
 
+func (c *userManagerClient) DomainUsage(ctx context.Context, in *DomainUsageRequest, opts ...grpc.CallOption) (*DomainUsageReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DomainUsageReply)
+	err := c.cc.Invoke(ctx, UserManager_DomainUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // UserManagerServer is the server API for UserManager service.
 // All implementations must embed UnimplementedUserManagerServer
 // for forward compatibility.
@@ -121,6 +135,9 @@ type UserManagerServer interface {
 	Update(context.Context, *UpdateRequest) (*Empty, error)
 	List(context.Context, *Empty) (*ListReply, error)
 	Handoff(context.Context, *HandoffRequest) (*HandoffReply, error)
+	// DomainUsage sums what the users of a domain whose buckets the node
+	// manages take (a domain quota).
+	DomainUsage(context.Context, *DomainUsageRequest) (*DomainUsageReply, error)
 	mustEmbedUnimplementedUserManagerServer()
 }
 
@@ -148,6 +165,9 @@ func (UnimplementedUserManagerServer) List(context.Context, *Empty) (*ListReply,
 }
 func (UnimplementedUserManagerServer) Handoff(context.Context, *HandoffRequest) (*HandoffReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
+}
+func (UnimplementedUserManagerServer) DomainUsage(context.Context, *DomainUsageRequest) (*DomainUsageReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method DomainUsage not implemented")
 }
 func (UnimplementedUserManagerServer) mustEmbedUnimplementedUserManagerServer() {}
 func (UnimplementedUserManagerServer) testEmbeddedByValue()                     {}
@@ -278,6 +298,24 @@ func _UserManager_Handoff_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _UserManager_DomainUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DomainUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UserManagerServer).DomainUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UserManager_DomainUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UserManagerServer).DomainUsage(ctx, req.(*DomainUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // UserManager_ServiceDesc is the grpc.ServiceDesc for UserManager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -308,6 +346,10 @@ var UserManager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Handoff",
 			Handler:    _UserManager_Handoff_Handler,
+		},
+		{
+			MethodName: "DomainUsage",
+			Handler:    _UserManager_DomainUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

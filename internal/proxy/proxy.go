@@ -89,17 +89,23 @@ func (p *Proxy) log() *slog.Logger {
 
 // CheckRecipient says whether mail of size bytes (0: not known yet) for
 // addr is accepted here: nil, or an error wrapping userdb.ErrNotFound,
-// ErrForeignDomain or userdb.ErrOverQuota, or another error when the user's
-// manager cannot be reached (a temporary failure). limited says the user
-// has a quota, so a message larger than size is worth checking again once
-// its real size is known; for anyone else no size can be refused.
+// ErrForeignDomain or userdb.ErrOverQuota (with userdb.ErrQuotaFinal when
+// the user's domain makes quota refusals permanent), or another error when
+// the user's manager cannot be reached (a temporary failure). limited says
+// the user or their domain has a quota, so a message larger than size is
+// worth checking again once its real size is known; for anyone else no
+// size can be refused.
 func (p *Proxy) CheckRecipient(ctx context.Context, addr string, size int64) (limited bool, err error) {
 	addr = userdb.Normalize(addr)
 	lctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
 	defer cancel()
 	prof, _, err := p.Users.Lookup(lctx, addr)
 	if err == nil {
-		return prof.QuotaStorage > 0 || prof.QuotaMessages > 0, p.checkQuota(lctx, prof, size)
+		var dom domain.Domain
+		if p.Domains != nil {
+			dom, _ = p.Domains.Domain(userdb.Domain(prof.Address))
+		}
+		return prof.QuotaStorage > 0 || prof.QuotaMessages > 0 || dom.Limited(), p.checkQuota(lctx, prof, dom, size)
 	}
 	if !errors.Is(err, userdb.ErrNotFound) {
 		return false, err
@@ -184,18 +190,39 @@ func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size
 
 // checkQuota refuses a message that would take a user with a quota past
 // it (RFC 9208 §5.1 for IMAP; for SMTP, what the recipient's size allows
-// when the message is announced). A user with no limits costs nothing
-// more; a user with limits, a look at the writer's usage.
-func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, size int64) error {
-	if prof.QuotaStorage <= 0 && prof.QuotaMessages <= 0 {
+// when the message is announced), or the user's domain past the domain's.
+// A user with no limits costs nothing more; a user with limits, a look at
+// the writer's usage; a domain with limits, a look at its summed usage
+// (usermgr.DomainUsage, at most domainUsageTTL old).
+func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, dom domain.Domain, size int64) error {
+	refuse := func(err error) error {
+		if dom.QuotaPermanent {
+			return fmt.Errorf("%w (%w)", err, userdb.ErrQuotaFinal)
+		}
+		return err
+	}
+	if prof.QuotaStorage > 0 || prof.QuotaMessages > 0 {
+		rep, err := p.usage(ctx, prof.Address)
+		if err != nil {
+			return fmt.Errorf("recipient %s: quota: %w", prof.Address, err)
+		}
+		if rep.Usage.Over(1, size) {
+			return refuse(fmt.Errorf("recipient %s: %s: %w", prof.Address, rep.Usage, userdb.ErrOverQuota))
+		}
+	}
+	if !dom.Limited() {
 		return nil
 	}
-	rep, err := p.usage(ctx, prof.Address)
+	du, err := p.Users.DomainUsage(ctx, dom.Name)
 	if err != nil {
-		return fmt.Errorf("recipient %s: quota: %w", prof.Address, err)
+		// The user's own quota still holds; a domain's figure that cannot
+		// be had now does not hold mail back.
+		p.log().Warn("domain quota not checked: usage unknown", "domain", dom.Name, "recipient", prof.Address, "err", err)
+		return nil
 	}
-	if rep.Usage.Over(1, size) {
-		return fmt.Errorf("recipient %s: %s: %w", prof.Address, rep.Usage, userdb.ErrOverQuota)
+	u := mailbox.Usage{Storage: du.Storage, Messages: du.Messages, QuotaStorage: dom.QuotaStorage, QuotaMessages: dom.QuotaMessages}
+	if u.Over(1, size) {
+		return refuse(fmt.Errorf("recipient %s: domain %s: %s: %w", prof.Address, dom.Name, u, userdb.ErrOverQuota))
 	}
 	return nil
 }

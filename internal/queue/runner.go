@@ -454,6 +454,8 @@ func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, b
 		case err == nil:
 			ok = append(ok, i)
 			to = append(to, users...) // Deliver gives each user one copy
+		case errors.Is(err, userdb.ErrQuotaFinal):
+			out[i].Permanent, out[i].Status, out[i].Text = true, "5.2.2", "mailbox full"
 		case errors.Is(err, userdb.ErrOverQuota):
 			out[i].Status, out[i].Text = "4.2.2", "mailbox full"
 		case errors.Is(err, userdb.ErrNotFound):

@@ -292,6 +292,10 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 			}
 		}
 		return nil
+	case errors.Is(err, userdb.ErrQuotaFinal):
+		// RFC 3463 5.2.2: mailbox full, and the domain says for good.
+		return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 2, 2},
+			Message: fmt.Sprintf("<%s>: mailbox full", to)}
 	case errors.Is(err, userdb.ErrOverQuota):
 		// RFC 3463 4.2.2: mailbox full, for now (the user may make room).
 		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
@@ -388,8 +392,12 @@ func (s *session) Data(r io.Reader) (err error) {
 	}
 	// With remote recipients the whole message goes to the queue below,
 	// whose local delivery checks each quota with the real size.
-	if full := s.fullAtData(ctx, raw, trace); len(full) > 0 {
+	if full, final := s.fullAtData(ctx, raw, trace); len(full) > 0 {
 		switch {
+		case len(full) == len(s.rcpts) && final:
+			// RFC 3463 5.2.2: every recipient's domain refuses for good.
+			return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 2, 2},
+				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))}
 		case len(full) == len(s.rcpts) || quarantine:
 			// A quarantined message would reach the queue's local
 			// delivery as ordinary mail (INBOX, not Junk): it waits for
@@ -454,18 +462,20 @@ func (s *session) Data(r io.Reader) (err error) {
 // again, so a client that declares its size costs nothing more, and only
 // for the recipients that have a quota (RCPT learnt which), so mail for
 // users without one costs no second lookup. A check that cannot be made
-// counts as room: RCPT accepted the recipient.
-func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) []string {
+// counts as room: RCPT accepted the recipient. final says every full
+// recipient's domain makes quota refusals permanent.
+func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) (full []string, final bool) {
 	if int64(len(raw)-trace) <= s.size || len(s.remote) > 0 {
-		return nil
+		return nil, false
 	}
-	var full []string
+	final = true
 	for _, r := range s.limited {
 		if _, err := s.b.p.CheckRecipient(ctx, r, int64(len(raw))); errors.Is(err, userdb.ErrOverQuota) {
 			full = append(full, r)
+			final = final && errors.Is(err, userdb.ErrQuotaFinal)
 		}
 	}
-	return full
+	return full, final
 }
 
 // maxHops is the number of Received headers past which a message is taken

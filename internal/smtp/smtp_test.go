@@ -514,3 +514,79 @@ func TestAliasNamedNotItsMailbox(t *testing.T) {
 		t.Errorf("bob has %d messages, want 1", n)
 	}
 }
+
+// A domain's quota covers its users together (each user's own quota still
+// holds): RCPT for any user of a full domain gets 452 4.2.2, or 552 5.2.2
+// once the domain makes quota refusals permanent; a user of another domain
+// is not held back.
+func TestDomainQuota(t *testing.T) {
+	addr, c := startCore(t, 1<<20, nil)
+	ctx := context.Background()
+	for _, d := range []string{"example.org", "other.test"} {
+		if _, err := c.AddDomain(ctx, domain.Domain{Name: d}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Users.AddUser(ctx, "carol@other.test", "pw"); err != nil {
+		t.Fatal(err)
+	}
+	rcpt := func(to string) error {
+		cl, err := gosmtp.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		cl.Hello("client.test")
+		if err := cl.Mail("a@far.net", nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Rcpt(to, nil); err != nil {
+			return err
+		}
+		w, err := cl.Data()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte("Subject: d\r\n\r\nhello\r\n"))
+		return w.Close()
+	}
+	for _, to := range []string{"alice@example.org", "bob@example.org", "alice@example.org", "carol@other.test"} {
+		if err := rcpt(to); err != nil {
+			t.Fatalf("delivery to %s before any quota: %v", to, err)
+		}
+	}
+	set := func(d domain.Domain) {
+		if _, err := c.SetDomain(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// example.org's users hold three messages: a limit of three is full.
+	set(domain.Domain{Name: "example.org", QuotaMessages: 3})
+	for _, to := range []string{"alice@example.org", "bob@example.org"} {
+		if err := rcpt(to); smtpCode(err) != 4522 || !strings.Contains(err.Error(), "mailbox full") {
+			t.Fatalf("RCPT %s in a full domain: %v, want 452 4.2.2", to, err)
+		}
+	}
+	if err := rcpt("carol@other.test"); err != nil {
+		t.Fatalf("a user of another domain: %v", err)
+	}
+	set(domain.Domain{Name: "example.org", QuotaMessages: 3, QuotaPermanent: true})
+	if err := rcpt("bob@example.org"); smtpCode(err) != 5522 {
+		t.Fatalf("RCPT in a full domain that refuses for good: %v, want 552 5.2.2", err)
+	}
+	// The same reply for a user's own quota in that domain.
+	set(domain.Domain{Name: "example.org", QuotaPermanent: true})
+	if err := c.Users.SetQuota(ctx, "alice@example.org", 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := rcpt("alice@example.org"); smtpCode(err) != 5522 {
+		t.Fatalf("RCPT over the user's quota in a domain that refuses for good: %v, want 552 5.2.2", err)
+	}
+	set(domain.Domain{Name: "example.org", QuotaMessages: 100})
+	if err := rcpt("bob@example.org"); err != nil {
+		t.Fatalf("after the domain's limit was raised: %v", err)
+	}
+	if u, err := c.Users.DomainUsage(ctx, "example.org"); err != nil || u.Users != 2 {
+		t.Fatalf("domain usage %+v, %v: want 2 users", u, err)
+	}
+}

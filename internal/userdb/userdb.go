@@ -25,6 +25,11 @@ var ErrNotFound = errors.New("no such user")
 // 4.2.2, IMAP NO [OVERQUOTA]).
 var ErrOverQuota = errors.New("over quota")
 
+// ErrQuotaFinal comes beside ErrOverQuota when the recipient's domain
+// makes quota refusals permanent (SMTP 552 5.2.2, the queue bounces at
+// once).
+var ErrQuotaFinal = errors.New("refused for good")
+
 // ProfileReplicas is how many nodes keep each user profile (the two ranked
 // highest for its bucket), so one crash never stops a login.
 const ProfileReplicas = 2

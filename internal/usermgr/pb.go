@@ -29,6 +29,8 @@ type Service interface {
 	List(ctx context.Context) (*ListReply, error)
 	// Handoff takes over buckets from their previous manager.
 	Handoff(ctx context.Context, req *HandoffRequest) (*HandoffReply, error)
+	// DomainUsage is the node's part of what a domain's users take.
+	DomainUsage(ctx context.Context, dom string) (DomainUsage, error)
 }
 
 // on returns node n's user manager: this one directly, another's by RPC.
@@ -55,6 +57,9 @@ func (l local) Update(ctx context.Context, r *UpdateRequest) error { return l.m.
 func (l local) List(ctx context.Context) (*ListReply, error)       { return l.m.list(ctx) }
 func (l local) Handoff(ctx context.Context, r *HandoffRequest) (*HandoffReply, error) {
 	return l.m.handoff(ctx, r)
+}
+func (l local) DomainUsage(ctx context.Context, dom string) (DomainUsage, error) {
+	return l.m.DomainPart(ctx, dom)
 }
 
 type remote struct {
@@ -145,6 +150,18 @@ func (r remote) Handoff(ctx context.Context, req *HandoffRequest) (*HandoffReply
 	return &HandoffReply{Refused: bucketsFromPB(p.Refused)}, nil
 }
 
+func (r remote) DomainUsage(ctx context.Context, dom string) (DomainUsage, error) {
+	c, err := r.client()
+	if err != nil {
+		return DomainUsage{}, err
+	}
+	p, err := c.DomainUsage(ctx, &nodepb.DomainUsageRequest{Domain: dom})
+	if err != nil {
+		return DomainUsage{}, err
+	}
+	return domainUsageFromPB(p), nil
+}
+
 // Register exposes the user manager and the node's writers to other nodes.
 func (m *Manager) Register(s grpc.ServiceRegistrar) {
 	nodepb.RegisterUserManagerServer(s, server{l: local{m}})
@@ -203,6 +220,14 @@ func (s server) List(ctx context.Context, _ *nodepb.Empty) (*nodepb.ListReply, e
 		out.Profiles = append(out.Profiles, rep.Profiles[i].ToPB())
 	}
 	return out, nil
+}
+
+func (s server) DomainUsage(ctx context.Context, p *nodepb.DomainUsageRequest) (*nodepb.DomainUsageReply, error) {
+	u, err := s.l.DomainUsage(ctx, userdb.Normalize(p.Domain))
+	if err != nil {
+		return nil, err
+	}
+	return domainUsageToPB(u), nil
 }
 
 func (s server) Handoff(ctx context.Context, p *nodepb.HandoffRequest) (*nodepb.HandoffReply, error) {

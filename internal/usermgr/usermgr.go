@@ -85,8 +85,10 @@ type Manager struct {
 	boxes *mailbox.Manager
 	clock *hlc.Clock
 	peers Peers
-	log   *slog.Logger
-	repl  Replicator
+	// parts and totals cache what domains' users take (domainusage.go).
+	parts, totals usageCache
+	log           *slog.Logger
+	repl          Replicator
 	// writers are the mailbox writers of the users of the buckets this
 	// node manages.
 	writers *writer.Manager
