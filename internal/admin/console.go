@@ -31,6 +31,7 @@ import (
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/telemetry"
+	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/usermgr"
 )
@@ -228,6 +229,8 @@ type clusterView struct {
 	Charts    []template.HTML
 	PerNode   template.HTML
 	DeadNodes int
+	// TLS is the certificates this node presents.
+	TLS []tlscert.Info
 }
 
 type legendEntry struct {
@@ -282,6 +285,9 @@ func (s *Server) gather(ctx context.Context) clusterView {
 	}
 	if s.Node.Workers != nil {
 		v.Workers = s.Node.Workers()
+	}
+	if s.Node.TLS != nil {
+		v.TLS = s.Node.TLS()
 	}
 	v.Charts = []template.HTML{
 		Chart("Deliveries per minute", []Line{{Name: "deliveries", Color: "#2f7ed8", Values: v.Deliveries}}, false),
