@@ -249,8 +249,10 @@ def test_unreachable_domain_stays_queued_across_kill9_and_can_be_deleted(node, p
     assert r["last_reply"].startswith("4.4.1 connection to mx.down.example [127.0.0.3:"), r
     assert entry["from"] == ALICE and entry["size"] > 0
 
-    # The dashboard draws it.
+    # The console counts it on the cluster page and lists it on the queue's.
     status, html = node.api("GET", "/")
+    assert status == 200 and b"1 message(s) waiting to leave" in html, html[-2000:]
+    status, html = node.api("GET", "/queue")
     assert status == 200 and b"Outbound queue" in html and entry["id"][:8].encode() in html, html[-2000:]
 
     node.kill9()
