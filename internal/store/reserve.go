@@ -93,11 +93,18 @@ func (d *DB) SetReserve(r Reserve, keep int64) {
 // FreeBytes is the space an unprivileged writer may still use on the file
 // system holding path.
 func FreeBytes(path string) (int64, error) {
+	free, _, err := DiskSpace(path)
+	return free, err
+}
+
+// DiskSpace returns the free bytes (for an unprivileged writer) and the
+// size of the file system holding path.
+func DiskSpace(path string) (free, size int64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(path, &st); err != nil {
-		return 0, fmt.Errorf("free space of %s: %w", path, err)
+		return 0, 0, fmt.Errorf("free space of %s: %w", path, err)
 	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
+	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
 }
 
 // take admits a write of n bytes, or refuses it with a DiskFullError and
