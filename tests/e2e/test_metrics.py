@@ -6,7 +6,8 @@ admin token and checked by Debian's `promtool check metrics` (the same
 linter Prometheus' own tooling runs), the counters are checked to have
 moved, and the Grafana dashboard (deploy/grafana/quill.json) is checked
 against what the nodes export: every quill_* name its queries use exists,
-and every quill_* family exported has a panel.
+and every quill_* family exported has a panel; promtool also parses every
+panel's query (as a recording rule's expression).
 """
 
 from __future__ import annotations
@@ -63,25 +64,48 @@ def families(text: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in map(_TYPE.match, text.splitlines()) if m and m.group(1).startswith("quill_")}
 
 
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if not path:
+        pytest.fail("promtool is required (Debian package prometheus; scripts/test-deps.sh installs it)")
+    return path
+
+
 def promtool_check(text: str) -> str:
     """What `promtool check metrics` says of an exposition: "" when clean."""
-    promtool = shutil.which("promtool")
-    if not promtool:
-        pytest.fail("promtool is required (Debian package prometheus; scripts/test-deps.sh installs it)")
-    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+    r = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
                        timeout=PROMTOOL_TIMEOUT)
     said = (r.stdout + r.stderr).strip()
     return said if r.returncode != 0 or said else ""
 
 
+def panel_exprs() -> list[str]:
+    """The PromQL of every panel of the dashboard."""
+    d = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+
+
 def dashboard_names() -> set[str]:
     """Every quill_* name a query of the dashboard (panels and variables) uses."""
-    d = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
-    for v in d["templating"]["list"]:
+    exprs = panel_exprs()
+    for v in json.loads(DASHBOARD.read_text())["templating"]["list"]:
         q = v.get("query")
         exprs.append(q.get("query", "") if isinstance(q, dict) else q or "")
     return {n for e in exprs for n in re.findall(r"\bquill_[a-zA-Z0-9_]+", e)}
+
+
+def test_dashboard_queries_are_promql(tmp_path):
+    """Every panel's query parses as PromQL: promtool checks them as the
+    expressions of recording rules, Grafana's variables filled in."""
+    exprs = [e.replace("$__rate_interval", "1m").replace("$instance", ".*") for e in panel_exprs()]
+    assert exprs, f"no queries in {DASHBOARD}"
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"quill_dashboard_query_{i}", "expr": e}
+                                                          for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps(rules))  # YAML is a superset of JSON
+    r = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True,
+                       timeout=PROMTOOL_TIMEOUT)
+    assert r.returncode == 0, f"promtool check rules on the dashboard's queries:\n{r.stdout}{r.stderr}"
 
 
 @pytest.fixture
