@@ -335,6 +335,10 @@ func New(o Options) (*Core, error) {
 		},
 		Logger: log,
 		OnChange: func(old, new *cluster.UserMap) {
+			metrics.UserMapChanges.Inc()
+			if old != nil {
+				metrics.BucketsMoved.Add(float64(len(new.ChangedSince(old))))
+			}
 			c.Peers.SetMembership(c.Members)
 			for _, mi := range c.Members.Alive() {
 				c.Loads.Observe(mi.ID, balance.Load{Pending: mi.Load, DiskFull: mi.DiskFull})

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quillmail/quill/internal/metrics"
 )
 
 // Limits are a node's connection and login limits; zero fields take the
@@ -159,6 +161,9 @@ const (
 	tooFastFromIP refusal = "too many new connections from your address"
 )
 
+// limitLabel names each refusal's limit in quill_connections_refused_total.
+var limitLabel = map[refusal]string{tooManyTotal: "total", tooManyFromIP: "per_address", tooFastFromIP: "rate_per_address"}
+
 // admit decides whether a new connection from an address with state st
 // may be taken, with total connections open, and refills the address's
 // rate tokens. It changes st's tokens; the caller counts the connection.
@@ -244,6 +249,9 @@ func (g *Guard) Open() (conns, addrs int) {
 // line, nil for none: on an implicit-TLS port nothing can be said before
 // the handshake) and closed without reaching the server.
 func (g *Guard) Listener(proto string, l net.Listener, refuse func(reason string) []byte) net.Listener {
+	for _, limit := range limitLabel {
+		metrics.ConnectionsRefused.WithLabelValues(proto, limit) // 0 until the first refusal
+	}
 	return &listener{Listener: l, g: g, proto: proto, refuse: refuse}
 }
 
@@ -270,6 +278,7 @@ func (l *listener) Accept() (net.Conn, error) {
 			return &conn{Conn: c, g: l.g, ip: ip}, nil
 		}
 		l.g.log.Warn("connection refused", "proto", l.proto, "remote", ip.String(), "reason", string(r))
+		metrics.ConnectionsRefused.WithLabelValues(l.proto, limitLabel[r]).Inc()
 		go func() {
 			if l.refuse != nil {
 				c.SetWriteDeadline(time.Now().Add(refuseTimeout))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	lru "github.com/hashicorp/golang-lru"
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/third_party/imapserver"
@@ -138,6 +140,7 @@ func New(store Store, auth Authenticator, cfg Config) *Server {
 		// A client that hangs up during a command cancels the remote
 		// work it started.
 		CommandContext: hangup.Watch,
+		CommandDone:    countCommand,
 	})
 	return s
 }
@@ -151,6 +154,11 @@ func errorCode(err error) imap.ResponseCode {
 		return imap.ResponseCodeUnavailable
 	}
 	return ""
+}
+
+// countCommand counts a command by name and answer (ok, no, bad).
+func countCommand(name string, result imap.StatusResponseType) {
+	metrics.Commands.WithLabelValues("imap", name, strings.ToLower(string(result))).Inc()
 }
 
 type slogPrintf struct{ l *slog.Logger }

@@ -13,6 +13,7 @@ import (
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-sasl"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/writer"
@@ -135,6 +136,7 @@ func (s *session) Authenticate(mech string) (sasl.Server, error) {
 // right guess from a wrong one).
 func (s *session) loginRefused(user, mech string) error {
 	if s.failures >= maxFailedLogins {
+		metrics.Login("imap", metrics.LoginLockedOut)
 		s.conn.Bye("Too many failed logins")
 		return imapserver.ErrAuthFailed
 	}
@@ -142,6 +144,7 @@ func (s *session) loginRefused(user, mech string) error {
 		remote := s.conn.NetConn().RemoteAddr()
 		if err := logins.LoginAllowed(remote); err != nil {
 			s.failures++
+			metrics.Login("imap", metrics.LoginLockedOut)
 			s.srv.cfg.Logger.Warn("login refused: address locked out", "user", user, "mech", mech, "remote", remote.String())
 			return no(imap.ResponseCodeUnavailable, "too many failed logins from your address; try again later")
 		}
@@ -176,11 +179,13 @@ func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
 		// Not a wrong password: the user's manager could not be asked
 		// (RFC 5530 UNAVAILABLE, try again later).
 		ref := fmt.Sprintf("%08x", rand.Uint32())
+		metrics.Login("imap", metrics.LoginUnavailable)
 		s.srv.cfg.Logger.Warn("login unavailable", "user", username, "mech", creds.Mechanism, "err", o.Err, "ref", ref)
 		return no(imap.ResponseCodeUnavailable, "login for %s: temporarily unavailable, try again later (reference %s)", username, ref)
 	}
 	if o.Err != nil {
 		s.failures++
+		metrics.Login("imap", metrics.LoginFailed)
 		s.srv.cfg.Logger.Info("imap: login failed", "user", username, "mech", creds.Mechanism, "remote", remote.String(), "err", o.Err, "delay", o.Delay)
 		if o.Delay > 0 {
 			retry.Sleep(s.ctx(), o.Delay) // ends early if the client hangs up
@@ -190,10 +195,12 @@ func (s *session) finishLogin(creds saslsrv.Credentials, exErr error) error {
 	prof := o.Profile
 	if err := s.srv.store.EnsureUser(s.ctx(), prof.Address); err != nil {
 		ref := fmt.Sprintf("%08x", rand.Uint32())
+		metrics.Login("imap", metrics.LoginUnavailable)
 		s.srv.cfg.Logger.Warn("login: mailboxes unavailable", "user", prof.Address, "err", err, "ref", ref)
 		return no(imap.ResponseCodeUnavailable, "login for %s: mailboxes unavailable, try again later (reference %s)", prof.Address, ref)
 	}
 	s.user = prof.Address
+	metrics.Login("imap", metrics.LoginOK)
 	s.changes, s.unsub = s.srv.store.Subscribe(s.life, s.user)
 	s.srv.cfg.Logger.Info("imap: logged in", "user", s.user, "mech", creds.Mechanism, "remote", remote.String())
 	return nil

@@ -1,5 +1,13 @@
 // Package metrics holds the node's Prometheus metrics, in one place so every
-// manager and proxy counts the same way and the admin API exports them.
+// manager and proxy counts the same way and the admin API exports them
+// (GET /metrics; docs/metrics.md lists every family).
+//
+// Two kinds live here. Counters and histograms of events (deliveries,
+// commands, logins, refusals, repairs) are package variables that the code
+// where the event happens increments; they count for the whole process.
+// Gauges of a node's state (members, buckets, update log, disk, Pebble,
+// workers) are read when Prometheus scrapes (node.go): a node adds its
+// sources with AddNode, and every such series carries its node id.
 package metrics
 
 import (
@@ -19,10 +27,15 @@ var (
 	DeliverySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "quill_delivery_seconds", Help: "Time from end of DATA to durable storage.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)})
+	// Sessions counts SMTP connections (protocol smtp for the port of
+	// other servers, submission for the submission and submissions
+	// ports) and POP3 and IMAP logins.
 	Sessions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "quill_sessions_total", Help: "Protocol sessions accepted."}, []string{"protocol"})
+		Name: "quill_sessions_total", Help: "Protocol sessions accepted: SMTP connections, POP3 and IMAP logins."}, []string{"protocol"})
+	// AuthFailures counts logins refused for wrong credentials; Logins
+	// has every outcome.
 	AuthFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "quill_auth_failures_total", Help: "Failed logins."}, []string{"protocol"})
+		Name: "quill_auth_failures_total", Help: "Logins refused for wrong credentials (unknown user, wrong password or proof)."}, []string{"protocol"})
 	// Stalls counts the times the process stood still long enough for its
 	// soft state to be rebuilt (core.watchStalls).
 	Stalls = prometheus.NewCounter(prometheus.CounterOpts{
@@ -55,6 +68,54 @@ var (
 	// index proved to match, which a search then did not read for it.
 	TextSure = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quill_text_index_sure_total", Help: "Message and search key pairs this node's text index proved to match without reading the message, for sessions on any node."})
+
+	// Commands counts client commands by protocol (smtp, submission,
+	// pop3, imap), command (the protocol's verb, UNKNOWN for one it does
+	// not know) and result: the reply class for SMTP (2xx, 4xx, 5xx, or
+	// error when no reply could be given), ok or err for POP3, ok, no or
+	// bad for IMAP.
+	Commands = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_commands_total", Help: "Client commands by protocol, command and result (SMTP reply class; POP3 ok or err; IMAP ok, no or bad)."},
+		[]string{"protocol", "command", "result"})
+	// Refusals counts SMTP MAIL, RCPT and DATA answered 4xx or 5xx, by
+	// the reason the server refused them (one of the Reason* values).
+	Refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_smtp_refusals_total", Help: "SMTP MAIL, RCPT and DATA commands refused (4xx or 5xx), by protocol, stage and reason."},
+		[]string{"protocol", "stage", "reason"})
+	// Logins counts the end of every login (IMAP LOGIN and AUTHENTICATE,
+	// POP3 PASS and AUTH, SMTP AUTH) by result: ok, failed (wrong
+	// credentials), locked_out (the address failed too often), or
+	// unavailable (the user's manager could not be asked).
+	Logins = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_logins_total", Help: "Logins by protocol and result (ok, failed, locked_out, unavailable)."},
+		[]string{"protocol", "result"})
+	// ConnectionsRefused counts client connections the guard closed at
+	// once, by listener and limit reached (internal/guard).
+	ConnectionsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_connections_refused_total", Help: "Client connections refused by a connection limit, by listener and limit (total, per_address, rate_per_address)."},
+		[]string{"listener", "limit"})
+	// UserMapChanges counts the user maps this node adopted after a
+	// membership change; BucketsMoved the buckets whose manager changed
+	// in them (Porcupine §3.2).
+	UserMapChanges = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_usermap_changes_total", Help: "User maps adopted after a membership change (new epochs)."})
+	BucketsMoved = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_usermap_buckets_moved_total", Help: "Buckets whose manager changed, over every user map adopted."})
+	// SoftStateRebuildSeconds is the time from a user map (or a stall, or
+	// a handoff's reset) to the soft state of every bucket this node
+	// manages being rebuilt from every live node's scan (outcome
+	// complete), or released unfinished after the reconstruction's cap
+	// (outcome timeout) (Porcupine §3.3).
+	SoftStateRebuildSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "quill_softstate_rebuild_seconds", Help: "Time from a user map change to the soft state of this node's buckets being rebuilt, by outcome (complete, timeout).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"outcome"})
+	// RepairRounds counts the replication manager's repair rounds (a scan
+	// of what the node holds and the re-homing it planned);
+	// RepairRehomed the objects given new replicas in them.
+	RepairRounds = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_repair_rounds_total", Help: "Repair rounds: scans of the objects this node holds, with the re-homing they planned."})
+	RepairRehomed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_repair_rehomed_objects_total", Help: "Objects given new replicas by this node's repair rounds."})
 )
 
 // Total is the sum of a counter's or gauge's values over all its labels:
@@ -78,8 +139,73 @@ func Total(c prometheus.Collector) float64 {
 	return sum
 }
 
+// Reasons an SMTP command is refused (the reason label of Refusals): a
+// small closed set, so a dashboard can name each.
+const (
+	ReasonUnknownUser  = "unknown_user"        // 5.1.1: no such user
+	ReasonQuota        = "quota"               // 4.2.2: mailbox full
+	ReasonSize         = "size"                // 5.3.4: over the size limit
+	ReasonRelay        = "relay"               // 5.7.1: a domain not served here, and no relaying
+	ReasonSender       = "sender"              // 5.7.1: a submission from an address not the user's
+	ReasonAuthRequired = "auth_required"       // 5.7.0: submission without AUTH
+	ReasonRateLimit    = "rate_limit"          // 4.7.1: the user's messages per hour
+	ReasonRecipients   = "too_many_recipients" // 4.5.3: recipients per message
+	ReasonSpam         = "spam"                // the spam filter refused or deferred it
+	ReasonDMARC        = "dmarc"               // 5.7.1: the sender domain's DMARC policy
+	ReasonLoop         = "loop"                // 5.4.6: too many Received headers
+	ReasonContent      = "content"             // 5.6.x: a header or address the message may not have
+	ReasonNoRecipients = "no_recipients"       // 5.5.1: DATA without a valid recipient
+	ReasonStorage      = "storage"             // 4.3.x: storing or queueing failed, or no disk room
+	ReasonUnavailable  = "unavailable"         // 4.3.0: the recipient's manager could not be asked
+	ReasonOther        = "other"               // anything else (go-smtp's own replies)
+)
+
+// Login results (the result label of Logins).
+const (
+	LoginOK          = "ok"
+	LoginFailed      = "failed"
+	LoginLockedOut   = "locked_out"
+	LoginUnavailable = "unavailable"
+)
+
+// Login counts the end of a login; a failed one is an AuthFailures too.
+func Login(protocol, result string) {
+	Logins.WithLabelValues(protocol, result).Inc()
+	if result == LoginFailed {
+		AuthFailures.WithLabelValues(protocol).Inc()
+	}
+}
+
+// known are the label values of closed sets, reported at 0 from the start
+// so a dashboard or an alert sees a series before its first event.
+var known = []struct {
+	vec    *prometheus.CounterVec
+	values [][]string
+}{
+	{Sessions, [][]string{{"smtp"}, {"submission"}, {"pop3"}, {"imap"}}},
+	{AuthFailures, [][]string{{"submission"}, {"pop3"}, {"imap"}}},
+	{AuditRepairs, [][]string{{"alloc"}, {"mailmap"}, {"hidden"}, {"stale"}, {"phantom"}}},
+	{Handoffs, [][]string{{"merged"}, {"rebuilt"}, {"given_up"}}},
+	{Outbound, [][]string{{"delivered"}, {"deferred"}, {"failed"}}},
+}
+
 func init() {
+	for _, k := range known {
+		for _, v := range k.values {
+			k.vec.WithLabelValues(v...)
+		}
+	}
+	for _, p := range []string{"submission", "pop3", "imap"} {
+		for _, r := range []string{LoginOK, LoginFailed, LoginLockedOut, LoginUnavailable} {
+			Logins.WithLabelValues(p, r)
+		}
+	}
+	for _, o := range []string{"complete", "timeout"} {
+		SoftStateRebuildSeconds.WithLabelValues(o)
+	}
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
 		Queued, Outbound, QueueEntries, TextExcluded, TextSure,
+		Commands, Refusals, Logins, ConnectionsRefused, UserMapChanges, BucketsMoved, SoftStateRebuildSeconds,
+		RepairRounds, RepairRehomed, nodes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/queue"
@@ -233,6 +234,8 @@ type Node struct {
 	acmeHTTP *http.Server
 	addrs    map[string]string
 	wg       sync.WaitGroup
+	// unmetrics takes the node's state out of /metrics (metrics.AddNode).
+	unmetrics func()
 }
 
 // Start opens the node's storage, starts the managers and the listeners.
@@ -329,7 +332,34 @@ func Start(cfg Config) (*Node, error) {
 		n.Shutdown(context.Background())
 		return nil, err
 	}
+	n.unmetrics = metrics.AddNode(string(n.ID), n.metricsState())
 	return n, nil
+}
+
+// metricsState is the core's state for /metrics with the listeners' and
+// the SNS pools'.
+func (n *Node) metricsState() metrics.NodeState {
+	st := n.MetricsState()
+	st.Connections = func() int { conns, _ := n.Guard.Open(); return conns }
+	st.Workers = func() []metrics.WorkerPool {
+		var out []metrics.WorkerPool
+		for _, p := range []*sns.Pool{n.relays, n.filters} {
+			if p == nil {
+				continue
+			}
+			s := p.Status()
+			wp := metrics.WorkerPool{Class: s.Class, Max: s.Max, Launches: s.Launches, Restarts: s.Restarts, RemoteTasks: s.Remote}
+			for _, w := range s.Workers {
+				if w.Alive {
+					wp.Alive++
+					wp.Load += w.Load
+				}
+			}
+			out = append(out, wp)
+		}
+		return out
+	}
+	return st
 }
 
 // auditInterval maps the flag (0: off) to core's option (0: default).
@@ -534,6 +564,9 @@ func (n *Node) Addr(proto string) string { return n.addrs[proto] }
 // Shutdown stops accepting, lets sessions finish until ctx is done, closes
 // the rest and then the store.
 func (n *Node) Shutdown(ctx context.Context) error {
+	if n.unmetrics != nil {
+		n.unmetrics()
+	}
 	var wg sync.WaitGroup
 	stop := func(f func(context.Context) error) {
 		wg.Add(1)

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/guard"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/xdg-go/scram"
@@ -339,6 +340,9 @@ type session struct {
 	bad     int    // failed commands so far
 	failed  int    // failed logins so far
 	closing bool   // the last reply ended the session
+	// status is the first status indicator the running command was
+	// answered with: ok (+OK) or err (-ERR), "" before any.
+	status string
 }
 
 func (c *session) close() {
@@ -357,15 +361,18 @@ func (c *session) run() error {
 	c.ok("%s Quill POP3 server ready", c.srv.cfg.Hostname)
 	for {
 		line, err := c.readLine()
+		c.status = ""
 		switch {
 		case errors.Is(err, errLineTooLong):
 			c.fail("line too long: limit is %d octets including CRLF", c.srv.cfg.MaxLineLength)
+			countCommand("", c.status)
 		case err != nil:
 			return err
 		default:
 			cmd, args, perr := parseCommand(line)
 			if perr != nil {
 				c.fail("%v", perr)
+				countCommand("", c.status)
 				break
 			}
 			c.cmd = c.ctx
@@ -375,6 +382,7 @@ func (c *session) run() error {
 			}
 			err := c.dispatch(cmd, args)
 			stop()
+			countCommand(cmd, c.status)
 			if err != nil {
 				if errors.Is(err, errQuit) {
 					return nil
@@ -433,6 +441,13 @@ func (c *session) readLine() ([]byte, error) {
 // error) become spaces so they cannot break the framing, and the line is
 // cut to the RFC 2449 §4 limit.
 func (c *session) writeLine(s string) {
+	if c.status == "" {
+		if strings.HasPrefix(s, "+OK") {
+			c.status = "ok"
+		} else if strings.HasPrefix(s, "-ERR") {
+			c.status = "err"
+		}
+	}
 	if len(s) > maxReplyLine-2 {
 		s = s[:maxReplyLine-2]
 	}
@@ -615,6 +630,24 @@ func (c *session) dispatch(cmd string, args []string) error {
 		c.fail("unknown command %s", cmd)
 	}
 	return nil
+}
+
+// commands are the POP3 commands counted under their own name
+// (metrics.Commands); any other is counted as UNKNOWN, so a client cannot
+// make up label values.
+var commands = map[string]bool{"CAPA": true, "QUIT": true, "APOP": true, "STLS": true, "USER": true, "PASS": true,
+	"AUTH": true, "STAT": true, "LIST": true, "UIDL": true, "RETR": true, "TOP": true, "DELE": true, "RSET": true, "NOOP": true}
+
+// countCommand counts a command by the first status it was answered with
+// (none: the connection failed before an answer, not counted).
+func countCommand(cmd, status string) {
+	if status == "" {
+		return
+	}
+	if !commands[cmd] {
+		cmd = "UNKNOWN"
+	}
+	metrics.Commands.WithLabelValues("pop3", cmd, status).Inc()
 }
 
 // nargs checks the argument count and answers -ERR when it is wrong.
@@ -854,6 +887,7 @@ func (c *session) lockedOut(mech, user string) bool {
 		return false
 	}
 	c.failed++
+	metrics.Login("pop3", metrics.LoginLockedOut)
 	c.log.Warn("pop3: login refused: address locked out", "user", user)
 	c.writeLine("-ERR [SYS/TEMP] " + mech + ": too many failed logins from your address; try again later")
 	if c.failed >= c.srv.cfg.MaxFailedLogins {
@@ -897,6 +931,7 @@ func (c *session) login(creds saslsrv.Credentials, exErr error) {
 	}
 	if errors.Is(err, ErrAuthFailed) || errors.Is(err, saslsrv.ErrAuthFailed) {
 		c.failed++
+		metrics.Login("pop3", metrics.LoginFailed)
 		d := c.srv.cfg.AuthFailDelay
 		if logins != nil {
 			d = logins.LoginFailed(remote, user)
@@ -920,6 +955,7 @@ func (c *session) login(creds saslsrv.Credentials, exErr error) {
 		err = errors.New("backend returned no maildrop")
 	}
 	if err != nil {
+		metrics.Login("pop3", metrics.LoginUnavailable)
 		c.sysTemp(mech+": login", err)
 		return
 	}
@@ -933,10 +969,12 @@ func (c *session) login(creds saslsrv.Credentials, exErr error) {
 	}()
 	msgs, err := md.List(c.cmd)
 	if err != nil {
+		metrics.Login("pop3", metrics.LoginUnavailable)
 		c.sysTemp(mech+": listing maildrop", err)
 		return
 	}
 	opened = true
+	metrics.Login("pop3", metrics.LoginOK)
 	if logins != nil {
 		logins.LoginSucceeded(remote)
 	}

@@ -45,14 +45,14 @@ func withOpTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, opTimeout)
 }
 
-// IMAPAuth authenticates IMAP logins through the proxy and counts them.
+// IMAPAuth authenticates IMAP logins through the proxy and counts the
+// sessions they open (the IMAP server counts every login's outcome).
 type IMAPAuth struct{ P *Proxy }
 
 // Login implements imap.Authenticator.
 func (a IMAPAuth) Login(ctx context.Context, user, password string) (*userdb.Profile, error) {
 	p, err := a.P.Login(ctx, user, password)
 	if err != nil {
-		metrics.AuthFailures.WithLabelValues("imap").Inc()
 		return nil, err
 	}
 	metrics.Sessions.WithLabelValues("imap").Inc()

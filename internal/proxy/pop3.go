@@ -29,7 +29,6 @@ type POP3 struct {
 func (b POP3) Login(ctx context.Context, user, password string) (pop3.Maildrop, error) {
 	prof, err := b.P.Login(ctx, user, password)
 	if errors.Is(err, userdb.ErrNotFound) || errors.Is(err, userdb.ErrPasswordMismatch) {
-		metrics.AuthFailures.WithLabelValues("pop3").Inc()
 		return nil, fmt.Errorf("%w: %v", pop3.ErrAuthFailed, err)
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/metrics"
 )
 
 // Repair brings objects back to their number of replicas. Porcupine's update
@@ -246,6 +247,8 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 	scanTook := time.Since(scanStart)
 	var cut bool
 	st.Rehomed, cut = m.rehome(ctx, writers, byUser)
+	metrics.RepairRounds.Inc()
+	metrics.RepairRehomed.Add(float64(st.Rehomed))
 	if st.Rehomed > 0 || st.UnderReplicated > 0 {
 		m.log.Info("repair", "objects", st.Objects, "under_replicated", st.UnderReplicated, "rehomed", st.Rehomed)
 	}

@@ -11,8 +11,9 @@ import (
 
 // The RPC layer's own counters, per method and side: calls (by outcome),
 // payload bytes sent and received (gRPC framing included, HTTP/2 headers
-// not), and the callers' latency. They are what "bytes on the wire per
-// delivered message" is measured from (docs/benchmarks.md).
+// not), the callers' latency and the callees' handling time (the difference
+// is the network and the queues on the way). They are what "bytes on the
+// wire per delivered message" is measured from (docs/benchmarks.md).
 var (
 	rpcCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quill_rpc_calls_total", Help: "Node-to-node calls, by method, side (client or server) and gRPC status code."},
@@ -26,10 +27,13 @@ var (
 	rpcSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "quill_rpc_client_seconds", Help: "Time from sending a node-to-node call to its answer, by method.",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"method"})
+	rpcServerSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "quill_rpc_server_seconds", Help: "Time a node took to handle a node-to-node call, from its arrival to the answer, by method.",
+		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}, []string{"method"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(rpcCalls, rpcSent, rpcReceived, rpcSeconds)
+	metrics.Registry.MustRegister(rpcCalls, rpcSent, rpcReceived, rpcSeconds, rpcServerSeconds)
 }
 
 // statsHandler counts every call on one side.
@@ -50,8 +54,11 @@ func (h statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		rpcSent.WithLabelValues(m, h.side).Add(float64(s.WireLength))
 	case *stats.End:
 		rpcCalls.WithLabelValues(m, h.side, status.Code(s.Error).String()).Inc()
+		took := s.EndTime.Sub(s.BeginTime).Seconds()
 		if h.side == "client" {
-			rpcSeconds.WithLabelValues(m).Observe(s.EndTime.Sub(s.BeginTime).Seconds())
+			rpcSeconds.WithLabelValues(m).Observe(took)
+		} else {
+			rpcServerSeconds.WithLabelValues(m).Observe(took)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/emersion/go-sasl"
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/guard"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/xdg-go/scram"
@@ -102,6 +103,7 @@ func (s *authSession) Auth(mech string) (sasl.Server, error) {
 	// guess from a wrong one).
 	if ac.Logins != nil && ac.Logins.LoginAllowed(s.conn.Conn().RemoteAddr()) != nil {
 		s.failures++
+		metrics.Login(s.b.protocol(), metrics.LoginLockedOut)
 		return nil, errLockedOut
 	}
 	srv, err := saslsrv.New(mech, func(user string) (scram.StoredCredentials, error) {
@@ -137,6 +139,7 @@ func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
 	if ac.Logins != nil {
 		if err := ac.Logins.LoginAllowed(remote); err != nil {
 			s.failures++
+			metrics.Login(s.b.protocol(), metrics.LoginLockedOut)
 			log.Warn("smtp: AUTH refused: address locked out", "user", creds.User, "remote", remote.String())
 			return errLockedOut
 		}
@@ -146,12 +149,14 @@ func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
 	o := saslsrv.Check(ctx, ac.Auth, ac.Logins, remote, s.b.cfg.AuthFailDelay, creds, exErr)
 	if o.Err != nil && !o.Wrong {
 		ref := reference()
+		metrics.Login(s.b.protocol(), metrics.LoginUnavailable)
 		log.Warn("smtp: AUTH unavailable", "user", creds.User, "mech", creds.Mechanism, "err", o.Err, "ref", ref)
 		return &gosmtp.SMTPError{Code: 454, EnhancedCode: gosmtp.EnhancedCode{4, 7, 0},
 			Message: "temporary authentication failure, try again later (reference " + ref + ")"}
 	}
 	if o.Err != nil {
 		s.failures++
+		metrics.Login(s.b.protocol(), metrics.LoginFailed)
 		log.Info("smtp: AUTH failed", "user", creds.User, "mech", creds.Mechanism, "remote", remote.String(), "err", o.Err, "delay", o.Delay)
 		if o.Delay > 0 {
 			retry.Sleep(ctx, o.Delay)
@@ -160,6 +165,7 @@ func (s *authSession) finish(creds saslsrv.Credentials, exErr error) error {
 	}
 	prof := o.Profile
 	s.user, s.session.authUser = prof.Address, prof.Address
+	metrics.Login(s.b.protocol(), metrics.LoginOK)
 	log.Info("smtp: AUTH succeeded", "user", s.user, "mech", creds.Mechanism, "remote", remote.String())
 	return nil
 }

@@ -154,11 +154,13 @@ type backend struct {
 }
 
 func (b *backend) NewSession(c *gosmtp.Conn) (gosmtp.Session, error) {
-	metrics.Sessions.WithLabelValues("smtp").Inc()
+	proto := b.protocol()
+	metrics.Sessions.WithLabelValues(proto).Inc()
 	if b.cfg.AuthConfig.Auth != nil {
-		return &authSession{session: &session{b: b, conn: c}}, nil
+		s := &authSession{session: &session{b: b, conn: c}}
+		return countedAuth{counted{s, proto}, s}, nil
 	}
-	return &session{b: b, conn: c}, nil
+	return counted{&session{b: b, conn: c}, proto}, nil
 }
 
 type session struct {
@@ -238,8 +240,8 @@ func (s *session) Mail(from string, opts *gosmtp.MailOptions) error {
 // errNeedsUTF8 refuses an address in UTF-8 in a transaction that did not
 // say SMTPUTF8 (RFC 6531 §3.5, RFC 6533's 5.6.7).
 func errNeedsUTF8(what, addr string) error {
-	return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 6, 7},
-		Message: fmt.Sprintf("%s <%s> is not ASCII: MAIL needs SMTPUTF8 for it", what, sanitizeUTF8(addr))}
+	return refuse(metrics.ReasonContent, &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 6, 7},
+		Message: fmt.Sprintf("%s <%s> is not ASCII: MAIL needs SMTPUTF8 for it", what, sanitizeUTF8(addr))})
 }
 
 func isASCII(s string) bool {
@@ -260,12 +262,12 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 	if s.submitting() && !sameAddress(s.from, s.authUser) {
 		// Defence in depth: the sender was checked at MAIL, and AUTH is
 		// refused within a transaction.
-		return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-			Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(s.from), s.authUser)}
+		return refuse(metrics.ReasonSender, &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(s.from), s.authUser)})
 	}
 	if max := s.b.cfg.SubmitRecipients; s.submitting() && max > 0 && len(s.rcpts)+len(s.remote) >= max {
-		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 5, 3},
-			Message: fmt.Sprintf("too many recipients: at most %d per submitted message", max)}
+		return refuse(metrics.ReasonRecipients, &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 5, 3},
+			Message: fmt.Sprintf("too many recipients: at most %d per submitted message", max)})
 	}
 	if !s.utf8 && !isASCII(to) {
 		return errNeedsUTF8("recipient", to)
@@ -298,11 +300,11 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 			Message: fmt.Sprintf("<%s>: mailbox full", to)}
 	case errors.Is(err, userdb.ErrOverQuota):
 		// RFC 3463 4.2.2: mailbox full, for now (the user may make room).
-		return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
-			Message: fmt.Sprintf("<%s>: mailbox full", to)}
+		return refuse(metrics.ReasonQuota, &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
+			Message: fmt.Sprintf("<%s>: mailbox full", to)})
 	case errors.Is(err, userdb.ErrNotFound):
-		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
-			Message: fmt.Sprintf("<%s>: no such user here", to)}
+		return refuse(metrics.ReasonUnknownUser, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 1, 1},
+			Message: fmt.Sprintf("<%s>: no such user here", to)})
 	case errors.Is(err, proxy.ErrForeignDomain) && s.submitting() && s.b.cfg.Queue != nil:
 		s.remote = append(s.remote, to)
 		return nil
@@ -310,8 +312,8 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 		return errNoRemote(to)
 	case errors.Is(err, proxy.ErrForeignDomain):
 		// RFC 5321 §3.6.2: no relaying for unauthenticated senders.
-		return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)}
+		return refuse(metrics.ReasonRelay, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: fmt.Sprintf("<%s>: relay access denied, domain not served here", to)})
 	case s.submitting() && s.b.cfg.Queue != nil && !s.b.p.ServesDomain(userdb.Domain(to)):
 		// The lookup failed for now (a node is away), but no node serves
 		// the domain: it is another domain's mail all the same.
@@ -320,8 +322,8 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 	default:
 		ref := reference()
 		s.b.cfg.Logger.Warn("recipient lookup failed", "rcpt", to, "err", err, "ref", ref)
-		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
-			Message: fmt.Sprintf("<%s>: temporary failure, try again later (reference %s)", to, ref)}
+		return refuse(metrics.ReasonUnavailable, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+			Message: fmt.Sprintf("<%s>: temporary failure, try again later (reference %s)", to, ref)})
 	}
 }
 
@@ -331,7 +333,7 @@ func (s *session) Data(r io.Reader) (err error) {
 	id, start, size := reference(), time.Now(), 0
 	defer func() { s.logMessage(id, size, time.Since(start), err) }()
 	if len(s.rcpts) == 0 && len(s.remote) == 0 {
-		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"}
+		return refuse(metrics.ReasonNoRecipients, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"})
 	}
 	var buf bytes.Buffer
 	s.writeTrace(&buf)
@@ -353,8 +355,8 @@ func (s *session) Data(r io.Reader) (err error) {
 	if hops := receivedCount(raw[trace:]); hops >= maxHops {
 		// RFC 5321 §6.3: a message that went through this many relays is
 		// in a loop (a forward pointing back, an MX naming itself).
-		return &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 4, 6},
-			Message: fmt.Sprintf("mail loop: the message has %d Received headers", hops)}
+		return refuse(metrics.ReasonLoop, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 4, 6},
+			Message: fmt.Sprintf("mail loop: the message has %d Received headers", hops)})
 	}
 	if s.submitting() {
 		body, err := SubmissionHeaders(raw[trace:], s.authUser, s.b.cfg.Hostname, time.Now())
@@ -379,8 +381,8 @@ func (s *session) Data(r io.Reader) (err error) {
 		// sessions of one user cannot all pass the check made at MAIL.
 		at := time.Now()
 		if ok, n := l.Take(s.authUser, at); !ok {
-			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
-				Message: fmt.Sprintf("%s sent %d messages in the last hour, the limit is %d: try again later", s.authUser, n, l.Limit())}
+			return refuse(metrics.ReasonRateLimit, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
+				Message: fmt.Sprintf("%s sent %d messages in the last hour, the limit is %d: try again later", s.authUser, n, l.Limit())})
 		}
 		defer func() {
 			if err != nil {
@@ -403,8 +405,8 @@ func (s *session) Data(r io.Reader) (err error) {
 			// delivery as ordinary mail (INBOX, not Junk): it waits for
 			// room with the sender instead.
 			// RFC 3463 4.2.2: mailbox full, for now.
-			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
-				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))}
+			return refuse(metrics.ReasonQuota, &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
+				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))})
 		case s.b.cfg.Defer != nil:
 			// One durable write decides the 250, as for remote
 			// recipients: the queue delivers to the others now.
@@ -412,8 +414,8 @@ func (s *session) Data(r io.Reader) (err error) {
 				metrics.DeliveryFailures.Inc()
 				ref := id
 				s.b.cfg.Logger.Error("queueing for a full mailbox failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
-				return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
-					Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
+				return refuse(metrics.ReasonStorage, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+					Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)})
 			}
 			s.b.cfg.Logger.Info("message queued: a recipient's mailbox is full", "full", full, "rcpts", s.rcpts)
 			return nil
@@ -433,8 +435,8 @@ func (s *session) Data(r io.Reader) (err error) {
 			metrics.DeliveryFailures.Inc()
 			ref := id
 			s.b.cfg.Logger.Error("queueing failed", "from", s.from, "rcpts", all, "err", err, "ref", ref)
-			return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
-				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)}
+			return refuse(metrics.ReasonStorage, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+				Message: fmt.Sprintf("message not queued, try again later (reference %s)", ref)})
 		}
 		return nil
 	}
@@ -447,11 +449,11 @@ func (s *session) Data(r io.Reader) (err error) {
 		ref := id
 		s.b.cfg.Logger.Error("delivery failed", "from", s.from, "rcpts", s.rcpts, "err", err, "ref", ref)
 		if proxy.NoStorage(err) {
-			return &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 3, 1},
-				Message: fmt.Sprintf("insufficient system storage, try again later (reference %s)", ref)}
+			return refuse(metrics.ReasonStorage, &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 3, 1},
+				Message: fmt.Sprintf("insufficient system storage, try again later (reference %s)", ref)})
 		}
-		return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
-			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)}
+		return refuse(metrics.ReasonStorage, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 3, 0},
+			Message: fmt.Sprintf("message not stored, try again later (reference %s)", ref)})
 	}
 	return nil
 }
@@ -530,13 +532,13 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 	v := s.b.cfg.Checker.Check(context.Background(), ip, s.conn.Hostname(), s.from, s.rcpts, body)
 	if v.Spam {
 		s.b.cfg.Logger.Info("refused as spam", "from", s.from, "ip", ip, "score", v.Score)
-		return nil, false, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-			Message: "message refused: it is spam by this server's filter"}
+		return nil, false, refuse(metrics.ReasonSpam, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: "message refused: it is spam by this server's filter"})
 	}
 	if v.Defer {
 		s.b.cfg.Logger.Info("deferred by the spam filter", "from", s.from, "ip", ip, "score", v.Score)
-		return nil, false, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
-			Message: "message deferred by this server's filter: try again later"}
+		return nil, false, refuse(metrics.ReasonSpam, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
+			Message: "message deferred by this server's filter: try again later"})
 	}
 	if p := s.b.cfg.Policy; p != nil {
 		var why string
@@ -547,8 +549,8 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 	}
 	if v.Reject {
 		s.b.cfg.Logger.Info("refused by the sender's DMARC policy", "from", s.from, "domain", v.Domain, "ip", ip, "results", strings.TrimSpace(v.Header))
-		return nil, false, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))}
+		return nil, false, refuse(metrics.ReasonDMARC, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))})
 	}
 	checked := append([]byte(v.Header), body...)
 	if s.b.cfg.Sealer != nil {
@@ -601,8 +603,8 @@ func (s *session) logRefusal(msg string, err error, attrs ...any) {
 }
 
 func errTooLarge(limit int64) error {
-	return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 3, 4},
-		Message: fmt.Sprintf("message exceeds the size limit of %d octets", limit)}
+	return refuse(metrics.ReasonSize, &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 3, 4},
+		Message: fmt.Sprintf("message exceeds the size limit of %d octets", limit)})
 }
 
 // normalizeLF turns every LF not preceded by CR into CRLF, copying only when

@@ -12,8 +12,10 @@ import (
 	"testing"
 
 	gosmtp "github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/smtp"
 )
@@ -108,7 +110,19 @@ func smtpCode(err error) int {
 	return 0
 }
 
+// refusals reads quill_smtp_refusals_total of the listener for other
+// servers' mail, by stage and reason.
+func refusals(stage, reason string) float64 {
+	return testutil.ToFloat64(metrics.Refusals.WithLabelValues("smtp", stage, reason))
+}
+
+// Each refusal is answered with its code and counted under its reason.
 func TestRejections(t *testing.T) {
+	counted := [][2]string{{"rcpt", metrics.ReasonUnknownUser}, {"rcpt", metrics.ReasonRelay}, {"data", metrics.ReasonSize}}
+	var before []float64
+	for _, c := range counted {
+		before = append(before, refusals(c[0], c[1]))
+	}
 	addr, _ := startServer(t, 1000)
 	c, err := gosmtp.Dial(addr)
 	if err != nil {
@@ -137,6 +151,11 @@ func TestRejections(t *testing.T) {
 	w.Write(bytes.Repeat([]byte("0123456789\r\n"), 200))
 	if err := w.Close(); smtpCode(err) != 5523 {
 		t.Fatalf("oversized message: %v", err)
+	}
+	for i, c := range counted {
+		if d := refusals(c[0], c[1]) - before[i]; d != 1 {
+			t.Errorf("quill_smtp_refusals_total{stage=%q,reason=%q} moved by %v, want 1", c[0], c[1], d)
+		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -35,17 +36,17 @@ func (s *session) submitting() bool { return s.b.cfg.Submission || s.authUser !=
 // authenticated user's own address may be the envelope sender.
 func (s *authSession) Mail(from string, opts *gosmtp.MailOptions) error {
 	if s.b.cfg.Submission && s.user == "" {
-		return errAuthRequired
+		return refuse(metrics.ReasonAuthRequired, errAuthRequired)
 	}
 	if s.submitting() {
 		if !sameAddress(from, s.user) {
-			return &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-				Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(from), s.user)}
+			return refuse(metrics.ReasonSender, &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+				Message: fmt.Sprintf("sender <%s> is not an address of %s", sanitize(from), s.user)})
 		}
 		if l := s.b.cfg.Sends; l != nil {
 			if ok, n := l.Allow(s.user, time.Now()); !ok {
-				return &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
-					Message: fmt.Sprintf("%s sent %d messages in the last hour, the limit is %d: try again later", s.user, n, l.Limit())}
+				return refuse(metrics.ReasonRateLimit, &gosmtp.SMTPError{Code: 451, EnhancedCode: gosmtp.EnhancedCode{4, 7, 1},
+					Message: fmt.Sprintf("%s sent %d messages in the last hour, the limit is %d: try again later", s.user, n, l.Limit())})
 			}
 		}
 	}
@@ -55,7 +56,7 @@ func (s *authSession) Mail(from string, opts *gosmtp.MailOptions) error {
 // Rcpt implements gosmtp.Session.
 func (s *authSession) Rcpt(to string, opts *gosmtp.RcptOptions) error {
 	if s.b.cfg.Submission && s.user == "" {
-		return errAuthRequired
+		return refuse(metrics.ReasonAuthRequired, errAuthRequired)
 	}
 	return s.session.Rcpt(to, opts)
 }
@@ -69,23 +70,23 @@ func sameAddress(a, b string) bool { return userdb.Normalize(a) == userdb.Normal
 func SubmissionHeaders(msg []byte, user, host string, now time.Time) ([]byte, error) {
 	m, err := mail.ReadMessage(bytes.NewReader(msg))
 	if err != nil {
-		return nil, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
-			Message: "message header cannot be parsed: " + sanitizeText(err.Error())}
+		return nil, refuse(metrics.ReasonContent, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
+			Message: "message header cannot be parsed: " + sanitizeText(err.Error())})
 	}
 	fromField := m.Header.Get("From")
 	if fromField == "" {
-		return nil, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
-			Message: "message has no From: header (RFC 5322 §3.6)"}
+		return nil, refuse(metrics.ReasonContent, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
+			Message: "message has no From: header (RFC 5322 §3.6)"})
 	}
 	from, err := mail.ParseAddressList(fromField)
 	if err != nil {
-		return nil, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
-			Message: "From: header cannot be parsed: " + sanitizeText(err.Error())}
+		return nil, refuse(metrics.ReasonContent, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 6, 0},
+			Message: "From: header cannot be parsed: " + sanitizeText(err.Error())})
 	}
 	for _, a := range from {
 		if !sameAddress(a.Address, user) {
-			return nil, &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-				Message: fmt.Sprintf("From: <%s> is not an address of %s", sanitize(a.Address), user)}
+			return nil, refuse(metrics.ReasonSender, &gosmtp.SMTPError{Code: 553, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+				Message: fmt.Sprintf("From: <%s> is not an address of %s", sanitize(a.Address), user)})
 		}
 	}
 	var add bytes.Buffer
@@ -138,6 +139,6 @@ type Queuer interface {
 
 // errNoRemote refuses a remote recipient on a listener without a queue.
 func errNoRemote(to string) error {
-	return &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
-		Message: fmt.Sprintf("<%s>: this server does not relay to other domains", sanitize(to))}
+	return refuse(metrics.ReasonRelay, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
+		Message: fmt.Sprintf("<%s>: this server does not relay to other domains", sanitize(to))})
 }

@@ -97,12 +97,12 @@ func FreeBytes(path string) (int64, error) {
 	return free, err
 }
 
-// DiskSpace is the space an unprivileged writer may still use on the file
-// system holding path, and the file system's size.
-func DiskSpace(path string) (free, total int64, err error) {
+// DiskSpace returns the free bytes (for an unprivileged writer) and the
+// size of the file system holding path.
+func DiskSpace(path string) (free, size int64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(path, &st); err != nil {
-		return 0, 0, fmt.Errorf("disk space of %s: %w", path, err)
+		return 0, 0, fmt.Errorf("free space of %s: %w", path, err)
 	}
 	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/rpc"
@@ -97,7 +98,12 @@ type Manager struct {
 	buckets [cluster.Buckets]*bucket
 	gen     uint64 // bumped at every reconcile; stale pulls are dropped
 	closed  bool
-	pulls   sync.WaitGroup
+	// rebuildGen is the reconcile (gen) whose rebuild of the soft state
+	// is being timed, 0 for none; rebuildFrom is when it began
+	// (noteRebuiltLocked).
+	rebuildFrom time.Time
+	rebuildGen  uint64
+	pulls       sync.WaitGroup
 	// um and alive are what the last reconcile was given, for rebuilds
 	// that are not caused by a membership change (Rebuild, handoffs).
 	um    cluster.UserMap
@@ -277,6 +283,7 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 	m.leaving = m.leaving || leave
 	m.gen++
 	gen := m.gen
+	m.rebuildFrom, m.rebuildGen = time.Now(), gen
 	m.um, m.alive = um, slices.Clone(alive)
 	for b := 0; b < cluster.Buckets; b++ {
 		if um.Node[b] != m.self {
@@ -337,6 +344,7 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 		}
 		m.checkReadyLocked(bk, boot)
 	}
+	m.noteRebuiltLocked()
 	m.mu.Unlock()
 	for n, buckets := range need {
 		m.spawn(func() { m.pull(gen, n, boot[n], buckets, boot) })
@@ -349,6 +357,10 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 		defer m.mu.Unlock()
 		if m.gen != gen {
 			return
+		}
+		if m.rebuildGen == gen {
+			metrics.SoftStateRebuildSeconds.WithLabelValues("timeout").Observe(time.Since(m.rebuildFrom).Seconds())
+			m.rebuildGen = 0
 		}
 		for _, bk := range m.buckets {
 			if bk != nil && !bk.isReady {
@@ -384,6 +396,32 @@ func (bk *bucket) wake() {
 		bk.isReady = true
 		close(bk.ready)
 	}
+}
+
+// noteRebuiltLocked times the reconcile under way once every bucket this
+// node manages has the scan of every node it was given as alive
+// (quill_softstate_rebuild_seconds); a reconcile that leaves the node no
+// bucket is not timed. m.mu is held.
+func (m *Manager) noteRebuiltLocked() {
+	if m.rebuildGen != m.gen {
+		return
+	}
+	managed := 0
+	for _, bk := range m.buckets {
+		if bk == nil {
+			continue
+		}
+		for _, a := range m.alive {
+			if _, ok := bk.contrib[a.ID]; !ok {
+				return
+			}
+		}
+		managed++
+	}
+	if managed > 0 {
+		metrics.SoftStateRebuildSeconds.WithLabelValues("complete").Observe(time.Since(m.rebuildFrom).Seconds())
+	}
+	m.rebuildGen = 0
 }
 
 func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
@@ -583,6 +621,7 @@ func (m *Manager) merge(gen uint64, n cluster.NodeID, boot uint64, buckets []uin
 			m.checkReadyLocked(bk, alive)
 		}
 	}
+	m.noteRebuiltLocked()
 	// Mail of deleted users, in the buckets this merge leaves complete:
 	// whichever node's scan came last, every fragment is known by now.
 	drops := map[cluster.NodeID][]string{}

@@ -7,6 +7,7 @@ hanging the run.
 from __future__ import annotations
 
 import contextlib
+import imaplib
 import poplib
 import re
 import smtplib
@@ -305,3 +306,30 @@ def ok(res):
     typ, data = res
     assert typ == "OK", (typ, data)
     return data
+
+
+def imap_login(node, user: str, pw: str, timeout: float = SOCK_TIMEOUT) -> imaplib.IMAP4:
+    """An imaplib session on node's plain IMAP port, logged in."""
+    host, port = node.addrs["imap"]
+    m = imaplib.IMAP4(host, port, timeout=timeout)
+    m.login(user, pw)
+    return m
+
+
+def cluster_pair(quill_factory, user: str, pw: str):
+    """Nodes A and B of one cluster (B joins A's gossip), user added through
+    A and able to log in through B; returns (a, b)."""
+    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    a = quill_factory("--cluster", ga)
+    b = quill_factory("--cluster", gb, "--join", ga)
+    a.add_user(user, pw)
+
+    def logs_in() -> bool:
+        try:
+            imap_login(b, user, pw).logout()
+            return True
+        except (imaplib.IMAP4.error, OSError):
+            return False
+
+    wait_for(f"{user} to log in through node B", logs_in)
+    return a, b

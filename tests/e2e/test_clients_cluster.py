@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from mailutil import free_port, mbsync_rc, ok, send, wait_for
+from mailutil import cluster_pair, imap_login, mbsync_rc, ok, send
 
 DOMAIN = "quill.test"
 ALICE = f"alice@{DOMAIN}"
@@ -30,10 +30,7 @@ TIMEOUT = 30.0
 
 
 def imap(node) -> imaplib.IMAP4:
-    host, port = node.addrs["imap"]
-    m = imaplib.IMAP4(host, port, timeout=TIMEOUT)
-    m.login(ALICE, PW)
-    return m
+    return imap_login(node, ALICE, PW, timeout=TIMEOUT)
 
 
 def msg(subject: str) -> bytes:
@@ -57,20 +54,7 @@ def subjects(node, mailbox: str) -> list[str]:
 def pair(quill_factory):
     """Nodes A and B of one cluster, with alice added through A and able
     to log in through B."""
-    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    a = quill_factory("--cluster", ga)
-    b = quill_factory("--cluster", gb, "--join", ga)
-    a.add_user(ALICE, PW)
-
-    def logs_in() -> bool:
-        try:
-            imap(b).logout()
-            return True
-        except (imaplib.IMAP4.error, OSError):
-            return False
-
-    wait_for("alice to log in through node B", logs_in)
-    return a, b
+    return cluster_pair(quill_factory, ALICE, PW)
 
 
 def change_through(b, deliver_subject: str) -> None:

@@ -332,6 +332,7 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 	// TODO: handle multiple commands concurrently
 	sendOK := true
 	var err error
+	reported := name // quill: the name CommandDone is given
 	switch name {
 	case "NOOP", "CHECK":
 		err = c.handleNoop(dec)
@@ -426,6 +427,7 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 			c.state = imap.ConnStateLogout
 			defer c.Bye("Unknown command")
 		}
+		reported = "UNKNOWN"
 		err = &imap.Error{
 			Type: imap.StatusResponseTypeBad,
 			Text: "Unknown command",
@@ -461,6 +463,7 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 	} else {
 		c.badCount = 0
 		if !sendOK {
+			c.commandDone(reported, imap.StatusResponseTypeOK) // the command answered OK itself
 			return nil
 		}
 		if err := c.poll(name); err != nil {
@@ -471,12 +474,20 @@ func (c *Conn) readCommand(dec *imapwire.Decoder) error {
 			Text: fmt.Sprintf("%v completed", name),
 		}
 	}
+	c.commandDone(reported, resp.Type)
 	if resp.Type == imap.StatusResponseTypeBad && c.countBad() {
 		c.writeStatusResp(tag, resp)
 		c.Bye("Too many bad commands")
 		return fmt.Errorf("too many bad commands")
 	}
 	return c.writeStatusResp(tag, resp)
+}
+
+// commandDone tells Options.CommandDone how a command was answered. (quill)
+func (c *Conn) commandDone(name string, result imap.StatusResponseType) {
+	if f := c.server.options.CommandDone; f != nil {
+		f(name, result)
+	}
 }
 
 // malformedLine answers resp (BAD) to a command line whose tag or name
@@ -491,6 +502,7 @@ func (c *Conn) malformedLine(dec *imapwire.Decoder, tag string, resp *imap.Statu
 	if errors.Is(dec.Err(), imapwire.ErrMaxSize) {
 		return dec.Err()
 	}
+	c.commandDone("UNKNOWN", resp.Type)
 	err := c.writeStatusResp(tag, resp)
 	if c.countBad() {
 		c.Bye("Too many bad commands")

@@ -774,3 +774,42 @@ func TestSASLEmptyChallengeAndOverlongResponse(t *testing.T) {
 	c.expect("a BAD SASL response too long")
 	c.expectCmd("b", "NOOP", "b OK NOOP completed")
 }
+
+// QUILL.md row 36: Options.CommandDone hears each command's name and the
+// type of its tagged answer, commands that answer OK themselves (LOGIN,
+// SELECT) too; a command the server does not know, and a line without a
+// command, are UNKNOWN.
+func TestCommandDoneReportsNameAndResult(t *testing.T) {
+	type done struct {
+		name   string
+		result imap.StatusResponseType
+	}
+	var (
+		mu  sync.Mutex
+		got []done
+	)
+	ts := newTestServer(t, func(o *Options) {
+		o.CommandDone = func(name string, result imap.StatusResponseType) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, done{name, result})
+		}
+	})
+	c := ts.selectInbox()
+	c.expectCmd("a", "UID FETCH 12 (FLAGS)", `* 3 FETCH (UID 12 FLAGS (\Flagged))`, "a OK UID FETCH completed")
+	c.expectCmd("b", "STATUS Nowhere (MESSAGES)", "b NO [NONEXISTENT] No such mailbox")
+	c.expectCmd("c", "FROBNICATE", "c BAD Unknown command")
+	c.expectCmd("d", "FETCH x (FLAGS)", `d BAD [CLIENTBUG] Syntax error: imap: bad number set value "x"`)
+	c.send("(((")
+	c.expect("* BAD Missing or malformed command tag or name")
+	c.expectCmd("e", "NOOP", "e OK NOOP completed")
+	want := []done{{"LOGIN", imap.StatusResponseTypeOK}, {"SELECT", imap.StatusResponseTypeOK},
+		{"UID FETCH", imap.StatusResponseTypeOK}, {"STATUS", imap.StatusResponseTypeNo},
+		{"UNKNOWN", imap.StatusResponseTypeBad}, {"FETCH", imap.StatusResponseTypeBad},
+		{"UNKNOWN", imap.StatusResponseTypeBad}, {"NOOP", imap.StatusResponseTypeOK}}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, want) {
+		t.Fatalf("CommandDone heard %v, want %v", got, want)
+	}
+}

@@ -74,6 +74,15 @@ type Options struct {
 	// is answered NO [LIMIT] and the session goes on uncompressed. 0 is
 	// DefaultMaxCompressed.
 	MaxCompressed int
+	// CommandDone, if set, is called once the tagged answer of each
+	// command is decided (quill: so the application can count commands
+	// by name and result without parsing the wire): name is the command
+	// as the server dispatched it ("FETCH", "UID FETCH"), or "UNKNOWN"
+	// for a command it does not know or a line it could not read a
+	// command from (never what the client sent, so a client cannot make
+	// up names); result is the answer's type, OK, NO or BAD. A command
+	// cut short by a failed connection is not reported.
+	CommandDone func(name string, result imap.StatusResponseType)
 	// Raw ingress and egress data will be written to this writer, if any.
 	// Note, this may include sensitive information such as credentials used
 	// during authentication.
