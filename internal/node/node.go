@@ -502,6 +502,8 @@ func (n *Node) startListeners() error {
 			return &st
 		},
 	}}
+	// The mail API (quill import, export) stores through the IMAP path.
+	as.Mail, as.MaxMessageBytes = &proxy.IMAPStore{P: n.Proxy}, cfg.MaxMessageBytes
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
 }
