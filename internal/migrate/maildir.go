@@ -124,11 +124,13 @@ func (k *Keywords) File() []byte {
 func MaildirInfo(flags []string, k *Keywords) (info string, dropped []string) {
 	var letters []byte
 	for _, f := range CleanFlags(flags) {
+		// P is read, not written: Dovecot keeps $Forwarded as a keyword
+		// and would not see it in a P.
 		std := slices.IndexFunc(maildirFlags, func(m struct {
 			c    byte
 			flag string
 		}) bool {
-			return strings.EqualFold(m.flag, f)
+			return m.c != 'P' && strings.EqualFold(m.flag, f)
 		})
 		switch {
 		case std >= 0:

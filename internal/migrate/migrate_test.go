@@ -173,9 +173,9 @@ func TestParseMaildirName(t *testing.T) {
 
 func TestMaildirInfoRoundTrip(t *testing.T) {
 	var k Keywords
-	flags := []string{`\Seen`, `\Answered`, `$Label1`, `Work`, `\Recent`}
+	flags := []string{`\Seen`, `\Answered`, `$Label1`, `Work`, `\Recent`, `$Forwarded`}
 	info, dropped := MaildirInfo(flags, &k)
-	if info != ":2,RSab" || len(dropped) != 0 {
+	if info != ":2,RSabc" || len(dropped) != 0 {
 		t.Fatalf("MaildirInfo = %q, %q", info, dropped)
 	}
 	_, back := ParseMaildirName("x"+info, ParseKeywords(k.File()))
