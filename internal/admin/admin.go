@@ -106,7 +106,9 @@ type Server struct {
 	// MaxMessageBytes is the largest message the mail API stores
 	// (--max-message-size).
 	MaxMessageBytes int64
-	Node            NodeInfo
+	// Backup streams any node's backup (/api/backup); nil: none.
+	Backup Backup
+	Node   NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz, on loopback too (any local account could otherwise read
 	// and change every user): "Authorization: Bearer TOKEN", or the
@@ -135,6 +137,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/users/{address}/messages", s.appendMessage)
 	mux.HandleFunc("GET /api/users/{address}/messages/{id}", s.getMessage)
 	mux.HandleFunc("POST /api/users/{address}/flags", s.setFlags)
+	mux.HandleFunc("GET /api/backup", s.backup)
 	mux.HandleFunc("GET /api/domains", s.listDomains)
 	mux.HandleFunc("POST /api/domains", s.addDomain)
 	mux.HandleFunc("PUT /api/domains/{name}", s.setDomain)
