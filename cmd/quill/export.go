@@ -47,6 +47,7 @@ func runExport(api *mailAPI, root string) error {
 		name       string
 		subscribed bool
 		validity   uint32
+		uidNext    uint32
 		msgs       []migrate.Item
 	}
 	var all []box
@@ -57,7 +58,7 @@ func runExport(api *mailAPI, root string) error {
 		if err != nil {
 			return err
 		}
-		all = append(all, box{name: b.Name, subscribed: b.Subscribed, validity: validity, msgs: msgs})
+		all = append(all, box{name: b.Name, subscribed: b.Subscribed, validity: validity, uidNext: b.UIDNext, msgs: msgs})
 		total += len(msgs)
 		for _, m := range msgs {
 			totalBytes += m.Size
@@ -68,7 +69,7 @@ func runExport(api *mailAPI, root string) error {
 	prog := newProgress("export", total, totalBytes)
 	dropped := 0
 	for _, b := range all {
-		f, err := w.Folder(b.name, b.validity, b.subscribed)
+		f, err := w.Folder(b.name, b.validity, b.uidNext, b.subscribed)
 		if err != nil {
 			prog.finish()
 			return err

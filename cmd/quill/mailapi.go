@@ -73,6 +73,7 @@ type mailboxesReply struct {
 	Mailboxes []struct {
 		migrate.Mailbox
 		UIDValidity uint32 `json:"uidvalidity"`
+		UIDNext     uint32 `json:"uidnext"`
 	} `json:"mailboxes"`
 	MaxMessageSize int64 `json:"max_message_size"`
 }

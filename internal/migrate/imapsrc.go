@@ -58,8 +58,10 @@ type SourceURL struct {
 func ParseSourceURL(s string) (*SourceURL, error) {
 	u, err := url.Parse(s)
 	if err != nil {
-		return nil, fmt.Errorf("source %q: %w", s, err)
+		// url's error repeats the URL, password and all.
+		return nil, errors.New("source: not a URL (imaps://user@host[:port])")
 	}
+	name := u.Redacted() // errors never show a password given by mistake
 	out := &SourceURL{Host: u.Hostname()}
 	port := u.Port()
 	switch u.Scheme {
@@ -73,19 +75,19 @@ func ParseSourceURL(s string) (*SourceURL, error) {
 			port = "143"
 		}
 	default:
-		return nil, fmt.Errorf("source %q: the scheme must be imap or imaps", s)
+		return nil, fmt.Errorf("source %q: the scheme must be imap or imaps", name)
 	}
 	if u.User == nil || u.User.Username() == "" {
-		return nil, fmt.Errorf("source %q: no user name (imaps://user@host)", s)
+		return nil, fmt.Errorf("source %q: no user name (imaps://user@host)", name)
 	}
 	if _, has := u.User.Password(); has {
-		return nil, fmt.Errorf("source %q: give the password with --password-file or $QUILL_IMPORT_PASSWORD, not in the URL", s)
+		return nil, fmt.Errorf("source %q: give the password with --password-file or $QUILL_IMPORT_PASSWORD, not in the URL", name)
 	}
 	if out.Host == "" {
-		return nil, fmt.Errorf("source %q: no host", s)
+		return nil, fmt.Errorf("source %q: no host", name)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return nil, fmt.Errorf("source %q: a path is not understood (every folder is imported)", s)
+		return nil, fmt.Errorf("source %q: a path is not understood (every folder is imported)", name)
 	}
 	out.Username = u.User.Username()
 	out.Addr = net.JoinHostPort(out.Host, port)

@@ -45,8 +45,9 @@ type MaildirFolder struct {
 	Dropped int
 }
 
-// Folder opens (making it if needed) the folder of a mailbox.
-func (w *MaildirWriter) Folder(name string, uidValidity uint32, subscribed bool) (*MaildirFolder, error) {
+// Folder opens (making it if needed) the folder of a mailbox, whose
+// UIDVALIDITY and UIDNEXT Dovecot is to go on with.
+func (w *MaildirWriter) Folder(name string, uidValidity, uidNext uint32, subscribed bool) (*MaildirFolder, error) {
 	dir := filepath.Join(w.Root, MaildirDirName(name))
 	for _, sub := range []string{"cur", "new", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
@@ -62,7 +63,7 @@ func (w *MaildirWriter) Folder(name string, uidValidity uint32, subscribed bool)
 	if subscribed && !strings.EqualFold(name, Inbox) {
 		w.subs = append(w.subs, name)
 	}
-	f := &MaildirFolder{dir: dir, uidValidity: uidValidity, have: map[string]string{}, uids: map[uint32]string{}}
+	f := &MaildirFolder{dir: dir, uidValidity: uidValidity, nextUID: uidNext, have: map[string]string{}, uids: map[uint32]string{}}
 	if b, err := os.ReadFile(filepath.Join(dir, KeywordsFile)); err == nil {
 		f.kw.Names = ParseKeywords(b)
 	}
@@ -146,16 +147,16 @@ func (f *MaildirFolder) note(uid uint32, base string) {
 }
 
 // Close writes the folder's dovecot-keywords and dovecot-uidlist (version
-// 3: "3 V<uidvalidity> N<next uid>", then "<uid> :<unique>" per message,
-// in UID order).
+// 3: "3 V<uidvalidity> N<next uid>", then "<uid> :<name>" per message, in
+// UID order), an empty folder's too, so Dovecot keeps its UIDVALIDITY.
 func (f *MaildirFolder) Close() error {
 	if kw := f.kw.File(); len(kw) > 0 {
 		if err := os.WriteFile(filepath.Join(f.dir, KeywordsFile), kw, 0o600); err != nil {
 			return fmt.Errorf("export %s: %w", f.dir, err)
 		}
 	}
-	if len(f.uids) == 0 {
-		return nil
+	if f.uidValidity == 0 {
+		return nil // not known: Dovecot makes its own
 	}
 	uids := make([]uint32, 0, len(f.uids))
 	for u := range f.uids {

@@ -279,7 +279,7 @@ func TestMaildirExportImport(t *testing.T) {
 			f := folders[m.box]
 			if f == nil {
 				var err error
-				if f, err = w.Folder(m.box, 77, m.box != "Café"); err != nil {
+				if f, err = w.Folder(m.box, 77, 1, m.box != "Café"); err != nil {
 					t.Fatal(err)
 				}
 				folders[m.box] = f
@@ -372,9 +372,12 @@ func TestParseSourceURL(t *testing.T) {
 	if err != nil || u.TLS || u.Addr != "127.0.0.1:1143" || !loopback(u.Host) {
 		t.Errorf("ParseSourceURL = %+v, %v", u, err)
 	}
-	for _, bad := range []string{"imap://bob:secret@host", "pop3://bob@host", "imap://host", "imaps://bob@host/INBOX"} {
-		if _, err := ParseSourceURL(bad); err == nil {
+	for _, bad := range []string{"imap://bob:secret@host", "pop3://bob:secret@host", "imap://host", "imaps://bob:secret@host/INBOX", "imap://bob:secret@h\x00"} {
+		_, err := ParseSourceURL(bad)
+		if err == nil {
 			t.Errorf("ParseSourceURL(%q) took it", bad)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("ParseSourceURL(%q): the error shows the password: %v", bad, err)
 		}
 	}
 }
