@@ -38,7 +38,7 @@ func runExport(api *mailAPI, root string) error {
 	sum := summary{start: time.Now()}
 	boxes, err := api.mailboxes()
 	if err != nil {
-		return fmt.Errorf("user %s: %w", api.user, err)
+		return err // the node names the user
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fmt.Errorf("export: %w", err)

@@ -167,7 +167,7 @@ func runImport(api *mailAPI, dryRun bool, open func(maxSize int64) (migrate.Sour
 	sum := summary{start: time.Now()}
 	boxes, err := api.mailboxes()
 	if err != nil {
-		return fmt.Errorf("user %s: %w", api.user, err)
+		return err // the node names the user
 	}
 	src, err := open(boxes.MaxMessageSize)
 	if err != nil {

@@ -89,8 +89,12 @@ func (s *Server) userOf(w http.ResponseWriter, r *http.Request) (string, bool) {
 		return "", false
 	}
 	user := userdb.Normalize(r.PathValue("address"))
-	if _, _, err := s.Users.Lookup(r.Context(), user); err != nil {
-		writeError(w, mailStatus(err), fmt.Errorf("user %s: %w", user, err))
+	prof, _, err := s.Users.Lookup(r.Context(), user)
+	if err == nil && prof.Deleted {
+		err = fmt.Errorf("user %s: %w", user, userdb.ErrNotFound)
+	}
+	if err != nil {
+		writeError(w, mailStatus(err), err)
 		return "", false
 	}
 	return user, true

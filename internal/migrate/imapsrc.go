@@ -209,15 +209,7 @@ func (s *IMAPSource) Folders() ([]Folder, error) {
 		}
 		out = append(out, f)
 	}
-	slices.SortStableFunc(out, func(a, b Folder) int {
-		switch {
-		case a.Path == Inbox && b.Path != Inbox:
-			return -1
-		case b.Path == Inbox && a.Path != Inbox:
-			return 1
-		}
-		return 0
-	})
+	sortFolders(out, false)
 	return out, nil
 }
 

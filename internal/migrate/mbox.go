@@ -10,7 +10,6 @@ import (
 	"net/mail"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 )
@@ -73,15 +72,7 @@ func (m *Mbox) Folders() ([]Folder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mbox %s: %w", m.Path, err)
 	}
-	slices.SortStableFunc(out, func(a, b Folder) int {
-		switch {
-		case a.Path == Inbox && b.Path != Inbox:
-			return -1
-		case b.Path == Inbox && a.Path != Inbox:
-			return 1
-		}
-		return strings.Compare(a.Path, b.Path)
-	})
+	sortFolders(out, true)
 	return out, nil
 }
 

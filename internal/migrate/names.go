@@ -190,3 +190,19 @@ func unescapeLevel(l string) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// sortFolders puts INBOX first, and the others by name if byName (else
+// in the source's order).
+func sortFolders(fs []Folder, byName bool) {
+	slices.SortStableFunc(fs, func(a, b Folder) int {
+		switch {
+		case a.Path == Inbox && b.Path != Inbox:
+			return -1
+		case b.Path == Inbox && a.Path != Inbox:
+			return 1
+		case byName:
+			return strings.Compare(a.Path, b.Path)
+		}
+		return 0
+	})
+}
