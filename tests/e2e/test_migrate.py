@@ -13,14 +13,13 @@ import imaplib
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 import dovecot
 from dovecot import Dovecot, folders, messages, need_dovecot, quote, remove, scratch_dir
-from mailutil import ok
+from mailutil import free_port, ok, wait_for
 
 DOMAIN = "example.org"
 PW = "quill pass"
@@ -287,3 +286,32 @@ def test_import_refusals(quill_factory, tmp_path):
               "--user", f"erin@{DOMAIN}", check=False)
     assert r.returncode != 0 and "login as erin@example.org" in r.stderr, r.stderr
     assert node.running
+
+
+def test_import_through_any_node_of_a_cluster(quill_factory, tmp_path):
+    """An import sent to node B of a two-node cluster is what node A
+    serves, and a rerun through A finds all of it there."""
+    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    a = quill_factory("--cluster", ga)
+    b = quill_factory("--cluster", gb, "--join", ga)
+    user = f"frank@{DOMAIN}"
+    a.add_user(user, PW)
+
+    def known_on_b() -> bool:
+        try:
+            quill_imap(b, user).logout()
+            return True
+        except (imaplib.IMAP4.error, OSError):
+            return False
+
+    wait_for("the user to log in through node B", known_on_b)
+    box = tmp_path / "box.mbox"
+    box.write_bytes(b"".join(
+        b"From x@remote.test Tue Nov 14 22:13:%02d 2023\nSubject: %d\nStatus: RO\n\nbody %d\n\n" % (i, i, i) for i in range(20)))
+    assert summary(quill(b, "import", "mbox", str(box), "--folder", "Imported", "--user", user))["copied"] == 20
+    m = quill_imap(a, user)
+    _, got = messages(m, "Imported")
+    m.logout()
+    assert [raw for _, raw, _, _ in got] == [b"Subject: %d\r\n\r\nbody %d\r\n" % (i, i) for i in range(20)]
+    assert all(flags == {"\\Seen"} for _, _, flags, _ in got)
+    assert summary(quill(a, "import", "mbox", str(box), "--folder", "Imported", "--user", user))["same"] == 20
