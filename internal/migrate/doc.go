@@ -18,10 +18,10 @@
 //     exist (emersion/go-maildir, emersion/go-mbox) cover neither Maildir++
 //     folders nor Dovecot's keyword file, nor mbox status headers.
 //   - The idempotency decision (Decide) is the heart of a rerun and is a
-//     pure function over keys. A message is known by a key made of its
-//     header section and its size (Key): imapsync identifies messages by
-//     their headers too, and a header digest needs no Message-ID (drafts
-//     and some spam have none) while a full digest would make a rerun
+//     pure function over keys. A message is known by a digest of its
+//     header section (Key): imapsync identifies messages by their headers
+//     too, a header digest needs no Message-ID (drafts and some spam have
+//     none), and a digest of the whole message would make a rerun
 //     download every message again. Two copies of one message at the
 //     source are two messages: the keys are matched as a multiset.
 //   - The folder mapping (MapFolders, MapName): delimiter conversion,

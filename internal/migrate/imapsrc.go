@@ -259,7 +259,7 @@ func (s *IMAPSource) List(f *Folder) ([]Item, error) {
 			}
 		}
 		it.Flags = CleanFlags(it.Flags)
-		it.Key = Key(header, it.Size)
+		it.Key = Key(header)
 		it.ID = fmt.Sprintf("UID %d", it.UID)
 		items = append(items, it)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -32,14 +31,15 @@ type Item struct {
 }
 
 // Key is the identity of a message for reruns: the SHA-256 of its header
-// section (without the blank line that ends it) and its size. Both sides
-// compute it from the bytes as stored at the destination (CRLF line ends),
-// the source from what it will send.
-func Key(header []byte, size int64) string {
-	h := sha256.New()
-	h.Write(bytes.TrimRight(header, "\r\n"))
-	fmt.Fprintf(h, "\x00%d", size)
-	return hex.EncodeToString(h.Sum(nil)[:16])
+// section, without the empty line that ends it. Both sides compute it
+// from the bytes as stored at the destination (CRLF line ends), the
+// source from what it will send. The size is left out: some IMAP servers
+// report an RFC822.SIZE that differs from the bytes they send, and a key
+// that held it would make every rerun copy everything again; a header
+// section (Received, Message-ID, Date) tells messages apart on its own.
+func Key(header []byte) string {
+	h := sha256.Sum256(bytes.TrimRight(header, "\r\n"))
+	return hex.EncodeToString(h[:16])
 }
 
 // HeaderOf returns the header section of a message: up to and including
@@ -61,7 +61,7 @@ func HeaderOf(raw []byte) []byte {
 }
 
 // KeyOf is Key of a whole message.
-func KeyOf(raw []byte) string { return Key(HeaderOf(raw), int64(len(raw))) }
+func KeyOf(raw []byte) string { return Key(HeaderOf(raw)) }
 
 // ToCRLF returns raw with every bare LF made CRLF (RFC 5322 §2.1: lines end
 // in CRLF; Maildir and mbox files keep LF). raw is returned as is when it
