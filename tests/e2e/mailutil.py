@@ -7,6 +7,7 @@ hanging the run.
 from __future__ import annotations
 
 import contextlib
+import imaplib
 import poplib
 import re
 import smtplib
@@ -305,3 +306,24 @@ def ok(res):
     typ, data = res
     assert typ == "OK", (typ, data)
     return data
+
+
+def two_nodes(quill_factory, user: str, pw: str):
+    """Nodes A and B of one cluster (B joins A), with user added through A
+    and able to log in over IMAP through B."""
+    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    a = quill_factory("--cluster", ga)
+    b = quill_factory("--cluster", gb, "--join", ga)
+    a.add_user(user, pw)
+
+    def logs_in() -> bool:
+        try:
+            m = imaplib.IMAP4(*b.addrs["imap"], timeout=SOCK_TIMEOUT)
+            m.login(user, pw)
+            m.logout()
+            return True
+        except (imaplib.IMAP4.error, OSError):
+            return False
+
+    wait_for(f"{user} to log in through node B", logs_in)
+    return a, b

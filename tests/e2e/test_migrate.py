@@ -19,7 +19,7 @@ import pytest
 
 import dovecot
 from dovecot import Dovecot, folders, messages, need_dovecot, quote, remove, scratch_dir
-from mailutil import free_port, ok, wait_for
+from mailutil import ok, two_nodes
 
 DOMAIN = "example.org"
 PW = "quill pass"
@@ -291,20 +291,8 @@ def test_import_refusals(quill_factory, tmp_path):
 def test_import_through_any_node_of_a_cluster(quill_factory, tmp_path):
     """An import sent to node B of a two-node cluster is what node A
     serves, and a rerun through A finds all of it there."""
-    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    a = quill_factory("--cluster", ga)
-    b = quill_factory("--cluster", gb, "--join", ga)
     user = f"frank@{DOMAIN}"
-    a.add_user(user, PW)
-
-    def known_on_b() -> bool:
-        try:
-            quill_imap(b, user).logout()
-            return True
-        except (imaplib.IMAP4.error, OSError):
-            return False
-
-    wait_for("the user to log in through node B", known_on_b)
+    a, b = two_nodes(quill_factory, user, PW)
     box = tmp_path / "box.mbox"
     box.write_bytes(b"".join(
         b"From x@remote.test Tue Nov 14 22:13:%02d 2023\nSubject: %d\nStatus: RO\n\nbody %d\n\n" % (i, i, i) for i in range(20)))
