@@ -59,6 +59,8 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzExchange -fuzztime=$(FUZZTIME) ./internal/saslsrv/
 	$(GO) test -run='^$$' -fuzz=FuzzParseSTSPolicy -fuzztime=$(FUZZTIME) ./internal/queue/
 	$(GO) test -run='^$$' -fuzz=FuzzHeaderHandling -fuzztime=$(FUZZTIME) ./internal/mailauth/
+	for f in FuzzParseMaildirName FuzzMaildirFolderName FuzzMbox; do \
+		$(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./internal/migrate/ || exit 1; done
 
 # The long fault runs under a delivery stream: SIGKILL and SIGSTOP of random
 # nodes on loopback; then (as root, else skipped) kill -9, SIGSTOP, network

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests drive, if missing: curl, mbsync (isync), swaks (with the
 # Perl TLS modules it only recommends, so --tls works under --no-install-recommends), openssl,
-# fetchmail, Postfix, dnsmasq, neomutt, rspamd, Chromium and prometheus (for promtool, which checks
-# /metrics; its service is not started in a container without systemd) from Debian, pytest, scramp
-# (SCRAM client) and Playwright (which drives that Chromium in the console test) from PyPI, and the
-# Go modules; protoc
+# fetchmail, Postfix, dnsmasq, neomutt, rspamd, Chromium, Dovecot (the migration tests' source) and
+# prometheus (for promtool, which checks /metrics; its service is not started in a container without
+# systemd) from Debian, pytest, scramp (SCRAM client) and Playwright (which drives that Chromium in
+# the console test) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
 # ACME test CA.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail swaks libnet-ssleay-perl libio-socket-ssl-perl openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd chromium fonts-liberation prometheus; do
+for pkg in curl isync fetchmail swaks libnet-ssleay-perl libio-socket-ssl-perl openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd chromium fonts-liberation prometheus dovecot-imapd; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -3,10 +3,10 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -54,27 +54,16 @@ func (c *adminClient) do(method, path string, body any, out any) error {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, strings.TrimRight(c.server, "/")+path, rd)
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	resp, err := c.send(ctx, method, path, "application/json", rd)
 	if err != nil {
 		return err
 	}
-	tok, _ := c.tokenValue()
-	if tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Timeout: adminTimeout}).Do(req)
-	if err != nil {
-		return fmt.Errorf("admin API %s: %w (is `quill serve` running?)", c.server, err)
-	}
 	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if resp.StatusCode >= 300 {
-		var e struct{ Error string }
-		if json.Unmarshal(data, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%s", e.Error)
-		}
-		return fmt.Errorf("admin API %s %s: %s", method, path, resp.Status)
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("admin API %s %s: %w", method, path, err)
 	}
 	if out != nil {
 		return json.Unmarshal(data, out)

@@ -102,7 +102,15 @@ type Server struct {
 	// Domains manages the served domains and aliases (/api/domains,
 	// /api/aliases); users are added only in them. nil: any domain.
 	Domains Domains
-	Node    NodeInfo
+	// Mail is the users' mailboxes (/api/users/{address}/mailboxes,
+	// messages, flags: `quill import` and `quill export`); nil: none.
+	Mail Mail
+	// MaxMessageBytes is the largest message the mail API stores
+	// (--max-message-size).
+	MaxMessageBytes int64
+	// Backup streams any node's backup (/api/backup); nil: none.
+	Backup Backup
+	Node   NodeInfo
 	// Token, when non-empty, is required on every request except
 	// /healthz and the console's sign-in page and files, on loopback too
 	// (any local account could otherwise read and change every user):
@@ -139,6 +147,13 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
 	mux.HandleFunc("GET /api/users/{address}/quota", s.getQuota)
 	mux.HandleFunc("PUT /api/users/{address}/quota", s.setQuota)
+	mux.HandleFunc("GET /api/users/{address}/mailboxes", s.listMailboxes)
+	mux.HandleFunc("POST /api/users/{address}/mailboxes", s.ensureMailbox)
+	mux.HandleFunc("GET /api/users/{address}/messages", s.listMessages)
+	mux.HandleFunc("POST /api/users/{address}/messages", s.appendMessage)
+	mux.HandleFunc("GET /api/users/{address}/messages/{id}", s.getMessage)
+	mux.HandleFunc("POST /api/users/{address}/flags", s.setFlags)
+	mux.HandleFunc("GET /api/backup", s.backup)
 	mux.HandleFunc("GET /api/domains", s.listDomains)
 	mux.HandleFunc("POST /api/domains", s.addDomain)
 	mux.HandleFunc("PUT /api/domains/{name}", s.setDomain)

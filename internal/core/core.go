@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quillmail/quill/internal/backup"
 	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
@@ -140,10 +141,13 @@ type Core struct {
 	// Queue is the outbound queue: its entries held here, and the runner
 	// the node starts (queue.Queue.Start).
 	Queue *queue.Queue
-	log   *slog.Logger
-	rpcLn net.Listener
-	stop  chan struct{}
-	full  atomic.Bool
+	// Backup takes this node's backups (a Pebble checkpoint and the data
+	// directory's files) for the admin API and for other nodes' (RPC).
+	Backup *backup.Server
+	log    *slog.Logger
+	rpcLn  net.Listener
+	stop   chan struct{}
+	full   atomic.Bool
 	// critical: under half of MinFree is free; the node then refuses new
 	// message content even as a replica (replica.Manager.SetRoom).
 	critical atomic.Bool
@@ -290,6 +294,8 @@ func New(o Options) (*Core, error) {
 	c.Boxes.Register(c.RPC.Registrar())
 	c.Repl.Register(c.RPC.Registrar())
 	c.Queue.Register(c.RPC.Registrar())
+	c.Backup = &backup.Server{Dir: dataDir, DB: db, Node: id}
+	c.Backup.Register(c.RPC.Registrar())
 	if o.Register != nil {
 		o.Register(c.RPC.Registrar())
 	}

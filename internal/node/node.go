@@ -20,6 +20,7 @@ import (
 	gosmtp "github.com/emersion/go-smtp"
 	"github.com/quillmail/quill/internal/acmecert"
 	"github.com/quillmail/quill/internal/admin"
+	"github.com/quillmail/quill/internal/backup"
 	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
@@ -553,6 +554,9 @@ func (n *Node) startListeners() error {
 	// The console: admin users sign in through the same login check as
 	// every protocol; the cluster picture comes from every member.
 	as.Verifier, as.Logins, as.View, as.Hostname = n.Proxy, n.Guard, n.view, cfg.Hostname
+	// The mail API (quill import, export) stores through the IMAP path.
+	as.Mail, as.MaxMessageBytes = &proxy.IMAPStore{P: n.Proxy}, cfg.MaxMessageBytes
+	as.Backup = &backup.Nodes{Local: n.Core.Backup, Conns: n.Peers}
 	n.http = &http.Server{Handler: as.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return n.listen("http", cfg.HTTPAddr, n.http.Serve)
 }
