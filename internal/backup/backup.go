@@ -18,11 +18,12 @@
 // back like a node that was away since its backup.
 //
 // What is left out, and why:
-//   - node.alive: a node last alive longer ago than --log-max-age wipes
-//     itself at start (core.renewIfAway); a backup restored after a week
-//     would be wiped, which for a cluster of one is the loss of all its
-//     mail. Without the note the node starts as one from before the note
-//     existed: it keeps its state and writes the note anew.
+//   - node.alive: a node of a cluster last alive longer ago than
+//     --log-max-age renews itself at start (core.renewIfAway: its state
+//     moved aside, rejoining empty); a backup restored after a week would
+//     come back empty. Without the note the node starts as one from before
+//     the note existed: it keeps its state and writes the note anew.
+//   - away-*/: old state a renewal moved aside.
 //   - ballast (re-laid at start), sns/ (worker sockets), the store's live
 //     files (the checkpoint stands for them).
 //
@@ -93,10 +94,17 @@ func (m *Manifest) Bytes() int64 {
 // package doc).
 var skipped = []string{StoreDir, "node.alive", "ballast", "sns"}
 
+// awayPrefix names the directories where a node renewed after a long
+// absence moved its old hard state (core.renewIfAway): not the node's
+// state, and as large as a store.
+const awayPrefix = "away-"
+
 // skip reports whether a top-level entry of the data directory is left
-// out: the list above, checkpoints being taken, files being written.
+// out: the list above, checkpoints being taken, files being written, old
+// state moved aside.
 func skip(name string) bool {
-	return slices.Contains(skipped, name) || strings.HasPrefix(name, tmpPrefix) || strings.HasSuffix(name, ".tmp")
+	return slices.Contains(skipped, name) || strings.HasPrefix(name, tmpPrefix) || strings.HasSuffix(name, ".tmp") ||
+		strings.HasPrefix(name, awayPrefix)
 }
 
 // Checkpointer takes a consistent copy of the store (store.DB).

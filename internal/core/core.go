@@ -234,7 +234,7 @@ func New(o Options) (*Core, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s: %w", dataDir, err)
 	}
-	if err := renewIfAway(dataDir, o.LogMaxAge, log); err != nil {
+	if err := renewIfAway(dataDir, o.LogMaxAge, hasPeers(dataDir, clusterAddr, join), log); err != nil {
 		return nil, err
 	}
 	id, err := LoadNodeID(dataDir)
@@ -602,11 +602,19 @@ func (c *Core) noteAlive() {
 // the self-signed TLS certificate clients may have accepted.
 var keepOnRenewal = map[string]bool{knownFile: true, "admin.token": true, tlscert.SelfSignedDir: true}
 
-// renewIfAway wipes the data directory of a node that was last alive longer
-// ago than its peers keep update log entries: it missed updates it can no
-// longer get, so it rejoins as a new node with no hard state (Porcupine
-// §4.4); its messages have replicas elsewhere, which repair re-homes.
-func renewIfAway(dataDir string, maxAge time.Duration, log *slog.Logger) error {
+// renewIfAway renews a node that was last alive longer ago than its peers
+// keep update log entries: it missed updates it can no longer get (a
+// delete, a flag change), so it rejoins as a new node with no hard state
+// (Porcupine §4.4); its messages have replicas elsewhere, which repair
+// re-homes. Two guards keep this from losing mail:
+//   - a node with no peers (a cluster of one, or one that never saw
+//     another member) is never renewed: nobody else holds its mail, and
+//     nobody made updates it missed;
+//   - the old hard state is moved aside into DATA/away-<time>/, not
+//     deleted, so a cluster stopped as a whole for longer than the log's
+//     age can still be brought back by hand (quill restore, or moving the
+//     files back) rather than lose everything. The operator deletes it.
+func renewIfAway(dataDir string, maxAge time.Duration, hasPeers bool, log *slog.Logger) error {
 	b, err := os.ReadFile(filepath.Join(dataDir, aliveFile))
 	if err != nil {
 		return nil // a new node, or one from before this note existed
@@ -615,21 +623,47 @@ func renewIfAway(dataDir string, maxAge time.Duration, log *slog.Logger) error {
 	if err != nil || time.Since(last) <= maxAge {
 		return nil
 	}
-	log.Warn("node was away longer than the update log keeps entries: rejoining as a new node, its hard state wiped",
-		"data", dataDir, "last_alive", last, "max_age", maxAge)
+	if !hasPeers {
+		log.Warn("node was away longer than the update log keeps entries, but it has no peers: its hard state is kept",
+			"data", dataDir, "last_alive", last, "max_age", maxAge)
+		return nil
+	}
+	aside := filepath.Join(dataDir, awayPrefix+time.Now().UTC().Format("20060102T150405"))
+	log.Warn("node was away longer than the update log keeps entries: rejoining as a new node; its old hard state is moved aside (delete it once the cluster has re-made its copies)",
+		"data", dataDir, "last_alive", last, "max_age", maxAge, "moved_to", aside)
 	entries, err := os.ReadDir(dataDir)
 	if err != nil {
 		return fmt.Errorf("data directory %s: %w", dataDir, err)
 	}
+	if err := os.Mkdir(aside, 0o700); err != nil {
+		return fmt.Errorf("renew %s: %w", dataDir, err)
+	}
 	for _, e := range entries {
-		if keepOnRenewal[e.Name()] {
+		if keepOnRenewal[e.Name()] || strings.HasPrefix(e.Name(), awayPrefix) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(dataDir, e.Name())); err != nil {
-			return fmt.Errorf("wipe %s: %w", dataDir, err)
+		if err := os.Rename(filepath.Join(dataDir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
+			return fmt.Errorf("renew %s: %w", dataDir, err)
 		}
 	}
 	return nil
+}
+
+// awayPrefix names the directories a renewal moves old hard state into.
+const awayPrefix = "away-"
+
+// hasPeers says whether a node starting in dataDir is part of a cluster
+// with other members: it gossips, and it was given seeds or remembers
+// members (knownFile).
+func hasPeers(dataDir, clusterAddr string, join []string) bool {
+	if clusterAddr == "" {
+		return false
+	}
+	if len(join) > 0 {
+		return true
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, knownFile))
+	return err == nil && len(strings.Fields(string(b))) > 0
 }
 
 // listenRPC opens the RPC listener on the port this node used last time
