@@ -58,6 +58,7 @@ var consoleFuncs = template.FuncMap{
 	"bytes": Bytes,
 	"since": Since,
 	"size":  func(n int64) string { return limitText(n, config.FormatSize) },
+	"exact": config.FormatSizeExact,
 	"count": func(n int64) string { return limitText(n, func(n int64) string { return strconv.FormatInt(n, 10) }) },
 	"pct": func(part, whole int64) int {
 		if whole <= 0 {
@@ -182,9 +183,14 @@ func (s *Server) signInPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "signin", "Sign in", struct{ Next string }{safeNext(r.URL.Query().Get("next"))})
 }
 
-// safeNext keeps a sign-in's return address on this console.
+// safeNext keeps a sign-in's return address on this console: a path of
+// it, with no scheme or host, no backslash (browsers read "/\" as "//")
+// and no control character (which browsers strip, and url.Parse refuses).
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/signin") {
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || !strings.HasPrefix(next, "/") ||
+		strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/signin") ||
+		strings.ContainsFunc(next, func(r rune) bool { return r == '\\' || r < 0x20 || r == 0x7f }) {
 		return "/"
 	}
 	return next
@@ -193,14 +199,14 @@ func safeNext(next string) string {
 func (s *Server) signInPost(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
 	next := safeNext(r.PostFormValue("next"))
-	who, err := s.signIn(r)
+	who, pw, err := s.signIn(r)
 	if err != nil {
 		s.Logger.Warn("console sign-in failed", "user", r.PostFormValue("user"), "remote", r.RemoteAddr, "err", err)
 		done(w, r, "/signin?next="+url.QueryEscape(next), err, "")
 		return
 	}
 	s.Logger.Info("console sign-in", "who", who, "remote", r.RemoteAddr)
-	s.startSession(w, r, who)
+	s.startSession(w, r, who, pw)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
@@ -221,7 +227,6 @@ type clusterView struct {
 	// Legend is every node that manages buckets, with how many.
 	Legend    []legendEntry
 	Epoch     uint64
-	Users     int
 	UsersErr  string
 	Queue     *queueView
 	SNS       *sns.ManagerStatus
@@ -245,15 +250,7 @@ func (s *Server) gather(ctx context.Context) clusterView {
 	defer cancel()
 	var v clusterView
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		users, err := s.Users.Users(ctx)
-		v.Users = len(users)
-		if err != nil {
-			v.UsersErr = "not every node answered"
-		}
-	}()
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		v.Queue = s.queueView(ctx)
@@ -262,6 +259,9 @@ func (s *Server) gather(ctx context.Context) clusterView {
 		v.Cluster = s.View.Gather(ctx)
 	} else {
 		v.Cluster = telemetry.Merge(time.Now(), s.Node.ID, s.Node.Members(), nil, nil, nil, nil, 0)
+	}
+	if v.UsersPartial {
+		v.UsersErr = "a live node's count is missing"
 	}
 	wg.Wait()
 	um := s.Node.UserMap()
@@ -298,7 +298,8 @@ func (s *Server) gather(ctx context.Context) clusterView {
 	var per []Line
 	for _, n := range v.Nodes {
 		if n.Report != nil {
-			per = append(per, Line{Name: string(n.ID), Color: string(nodeColor(n.ID)), Values: n.Report.Deliveries})
+			per = append(per, Line{Name: string(n.ID), Color: string(nodeColor(n.ID)),
+				Values: telemetry.Align(n.Report.Deliveries, n.Report.SeriesStart, v.SeriesStart)})
 		}
 		if n.State != "alive" && n.State != "suspect" {
 			v.DeadNodes++
@@ -463,17 +464,17 @@ type userView struct {
 	Aliases  []domain.Alias
 }
 
+// findUser asks the user's bucket manager for the profile (one node, not
+// a listing of the cluster).
 func (s *Server) findUser(ctx context.Context, addr string) (*userdb.Profile, error) {
-	all, err := s.Users.Users(ctx)
-	for _, p := range all {
-		if p.Address == addr {
-			return &p, nil
-		}
+	p, _, err := s.Users.Lookup(ctx, addr)
+	if err == nil && p.Deleted {
+		err = fmt.Errorf("user %s: %w", addr, userdb.ErrNotFound)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("user %s: %w", addr, userdb.ErrNotFound)
+	return p, nil
 }
 
 func (s *Server) userPage(w http.ResponseWriter, r *http.Request) {
@@ -513,6 +514,7 @@ func (s *Server) userPost(w http.ResponseWriter, r *http.Request) {
 	switch r.PostFormValue("action") {
 	case "password":
 		if err = s.Users.SetPassword(ctx, addr, r.PostFormValue("password")); err == nil {
+			s.sessions.dropWho(addr)
 			ok = "password changed"
 			s.Logger.Info("password changed", "user", addr, "by", by)
 		}
@@ -532,11 +534,15 @@ func (s *Server) userPost(w http.ResponseWriter, r *http.Request) {
 	case "admin":
 		on := r.PostFormValue("admin") != ""
 		if err = s.Users.SetAdmin(ctx, addr, on); err == nil {
+			if !on {
+				s.sessions.dropWho(addr)
+			}
 			ok = "console access changed"
 			s.Logger.Info("console access changed", "user", addr, "admin", on, "by", by)
 		}
 	case "delete":
 		if err = s.Users.DeleteUser(ctx, addr); err == nil {
+			s.sessions.dropWho(addr)
 			s.Logger.Info("user deleted", "user", addr, "by", by)
 			done(w, r, "/users", nil, "user "+addr+" deleted")
 			return

@@ -128,10 +128,25 @@ func TestConsoleSignIn(t *testing.T) {
 	if code, _, body := b.get("/users"); code != 200 || !strings.Contains(body, "ann@example.org") || !strings.Contains(body, "admin") {
 		t.Fatalf("users page after sign-in: %d", code)
 	}
+	// An administrator demoted elsewhere loses the console at the next
+	// check of the session.
+	defer admin.SetSessionRecheck(0)()
+	if err := c.Users.SetAdmin(ctx, "ann@example.org", false); err != nil {
+		t.Fatal(err)
+	}
+	if code, to, _ := b.get("/users"); code != http.StatusSeeOther || !strings.HasPrefix(to, "/signin") {
+		t.Fatalf("a demoted administrator's session: %d to %q", code, to)
+	}
 	// A return address elsewhere is not followed.
-	_, to = b.post("/signin", url.Values{"token": {"sekrit"}, "next": {"//evil.example/"}}, "")
-	if to != "/" {
-		t.Fatalf("sign-in returned to %q", to)
+	for _, next := range []string{"//evil.example/", "/\\evil.example", "/\tevil", "https://evil.example/"} {
+		_, to = b.post("/signin", url.Values{"token": {"sekrit"}, "next": {next}}, "")
+		if to != "/" {
+			t.Fatalf("sign-in with next=%q returned to %q", next, to)
+		}
+	}
+	// A sign-in posted from another site's page is refused.
+	if _, to := b.post("/signin", url.Values{"token": {"sekrit"}}, "http://evil.example"); !strings.Contains(to, "another+site") {
+		t.Fatalf("cross-site sign-in sent to %q", to)
 	}
 	// Signing out ends the session.
 	b.post("/signout", nil, ts.URL)

@@ -10,6 +10,7 @@ package admin
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/saslsrv"
+	"github.com/quillmail/quill/internal/userdb"
 )
 
 // sessionCookie names the console's session cookie.
@@ -40,9 +42,22 @@ const maxSessions = 1000
 // guessing at a password.
 const tokenAccount = "admin token"
 
+// sessionRecheck is how often an administrator's session is checked
+// against their profile again: one demoted, deleted or given a new
+// password loses the console within it, on every node.
+var sessionRecheck = 30 * time.Second
+
+// recheckTimeout bounds that check; a manager that cannot answer leaves
+// the session as it is (an outage must not lock the administrators out).
+const recheckTimeout = 500 * time.Millisecond
+
 type consoleSession struct {
 	who     string // "admin token" or the user's address
 	expires time.Time
+	// pw is a digest of the administrator's password hash at sign-in, and
+	// checked when the profile was last found to match it.
+	pw      string
+	checked time.Time
 }
 
 type sessions struct {
@@ -50,7 +65,7 @@ type sessions struct {
 	m  map[string]consoleSession
 }
 
-func (ss *sessions) add(who string, now time.Time) string {
+func (ss *sessions) add(who, pw string, now time.Time) string {
 	var r [32]byte
 	rand.Read(r[:])
 	id := hex.EncodeToString(r[:])
@@ -74,19 +89,68 @@ func (ss *sessions) add(who string, now time.Time) string {
 			delete(ss.m, oldest)
 		}
 	}
-	ss.m[id] = consoleSession{who: who, expires: now.Add(sessionTTL)}
+	ss.m[id] = consoleSession{who: who, expires: now.Add(sessionTTL), pw: pw, checked: now}
 	return id
 }
 
-func (ss *sessions) get(id string, now time.Time) (string, bool) {
+func (ss *sessions) get(id string, now time.Time) (consoleSession, bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	s, ok := ss.m[id]
 	if !ok || now.After(s.expires) {
 		delete(ss.m, id)
-		return "", false
+		return consoleSession{}, false
 	}
-	return s.who, true
+	return s, true
+}
+
+func (ss *sessions) checkedAt(id string, now time.Time) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s, ok := ss.m[id]; ok {
+		s.checked = now
+		ss.m[id] = s
+	}
+}
+
+// dropWho ends every session of an administrator (demoted, deleted or
+// given a new password through this node).
+func (ss *sessions) dropWho(who string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for id, s := range ss.m {
+		if s.who == who {
+			delete(ss.m, id)
+		}
+	}
+}
+
+// pwDigest stands for a password hash in a session: a change of password
+// ends the sessions signed in with the old one.
+func pwDigest(hash string) string {
+	d := sha256.Sum256([]byte(hash))
+	return hex.EncodeToString(d[:8])
+}
+
+// stillAdmin checks an administrator's session against their profile at
+// most every sessionRecheck.
+func (s *Server) stillAdmin(ctx context.Context, id string, cs consoleSession, now time.Time) bool {
+	if cs.who == tokenAccount || now.Sub(cs.checked) < sessionRecheck {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, recheckTimeout)
+	defer cancel()
+	p, _, err := s.Users.Lookup(ctx, cs.who)
+	switch {
+	case errors.Is(err, userdb.ErrNotFound), err == nil && (p.Deleted || !p.Admin || pwDigest(p.PasswordHash) != cs.pw):
+		s.sessions.drop(id)
+		s.Logger.Info("console session ended: the user is no longer an administrator with that password", "user", cs.who)
+		return false
+	case err != nil:
+		return true // not known now: checked again at the next request
+	}
+	s.sessions.checkedAt(id, now)
+	return true
 }
 
 func (ss *sessions) drop(id string) {
@@ -146,7 +210,7 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		// that address): it gets a session cookie and a clean address.
 		if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet &&
 			subtle.ConstantTimeCompare([]byte(q), []byte(s.Token)) == 1 {
-			s.startSession(w, r, tokenAccount)
+			s.startSession(w, r, tokenAccount, "")
 			http.Redirect(w, r, r.URL.Path, http.StatusSeeOther)
 			return
 		}
@@ -156,12 +220,13 @@ func (s *Server) auth(next http.Handler) http.Handler {
 				return
 			}
 		} else if c, err := r.Cookie(sessionCookie); err == nil {
-			if who, ok := s.sessions.get(c.Value, time.Now()); ok {
+			now := time.Now()
+			if cs, ok := s.sessions.get(c.Value, now); ok && s.stillAdmin(r.Context(), c.Value, cs, now) {
 				if r.Method != http.MethodGet && r.Method != http.MethodHead && !sameOrigin(r) {
 					writeError(w, http.StatusForbidden, errors.New("console change from another site refused"))
 					return
 				}
-				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), whoKey{}, who)))
+				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), whoKey{}, cs.who)))
 				return
 			}
 		}
@@ -173,8 +238,8 @@ func (s *Server) auth(next http.Handler) http.Handler {
 	})
 }
 
-func (s *Server) startSession(w http.ResponseWriter, r *http.Request, who string) {
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.sessions.add(who, time.Now()), Path: "/",
+func (s *Server) startSession(w http.ResponseWriter, r *http.Request, who, pw string) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.sessions.add(who, pw, time.Now()), Path: "/",
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: int(sessionTTL.Seconds())})
 }
 
@@ -193,15 +258,16 @@ const signInFailDelay = time.Second
 
 // signIn checks a sign-in form: the token, or an admin user's address and
 // password through the same check (delays, lockouts) as every protocol's
-// login. It returns who signed in.
-func (s *Server) signIn(r *http.Request) (string, error) {
+// login. It returns who signed in and, for a user, the digest of their
+// password hash.
+func (s *Server) signIn(r *http.Request) (string, string, error) {
 	remote := remoteAddr(r)
 	if s.Logins != nil {
 		if err := s.Logins.LoginAllowed(remote); err != nil {
-			return "", err
+			return "", "", err
 		}
 	}
-	fail := func(account string, err error) (string, error) {
+	fail := func(account string, err error) (string, string, error) {
 		d := signInFailDelay
 		if s.Logins != nil {
 			d = s.Logins.LoginFailed(remote, account)
@@ -210,7 +276,10 @@ func (s *Server) signIn(r *http.Request) (string, error) {
 		case <-time.After(d):
 		case <-r.Context().Done():
 		}
-		return "", err
+		return "", "", err
+	}
+	if !sameOrigin(r) {
+		return "", "", errors.New("sign-in from another site refused")
 	}
 	if tok := r.PostFormValue("token"); tok != "" {
 		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.Token)) != 1 {
@@ -219,11 +288,11 @@ func (s *Server) signIn(r *http.Request) (string, error) {
 		if s.Logins != nil {
 			s.Logins.LoginSucceeded(remote)
 		}
-		return tokenAccount, nil
+		return tokenAccount, "", nil
 	}
 	user, pw := strings.TrimSpace(r.PostFormValue("user")), r.PostFormValue("password")
 	if user == "" || s.Verifier == nil {
-		return "", errors.New("give the admin token, or an admin user's address and password")
+		return "", "", errors.New("give the admin token, or an admin user's address and password")
 	}
 	o := saslsrv.Check(r.Context(), s.Verifier, s.Logins, remote, signInFailDelay, saslsrv.Credentials{User: user, Password: pw}, nil)
 	switch {
@@ -232,12 +301,12 @@ func (s *Server) signIn(r *http.Request) (string, error) {
 		case <-time.After(o.Delay):
 		case <-r.Context().Done():
 		}
-		return "", errors.New("wrong address or password")
+		return "", "", errors.New("wrong address or password")
 	case o.Err != nil:
 		s.Logger.Warn("console sign-in could not be checked", "user", user, "err", o.Err)
-		return "", errors.New("the sign-in could not be checked now; try again")
+		return "", "", errors.New("the sign-in could not be checked now; try again")
 	case !o.Profile.Admin:
 		return fail(user, errors.New("user "+o.Profile.Address+" is not an administrator (quill user admin "+o.Profile.Address+" --on)"))
 	}
-	return o.Profile.Address, nil
+	return o.Profile.Address, pwDigest(o.Profile.PasswordHash), nil
 }

@@ -92,3 +92,15 @@ func TestMarkdownListsEverySetting(t *testing.T) {
 		t.Error("an untagged field is in the reference")
 	}
 }
+
+func TestFormatSizeExactReadsBack(t *testing.T) {
+	for _, n := range []int64{1, 1000, 1024, 1536, 1 << 30, 1342177280, 1000000000, 5 << 40} {
+		s := FormatSizeExact(n)
+		if got, err := ParseSize(s); err != nil || got != n {
+			t.Errorf("%d written as %q reads back as %d, %v", n, s, got, err)
+		}
+	}
+	if s := FormatSizeExact(2 << 30); s != "2G" {
+		t.Errorf("2 GiB written as %q", s)
+	}
+}

@@ -41,3 +41,15 @@ func FormatSize(n int64) string {
 	}
 	return strconv.FormatInt(n, 10) + "B"
 }
+
+// FormatSizeExact writes a byte count the way ParseSize reads it back to
+// the same number: in the largest unit that divides it, else in bytes (a
+// form's value must not round a limit when it is saved again).
+func FormatSizeExact(n int64) string {
+	for _, u := range sizeUnits[:4] {
+		if n >= u.mult && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}

@@ -652,18 +652,34 @@ func renewIfAway(dataDir string, maxAge time.Duration, hasPeers bool, log *slog.
 // awayPrefix names the directories a renewal moves old hard state into.
 const awayPrefix = "away-"
 
-// hasPeers says whether a node starting in dataDir is part of a cluster
-// with other members: it gossips, and it was given seeds or remembers
-// members (knownFile).
+// peerProbe bounds the wait for a peer's gossip port to take a
+// connection when a node away too long decides whether to renew.
+const peerProbe = 3 * time.Second
+
+// hasPeers says whether a node starting in dataDir has peers that kept the
+// cluster going: it gossips, and one of its seeds or remembered members
+// (knownFile), other than itself, takes a connection now. A cluster that
+// shrank to this node, or one whose nodes all start again together, finds
+// none, and the node keeps its state (the first of such a restart; the
+// others find it and renew, their old state kept aside).
 func hasPeers(dataDir, clusterAddr string, join []string) bool {
 	if clusterAddr == "" {
 		return false
 	}
-	if len(join) > 0 {
-		return true
+	addrs := slices.Clone(join)
+	if b, err := os.ReadFile(filepath.Join(dataDir, knownFile)); err == nil {
+		addrs = append(addrs, strings.Fields(string(b))...)
 	}
-	b, err := os.ReadFile(filepath.Join(dataDir, knownFile))
-	return err == nil && len(strings.Fields(string(b))) > 0
+	for _, a := range addrs {
+		if a == clusterAddr {
+			continue
+		}
+		if c, err := net.DialTimeout("tcp", a, peerProbe); err == nil {
+			c.Close()
+			return true
+		}
+	}
+	return false
 }
 
 // listenRPC opens the RPC listener on the port this node used last time

@@ -2,6 +2,7 @@ package core
 
 import (
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,8 +69,22 @@ func TestNoRenewalWithoutPeers(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "store", "000001.log")); err != nil {
 		t.Fatalf("a single node's store after a long absence: %v", err)
 	}
-	os.WriteFile(filepath.Join(dir, knownFile), []byte("127.0.0.1:7947\n"), 0o600)
-	if !hasPeers(dir, "127.0.0.1:7946", nil) {
-		t.Fatal("a node that remembers members has no peers")
+	// A remembered member that does not answer (the cluster shrank to
+	// this node) is no peer; one that takes connections is.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	os.WriteFile(filepath.Join(dir, knownFile), []byte(deadAddr+"\n"), 0o600)
+	if hasPeers(dir, "127.0.0.1:7946", nil) {
+		t.Fatal("a remembered member that is gone counts as a peer")
+	}
+	os.WriteFile(filepath.Join(dir, knownFile), []byte(deadAddr+"\n"+l.Addr().String()+"\n"), 0o600)
+	if !hasPeers(dir, "127.0.0.1:7946", nil) {
+		t.Fatal("a node whose remembered member answers has no peers")
+	}
+	l.Close()
 }

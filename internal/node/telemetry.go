@@ -63,6 +63,7 @@ func (n *Node) figures(r *telemetry.Report) {
 	ls := n.Repl.Stats()
 	r.LogPending, r.LogWaiting, r.LogDone = ls.Pending, ls.Waiting, ls.Done
 	r.BucketsManaged, r.BucketsReady = n.Users.Reconstruction()
+	r.Users = n.Users.ManagedUsers()
 	if n.Guard != nil {
 		r.Connections, _ = n.Guard.Open()
 	}

@@ -67,6 +67,7 @@ type NodeReport struct {
 	LoginFailures   []float64     `protobuf:"fixed64,29,rep,packed,name=login_failures,json=loginFailures,proto3" json:"login_failures,omitempty"`
 	Errors          []float64     `protobuf:"fixed64,30,rep,packed,name=errors,proto3" json:"errors,omitempty"` // refusals and failed deliveries
 	Workers         []*WorkerPool `protobuf:"bytes,31,rep,name=workers,proto3" json:"workers,omitempty"`
+	Users           int32         `protobuf:"varint,32,opt,name=users,proto3" json:"users,omitempty"` // live profiles of the buckets the node manages
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -318,6 +319,13 @@ func (x *NodeReport) GetWorkers() []*WorkerPool {
 	return nil
 }
 
+func (x *NodeReport) GetUsers() int32 {
+	if x != nil {
+		return x.Users
+	}
+	return 0
+}
+
 type WorkerPool struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Class         string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
@@ -390,7 +398,7 @@ var File_quill_v1_telemetry_proto protoreflect.FileDescriptor
 
 const file_quill_v1_telemetry_proto_rawDesc = "" +
 	"\n" +
-	"\x18quill/v1/telemetry.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"\xe0\a\n" +
+	"\x18quill/v1/telemetry.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"\xf6\a\n" +
 	"\n" +
 	"NodeReport\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
@@ -431,7 +439,8 @@ const file_quill_v1_telemetry_proto_rawDesc = "" +
 	"\x06logins\x18\x1c \x03(\x01R\x06logins\x12%\n" +
 	"\x0elogin_failures\x18\x1d \x03(\x01R\rloginFailures\x12\x16\n" +
 	"\x06errors\x18\x1e \x03(\x01R\x06errors\x12.\n" +
-	"\aworkers\x18\x1f \x03(\v2\x14.quill.v1.WorkerPoolR\aworkers\"b\n" +
+	"\aworkers\x18\x1f \x03(\v2\x14.quill.v1.WorkerPoolR\aworkers\x12\x14\n" +
+	"\x05users\x18  \x01(\x05R\x05users\"b\n" +
 	"\n" +
 	"WorkerPool\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +

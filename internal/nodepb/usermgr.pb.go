@@ -74,6 +74,7 @@ type DomainUsageReply struct {
 	Storage       int64                  `protobuf:"varint,1,opt,name=storage,proto3" json:"storage,omitempty"`
 	Messages      int64                  `protobuf:"varint,2,opt,name=messages,proto3" json:"messages,omitempty"`
 	Users         int32                  `protobuf:"varint,3,opt,name=users,proto3" json:"users,omitempty"`
+	Partial       bool                   `protobuf:"varint,4,opt,name=partial,proto3" json:"partial,omitempty"` // a bucket not rebuilt, or a user's writer that did not answer
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -127,6 +128,13 @@ func (x *DomainUsageReply) GetUsers() int32 {
 		return x.Users
 	}
 	return 0
+}
+
+func (x *DomainUsageReply) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
 }
 
 type ScanRequest struct {
@@ -747,11 +755,12 @@ const file_quill_v1_usermgr_proto_rawDesc = "" +
 	"\n" +
 	"\x16quill/v1/usermgr.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\x1a\x15quill/v1/writer.proto\",\n" +
 	"\x12DomainUsageRequest\x12\x16\n" +
-	"\x06domain\x18\x01 \x01(\tR\x06domain\"^\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\"x\n" +
 	"\x10DomainUsageReply\x12\x18\n" +
 	"\astorage\x18\x01 \x01(\x03R\astorage\x12\x1a\n" +
 	"\bmessages\x18\x02 \x01(\x03R\bmessages\x12\x14\n" +
-	"\x05users\x18\x03 \x01(\x05R\x05users\";\n" +
+	"\x05users\x18\x03 \x01(\x05R\x05users\x12\x18\n" +
+	"\apartial\x18\x04 \x01(\bR\apartial\";\n" +
 	"\vScanRequest\x12\x18\n" +
 	"\abuckets\x18\x01 \x03(\rR\abuckets\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\"\xaa\x01\n" +

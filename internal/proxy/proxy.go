@@ -165,6 +165,8 @@ func (p *Proxy) Recipients(ctx context.Context, addr string, size int64) (users,
 // missing target of an alias is logged (an operator's dangling alias),
 // one of a fallback is not (anyone can probe x+y@).
 func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size int64, alias bool) (users, limited []string, err error) {
+	var over error
+	allFinal := true
 	for _, t := range targets {
 		lim, err := p.CheckRecipient(ctx, t, size)
 		switch {
@@ -173,6 +175,14 @@ func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size
 			if lim {
 				limited = append(limited, t)
 			}
+		case errors.Is(err, userdb.ErrOverQuota):
+			// The whole address waits (452 for all rather than a
+			// message split between its targets); it is refused for
+			// good only if every target is full for good.
+			if over == nil {
+				over = err
+			}
+			allFinal = allFinal && errors.Is(err, userdb.ErrQuotaFinal)
 		case errors.Is(err, userdb.ErrNotFound) || errors.Is(err, ErrForeignDomain):
 			if !alias {
 				continue
@@ -182,7 +192,12 @@ func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size
 			return nil, nil, fmt.Errorf("address %s: %w", addr, err)
 		}
 	}
-	if len(users) == 0 {
+	switch {
+	case over != nil && allFinal && len(users) == 0:
+		return nil, nil, fmt.Errorf("address %s: %w", addr, over)
+	case over != nil:
+		return nil, nil, fmt.Errorf("address %s: %v: %w", addr, over, userdb.ErrOverQuota)
+	case len(users) == 0:
 		return nil, nil, fmt.Errorf("address %s: none of %s is a user here: %w", addr, strings.Join(targets, ", "), userdb.ErrNotFound)
 	}
 	return users, limited, nil
@@ -195,8 +210,10 @@ func (p *Proxy) targets(ctx context.Context, addr string, targets []string, size
 // the writer's usage; a domain with limits, a look at its summed usage
 // (usermgr.DomainUsage, at most domainUsageTTL old).
 func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, dom domain.Domain, size int64) error {
-	refuse := func(err error) error {
-		if dom.QuotaPermanent {
+	// partial says the figure may be off: a permanent refusal needs a
+	// whole one.
+	refuse := func(err error, partial bool) error {
+		if dom.QuotaPermanent && !partial {
 			return fmt.Errorf("%w (%w)", err, userdb.ErrQuotaFinal)
 		}
 		return err
@@ -207,7 +224,7 @@ func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, dom domain
 			return fmt.Errorf("recipient %s: quota: %w", prof.Address, err)
 		}
 		if rep.Usage.Over(1, size) {
-			return refuse(fmt.Errorf("recipient %s: %s: %w", prof.Address, rep.Usage, userdb.ErrOverQuota))
+			return refuse(fmt.Errorf("recipient %s: %s: %w", prof.Address, rep.Usage, userdb.ErrOverQuota), false)
 		}
 	}
 	if !dom.Limited() {
@@ -222,7 +239,7 @@ func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, dom domain
 	}
 	u := mailbox.Usage{Storage: du.Storage, Messages: du.Messages, QuotaStorage: dom.QuotaStorage, QuotaMessages: dom.QuotaMessages}
 	if u.Over(1, size) {
-		return refuse(fmt.Errorf("recipient %s: domain %s: %s: %w", prof.Address, dom.Name, u, userdb.ErrOverQuota))
+		return refuse(fmt.Errorf("recipient %s: domain %s: %s: %w", prof.Address, dom.Name, u, userdb.ErrOverQuota), du.Partial)
 	}
 	return nil
 }

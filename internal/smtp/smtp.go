@@ -296,8 +296,8 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 		return nil
 	case errors.Is(err, userdb.ErrQuotaFinal):
 		// RFC 3463 5.2.2: mailbox full, and the domain says for good.
-		return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 2, 2},
-			Message: fmt.Sprintf("<%s>: mailbox full", to)}
+		return refuse(metrics.ReasonQuota, &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 2, 2},
+			Message: fmt.Sprintf("<%s>: mailbox full", to)})
 	case errors.Is(err, userdb.ErrOverQuota):
 		// RFC 3463 4.2.2: mailbox full, for now (the user may make room).
 		return refuse(metrics.ReasonQuota, &gosmtp.SMTPError{Code: 452, EnhancedCode: gosmtp.EnhancedCode{4, 2, 2},
@@ -398,8 +398,8 @@ func (s *session) Data(r io.Reader) (err error) {
 		switch {
 		case len(full) == len(s.rcpts) && final:
 			// RFC 3463 5.2.2: every recipient's domain refuses for good.
-			return &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 2, 2},
-				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))}
+			return refuse(metrics.ReasonQuota, &gosmtp.SMTPError{Code: 552, EnhancedCode: gosmtp.EnhancedCode{5, 2, 2},
+				Message: fmt.Sprintf("mailbox full: %s", strings.Join(s.askedFor(full), ", "))})
 		case len(full) == len(s.rcpts) || quarantine:
 			// A quarantined message would reach the queue's local
 			// delivery as ordinary mail (INBOX, not Junk): it waits for

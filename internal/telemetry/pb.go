@@ -58,7 +58,7 @@ func (r Report) ToPB() *nodepb.NodeReport {
 		Pending: int32(r.Pending), LoadAverage: r.LoadAverage,
 		LogPending: int32(r.LogPending), LogWaiting: int32(r.LogWaiting), LogDone: int32(r.LogDone),
 		BucketsManaged: int32(r.BucketsManaged), BucketsReady: int32(r.BucketsReady),
-		Connections: int32(r.Connections), HeapBytes: r.HeapBytes,
+		Connections: int32(r.Connections), HeapBytes: r.HeapBytes, Users: int32(r.Users),
 		SeriesStartUnix: unix(r.SeriesStart),
 		Deliveries:      r.Deliveries, Logins: r.Logins, LoginFailures: r.LoginFailures, Errors: r.Errors,
 	}
@@ -79,7 +79,7 @@ func FromPB(p *nodepb.NodeReport) Report {
 		Pending: int(p.Pending), LoadAverage: p.LoadAverage,
 		LogPending: int(p.LogPending), LogWaiting: int(p.LogWaiting), LogDone: int(p.LogDone),
 		BucketsManaged: int(p.BucketsManaged), BucketsReady: int(p.BucketsReady),
-		Connections: int(p.Connections), HeapBytes: p.HeapBytes,
+		Connections: int(p.Connections), HeapBytes: p.HeapBytes, Users: int(p.Users),
 		SeriesStart: fromUnix(p.SeriesStartUnix),
 		Deliveries:  p.Deliveries, Logins: p.Logins, LoginFailures: p.LoginFailures, Errors: p.Errors,
 	}

@@ -51,6 +51,9 @@ type Report struct {
 	LogWaiting int `json:"log_waiting"`
 	LogDone    int `json:"log_done"`
 
+	// Users counts the live profiles of the buckets the node manages:
+	// summed over the live members, the cluster's users.
+	Users          int   `json:"users"`
 	BucketsManaged int   `json:"buckets_managed"`
 	BucketsReady   int   `json:"buckets_ready"`
 	Connections    int   `json:"connections"`

@@ -45,6 +45,10 @@ type Cluster struct {
 	// Alive counts members alive or suspect; Known every member shown.
 	Alive int `json:"alive"`
 	Known int `json:"known"`
+	// Users sums the live members' reports of the users their buckets
+	// hold; UsersPartial says a live member's report is missing or stale.
+	Users        int  `json:"users"`
+	UsersPartial bool `json:"users_partial,omitempty"`
 	// Totals over the reports of every member shown.
 	Messages     int64 `json:"messages"`
 	MessageBytes int64 `json:"message_bytes"`
@@ -91,16 +95,14 @@ func NewView(src Sources) *View {
 func (v *View) Gather(ctx context.Context) Cluster {
 	now := time.Now()
 	members := v.src.Members()
-	fresh := map[cluster.NodeID]Report{}
+	// This node's own report is in before any asking starts: the
+	// goroutines below write the map too.
+	fresh := map[cluster.NodeID]Report{v.src.Self: v.src.Local(now)}
 	errs := map[cluster.NodeID]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, m := range members {
-		if m.ID == v.src.Self {
-			fresh[m.ID] = v.src.Local(now)
-			continue
-		}
-		if m.State != "alive" && m.State != "suspect" {
+		if m.ID == v.src.Self || (m.State != "alive" && m.State != "suspect") {
 			continue
 		}
 		wg.Add(1)
@@ -180,6 +182,15 @@ func Merge(now time.Time, self cluster.NodeID, members []cluster.MemberInfo, fre
 	c.SeriesStart = time.Unix((now.Unix()/60-Window+1)*60, 0)
 	for _, nv := range c.Nodes {
 		r := nv.Report
+		if nv.State == "alive" || nv.State == "suspect" {
+			// A dead member's buckets are another's now: only live
+			// members' fresh reports count users.
+			if r == nil || nv.Stale {
+				c.UsersPartial = true
+			} else {
+				c.Users += r.Users
+			}
+		}
 		if r == nil {
 			continue
 		}
@@ -187,25 +198,27 @@ func Merge(now time.Time, self cluster.NodeID, members []cluster.MemberInfo, fre
 		c.MessageBytes += r.MessageBytes
 		c.Queued += r.Queued
 		c.Under += r.UnderReplicated
-		// A report's minutes line up with the cluster's by their start:
-		// a stale report's series ends where it was made.
-		shift := int((c.SeriesStart.Unix() - r.SeriesStart.Unix()) / 60)
-		for k := range Window {
-			src := k + shift
-			if src < 0 || src >= Window {
-				continue
+		for _, s := range []struct{ dst, src []float64 }{{c.Deliveries, r.Deliveries}, {c.Logins, r.Logins},
+			{c.LoginFailures, r.LoginFailures}, {c.Errors, r.Errors}} {
+			for k, v := range Align(s.src, r.SeriesStart, c.SeriesStart) {
+				s.dst[k] += v
 			}
-			addAt(c.Deliveries, r.Deliveries, k, src)
-			addAt(c.Logins, r.Logins, k, src)
-			addAt(c.LoginFailures, r.LoginFailures, k, src)
-			addAt(c.Errors, r.Errors, k, src)
 		}
 	}
 	return c
 }
 
-func addAt(dst, src []float64, k, i int) {
-	if i < len(src) {
-		dst[k] += src[i]
+// Align places a series of per-minute counts that starts at from on the
+// Window minutes that start at to: a stale report's series ends where it
+// was made, and a peer's series of another length is cut to the window
+// (minutes outside it count 0).
+func Align(values []float64, from, to time.Time) []float64 {
+	out := make([]float64, Window)
+	shift := int((to.Unix() - from.Unix()) / 60)
+	for k := range Window {
+		if i := k + shift; i >= 0 && i < len(values) && i < Window {
+			out[k] = values[i]
+		}
 	}
+	return out
 }

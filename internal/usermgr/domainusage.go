@@ -25,6 +25,12 @@ import (
 // of it) is used before it is counted again.
 const domainUsageTTL = 30 * time.Second
 
+// partialTTL is how long a partial figure (a node or a user's writer did
+// not answer) or a failed count is used: long enough that RCPTs during an
+// outage do not each wait for a count of their own, short enough that the
+// whole figure is back soon after.
+const partialTTL = 5 * time.Second
+
 // domainPartTimeout bounds one node's answer with its part.
 const domainPartTimeout = 3 * time.Second
 
@@ -38,57 +44,83 @@ type DomainUsage struct {
 	At       time.Time `json:"at"`
 }
 
-// usageCache keeps domain figures for domainUsageTTL; one count per domain
-// runs at a time, the others wait for it.
+// usageCache keeps domain figures (domainUsageTTL; a partial one or a
+// failure partialTTL); one count per domain runs at a time, and those who
+// asked meanwhile get its result.
 type usageCache struct {
-	mu   sync.Mutex
-	at   map[string]DomainUsage
-	busy map[string]chan struct{}
+	mu sync.Mutex
+	at map[string]counted
+	// busy is the count in progress per domain; done closes when its
+	// result is in counted.
+	busy map[string]*counting
+}
+
+type counted struct {
+	u   DomainUsage
+	err error
+	at  time.Time
+}
+
+type counting struct {
+	done chan struct{}
+	res  counted
+}
+
+func (c counted) fresh(now time.Time) bool {
+	ttl := domainUsageTTL
+	if c.err != nil || c.u.Partial {
+		ttl = partialTTL
+	}
+	return now.Sub(c.at) < ttl
 }
 
 func (c *usageCache) get(ctx context.Context, dom string, count func(context.Context) (DomainUsage, error)) (DomainUsage, error) {
-	for {
-		c.mu.Lock()
-		if c.at == nil {
-			c.at, c.busy = map[string]DomainUsage{}, map[string]chan struct{}{}
-		}
-		if u, ok := c.at[dom]; ok && time.Since(u.At) < domainUsageTTL {
-			c.mu.Unlock()
-			return u, nil
-		}
-		wait, running := c.busy[dom]
-		if !running {
-			done := make(chan struct{})
-			c.busy[dom] = done
-			c.mu.Unlock()
-			u, err := count(ctx)
-			c.mu.Lock()
-			delete(c.busy, dom)
-			if err == nil && !u.Partial {
-				c.at[dom] = u
-			}
-			c.mu.Unlock()
-			close(done)
-			return u, err
-		}
+	c.mu.Lock()
+	if c.at == nil {
+		c.at, c.busy = map[string]counted{}, map[string]*counting{}
+	}
+	if r, ok := c.at[dom]; ok && r.fresh(time.Now()) {
+		c.mu.Unlock()
+		return r.u, r.err
+	}
+	if run, ok := c.busy[dom]; ok {
 		c.mu.Unlock()
 		select {
-		case <-wait:
+		case <-run.done:
+			return run.res.u, run.res.err
 		case <-ctx.Done():
 			return DomainUsage{}, fmt.Errorf("domain %s: usage: %w", dom, ctx.Err())
 		}
 	}
+	run := &counting{done: make(chan struct{})}
+	c.busy[dom] = run
+	c.mu.Unlock()
+	u, err := count(ctx)
+	run.res = counted{u: u, err: err, at: time.Now()}
+	c.mu.Lock()
+	delete(c.busy, dom)
+	c.at[dom] = run.res
+	c.mu.Unlock()
+	close(run.done)
+	return u, err
 }
 
 // DomainPart sums what the users of dom whose buckets this node manages
-// take, asking their writers (here).
+// take, asking their writers (here). A bucket whose soft state is not
+// rebuilt yet, or a user whose writer does not answer, makes it partial.
 func (m *Manager) DomainPart(ctx context.Context, dom string) (DomainUsage, error) {
 	return m.parts.get(ctx, dom, func(ctx context.Context) (DomainUsage, error) {
+		u := DomainUsage{At: time.Now()}
 		var users []string
 		m.mu.RLock()
 		for _, bk := range m.buckets {
 			if bk == nil {
 				continue
+			}
+			select {
+			case <-bk.ready:
+			default:
+				u.Partial = true
 			}
 			for a, p := range bk.profiles {
 				if !p.Deleted && userdb.Domain(a) == dom {
@@ -97,11 +129,12 @@ func (m *Manager) DomainPart(ctx context.Context, dom string) (DomainUsage, erro
 			}
 		}
 		m.mu.RUnlock()
-		u := DomainUsage{At: time.Now()}
 		for _, a := range users {
 			rep, err := m.writers.For(a).Mailboxes(ctx, &writer.MailboxRequest{User: a, UsageAll: true})
 			if err != nil {
-				return DomainUsage{}, fmt.Errorf("domain %s: usage of %s: %w", dom, a, err)
+				m.log.Warn("domain usage: a user's part is missing", "domain", dom, "user", a, "err", err)
+				u.Partial = true
+				continue
 			}
 			u.Storage += rep.Usage.Storage
 			u.Messages += rep.Usage.Messages
@@ -138,6 +171,7 @@ func (m *Manager) DomainUsage(ctx context.Context, dom string) (DomainUsage, err
 				sum.Storage += u.Storage
 				sum.Messages += u.Messages
 				sum.Users += u.Users
+				sum.Partial = sum.Partial || u.Partial
 			}(a.ID)
 		}
 		wg.Wait()
@@ -146,9 +180,9 @@ func (m *Manager) DomainUsage(ctx context.Context, dom string) (DomainUsage, err
 }
 
 func domainUsageToPB(u DomainUsage) *nodepb.DomainUsageReply {
-	return &nodepb.DomainUsageReply{Storage: u.Storage, Messages: u.Messages, Users: int32(u.Users)}
+	return &nodepb.DomainUsageReply{Storage: u.Storage, Messages: u.Messages, Users: int32(u.Users), Partial: u.Partial}
 }
 
 func domainUsageFromPB(p *nodepb.DomainUsageReply) DomainUsage {
-	return DomainUsage{Storage: p.Storage, Messages: p.Messages, Users: int(p.Users)}
+	return DomainUsage{Storage: p.Storage, Messages: p.Messages, Users: int(p.Users), Partial: p.Partial}
 }

@@ -878,6 +878,24 @@ func (m *Manager) list(ctx context.Context) (*ListReply, error) {
 	return out, nil
 }
 
+// ManagedUsers counts the live profiles of the buckets this node manages.
+func (m *Manager) ManagedUsers() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	n := 0
+	for _, bk := range m.buckets {
+		if bk == nil {
+			continue
+		}
+		for _, p := range bk.profiles {
+			if !p.Deleted {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // --- any node's side: asking the manager
 
 // Lookup returns a user's profile and mail map from the user's manager.
