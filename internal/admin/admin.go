@@ -19,6 +19,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/tlscert"
 	"github.com/quillmail/quill/internal/userdb"
@@ -224,6 +226,10 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, userdb.ErrExists):
 		return http.StatusConflict
+	case errors.Is(err, rpc.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// The user's manager did not answer (dying, or too slow for
+		// readWait): try again later.
+		return http.StatusServiceUnavailable
 	default:
 		return http.StatusBadRequest
 	}
@@ -238,15 +244,35 @@ func readJSON(r *http.Request, v any) error {
 	return nil
 }
 
+// listedUserJSON is a user as GET /api/users lists it.
+type listedUserJSON struct {
+	userJSON
+	// Stale is set when the user comes from the last answer of its
+	// bucket's manager, which did not answer within cluster.FanOutWait.
+	Stale *cluster.Stale `json:"stale,omitempty"`
+}
+
+// UnreachableHeader names, on a listing answered without some live
+// nodes, those nodes (comma-separated): what only they hold is their last
+// answer's, marked stale, or missing.
+const UnreachableHeader = "Quill-Unreachable"
+
+// listUsers answers GET /api/users: every node answers for the buckets it
+// manages, within cluster.FanOutWait (usermgr.Manager.Users).
 func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
-	ps, err := s.Users.Users(r.Context())
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
+	l := s.Users.Users(r.Context())
+	out := make([]listedUserJSON, len(l.Profiles))
+	for i, p := range l.Profiles {
+		out[i] = listedUserJSON{userJSON: userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas,
+			WritePolicy: p.WritePolicy}, Stale: p.Stale}
 	}
-	out := make([]userJSON, len(ps))
-	for i, p := range ps {
-		out[i] = userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas, WritePolicy: p.WritePolicy}
+	if len(l.Unreachable) > 0 {
+		var names []string
+		for n := range l.Unreachable {
+			names = append(names, string(n))
+		}
+		slices.Sort(names)
+		w.Header().Set(UnreachableHeader, strings.Join(names, ", "))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -322,8 +348,15 @@ type quotaJSON struct {
 	MessagesUsed int64 `json:"messages_used"`
 }
 
+// readWait bounds what a read of the admin API asks of one other node (a
+// user's usage from its writer), as cluster.FanOutWait bounds each node's
+// answer to a listing: past it the read answers 503, within a second.
+const readWait = cluster.FanOutWait
+
 func (s *Server) getQuota(w http.ResponseWriter, r *http.Request) {
-	u, err := s.Users.Usage(r.Context(), r.PathValue("address"))
+	ctx, cancel := context.WithTimeout(r.Context(), readWait)
+	defer cancel()
+	u, err := s.Users.Usage(ctx, r.PathValue("address"))
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return
@@ -366,6 +399,10 @@ type ClusterStatus struct {
 	Members []MemberStatus `json:"members"`
 	Buckets []BucketStatus `json:"buckets"`
 	Users   int            `json:"users"`
+	// Unreachable names the live nodes that did not answer the user
+	// listing within cluster.FanOutWait, and why; their members' Users
+	// are their last answer's (UsersStale).
+	Unreachable map[cluster.NodeID]string `json:"unreachable,omitempty"`
 	// Replication is this node's update log and repair state.
 	Replication *ReplicationStatus `json:"replication,omitempty"`
 	// TLS is the certificates this node presents.
@@ -385,6 +422,16 @@ type MemberStatus struct {
 	RPC      string            `json:"rpc,omitempty"`
 	Started  time.Time         `json:"started,omitzero"`
 	Addrs    map[string]string `json:"addrs,omitempty"`
+	// Since is when this node saw State begin.
+	Since time.Time `json:"since,omitzero"`
+	// Stale marks Load and DiskFull of a member that is not live: the
+	// last it gossiped, about as old as its state.
+	Stale *cluster.Stale `json:"stale,omitempty"`
+	// Users counts the users of the buckets the member manages, as it
+	// answered the user listing; UsersStale marks its last answer,
+	// standing in when it did not answer in time.
+	Users      int            `json:"users"`
+	UsersStale *cluster.Stale `json:"users_stale,omitempty"`
 }
 
 // BucketStatus is one user-map entry.
@@ -394,10 +441,13 @@ type BucketStatus struct {
 	Epoch  uint64         `json:"epoch"`
 }
 
+// status gathers GET /cluster: this node's view, and the users of every
+// node (the one question it asks the others, within cluster.FanOutWait).
 func (s *Server) status(ctx context.Context) ClusterStatus {
 	um := s.Node.UserMap()
-	users, _ := s.Users.Users(ctx)
-	st := ClusterStatus{Epoch: um.Epoch, Users: len(users)}
+	users := s.Users.Users(ctx)
+	st := ClusterStatus{Epoch: um.Epoch, Users: len(users.Profiles), Unreachable: users.Unreachable}
+	now := time.Now()
 	st.Managed, st.Ready = s.Users.Reconstruction()
 	count := map[cluster.NodeID]int{}
 	for b := 0; b < cluster.Buckets; b++ {
@@ -406,7 +456,11 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	}
 	for _, mi := range s.Node.Members() {
 		ms := MemberStatus{ID: mi.ID, State: mi.State, Load: mi.Load, DiskFull: mi.DiskFull,
-			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC}
+			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC, Since: mi.Since,
+			Users: users.PerNode[mi.ID].Users, UsersStale: users.PerNode[mi.ID].Stale}
+		if mi.State != "alive" && mi.State != "suspect" && !mi.Since.IsZero() {
+			ms.Stale = cluster.StaleSince(mi.Since, now)
+		}
 		if mi.ID == s.Node.ID {
 			ms.Load, ms.Started, ms.Addrs, ms.Self = s.Node.Load(), s.Node.Started, s.Node.Addrs, true
 		}

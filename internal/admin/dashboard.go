@@ -126,7 +126,14 @@ func (s *Server) dashboard(w http.ResponseWriter, r *http.Request) {
 		Queue   *queueView
 		Workers []sns.Status
 		SNS     *sns.ManagerStatus
-	}{ClusterStatus: s.status(r.Context()), Queue: s.queueView(r.Context())}
+	}{}
+	// The two questions to every node at once: each waits up to
+	// cluster.FanOutWait for a late node, one after the other would
+	// take the page past a second.
+	queued := make(chan *queueView, 1)
+	go func() { queued <- s.queueView(r.Context()) }()
+	data.ClusterStatus = s.status(r.Context())
+	data.Queue = <-queued
 	if s.Node.Workers != nil {
 		data.Workers = s.Node.Workers()
 	}

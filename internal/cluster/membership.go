@@ -7,6 +7,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -92,6 +93,9 @@ type MemberInfo struct {
 	NodeMeta
 	Gossip string `json:"gossip"`
 	State  string `json:"state"` // alive, suspect, dead, left
+	// Since is when this node saw State begin (for a member that is not
+	// live, about when its gossiped figures stopped being current).
+	Since time.Time `json:"since,omitzero"`
 }
 
 // MembershipConfig configures the membership manager.
@@ -559,6 +563,7 @@ func (m *Membership) refreshMeta() {
 func (m *Membership) recompute() {
 	var live []Member
 	m.mu.Lock()
+	before := maps.Clone(m.members)
 	if m.ml != nil {
 		for id, mi := range m.members {
 			if id != m.cfg.Self && (mi.State == "alive" || mi.State == "suspect") {
@@ -577,6 +582,15 @@ func (m *Membership) recompute() {
 			m.members[NodeID(n.Name)] = MemberInfo{Member: Member{ID: NodeID(n.Name), Boot: meta.Boot},
 				NodeMeta: meta, Gossip: n.Address(), State: stateName(n.State)}
 		}
+	}
+	now := time.Now()
+	for id, mi := range m.members {
+		if b, ok := before[id]; ok && b.State == mi.State && !b.Since.IsZero() {
+			mi.Since = b.Since
+		} else {
+			mi.Since = now
+		}
+		m.members[id] = mi
 	}
 	m.endLives()
 	for _, mi := range m.members {
