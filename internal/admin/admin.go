@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
@@ -226,9 +227,9 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, userdb.ErrExists):
 		return http.StatusConflict
-	case errors.Is(err, rpc.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
-		// The user's manager did not answer (dying, or too slow for
-		// readWait): try again later.
+	case errors.Is(err, rpc.ErrUnavailable), errors.Is(err, rpc.ErrNotManager), errors.Is(err, context.DeadlineExceeded):
+		// The user's manager did not answer (dying, too slow for
+		// readWait, or its bucket moving): try again later.
 		return http.StatusServiceUnavailable
 	default:
 		return http.StatusBadRequest
@@ -353,10 +354,34 @@ type quotaJSON struct {
 // answer to a listing: past it the read answers 503, within a second.
 const readWait = cluster.FanOutWait
 
+// withinReadWait runs read under a deadline of readWait and stops waiting
+// for it then, even if it goes on: a writer's call can wait past its
+// context for the user's lock, held by the user's other work (a view
+// loading from a node that stands still). A read is safe to leave running.
+func withinReadWait[T any](ctx context.Context, read func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, readWait)
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer cancel()
+		v, err := read(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, fmt.Errorf("no answer within %v: %w", readWait, ctx.Err())
+	}
+}
+
 func (s *Server) getQuota(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), readWait)
-	defer cancel()
-	u, err := s.Users.Usage(ctx, r.PathValue("address"))
+	addr := r.PathValue("address")
+	u, err := withinReadWait(r.Context(), func(ctx context.Context) (mailbox.Usage, error) { return s.Users.Usage(ctx, addr) })
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return

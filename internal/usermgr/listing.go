@@ -56,12 +56,19 @@ func (m *Manager) Users(ctx context.Context) UserListing {
 		}
 		return rep.Profiles, nil
 	})
+	um := m.peers.UserMap()
+	return mergeListing(answers, um.Manager)
+}
+
+// mergeListing joins the nodes' answers to the user listing (Users): a
+// stale answer's profile is left out when managerOf(address) answered
+// fresh, and of two stale ones the newer wins.
+func mergeListing(answers []cluster.Answer[[]userdb.Profile], managerOf func(string) cluster.NodeID) UserListing {
 	out := UserListing{PerNode: map[cluster.NodeID]NodeUsers{}}
 	fresh := map[cluster.NodeID]bool{}
 	for _, a := range answers {
 		fresh[a.Node] = a.Err == nil
 	}
-	um := m.peers.UserMap()
 	best := map[string]ListedProfile{}
 	for _, a := range answers {
 		if a.Err != nil {
@@ -74,7 +81,7 @@ func (m *Manager) Users(ctx context.Context) UserListing {
 			out.PerNode[a.Node] = NodeUsers{Users: len(a.Value), Stale: a.Stale}
 		}
 		for _, p := range a.Value {
-			if a.Stale != nil && fresh[um.Manager(p.Address)] {
+			if a.Stale != nil && fresh[managerOf(p.Address)] {
 				continue // its manager now answered for its bucket (a deleted user stays out)
 			}
 			if cur, ok := best[p.Address]; ok && !newerListing(a.Stale, cur.Stale) {

@@ -1,11 +1,14 @@
 package usermgr
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/userdb"
 )
 
 // The user listing does not wait for a node that is counted live but does
@@ -45,5 +48,34 @@ func TestUserListingStandsInForASilentNode(t *testing.T) {
 		if stale := p.Stale != nil; stale != (um.Manager(p.Address) == "n2") {
 			t.Errorf("%s (manager %s) marked stale: %v", p.Address, um.Manager(p.Address), stale)
 		}
+	}
+}
+
+// A stale answer's user is left out when its bucket's manager answered
+// fresh (a user deleted since, or a bucket that moved there); of two
+// stale answers for one user the newer wins.
+func TestMergeListingPrefersFreshAndNewer(t *testing.T) {
+	now := time.Now()
+	p := func(a string) userdb.Profile { return userdb.Profile{Address: a} }
+	managers := map[string]cluster.NodeID{"kept@x": "c", "gone@x": "a", "both@x": "c"}
+	l := mergeListing([]cluster.Answer[[]userdb.Profile]{
+		{Node: "a", Value: []userdb.Profile{p("fresh@x")}},
+		{Node: "b", Err: errors.New("late"), Stale: cluster.StaleSince(now.Add(-time.Minute), now),
+			Value: []userdb.Profile{p("gone@x"), p("both@x")}},
+		{Node: "c", Err: errors.New("late"), Stale: cluster.StaleSince(now.Add(-time.Second), now),
+			Value: []userdb.Profile{p("kept@x"), p("both@x")}},
+	}, func(a string) cluster.NodeID { return managers[a] })
+	var got []string
+	for _, lp := range l.Profiles {
+		got = append(got, fmt.Sprintf("%s/%v", lp.Address, lp.Stale != nil))
+	}
+	if want := "both@x/true fresh@x/false kept@x/true"; strings.Join(got, " ") != want {
+		t.Fatalf("listing %v, want %s", got, want)
+	}
+	if b := l.Profiles[0]; b.Stale.Age != 1 {
+		t.Fatalf("both@x from the answer %vs old, want c's (1s)", b.Stale.Age)
+	}
+	if len(l.Unreachable) != 2 || l.PerNode["a"].Users != 1 || l.PerNode["b"].Stale == nil {
+		t.Fatalf("listing %+v", l)
 	}
 }
