@@ -48,6 +48,13 @@ const (
 	// afterMove is how long the probes go on once every survivor has
 	// moved the buckets and rebuilt them: the sessions must work then.
 	afterMove = 3 * time.Second
+	// machineSlackMax bounds what an admin call may take beyond
+	// adminBound: the time a trivial call (GET /healthz: no work, no other
+	// node) took on the same node within a second of it, which is the
+	// machine's, not the node's waiting. On this 2-core machine, shared
+	// with other tests (load average 8-10), /healthz was seen to take
+	// 450 ms.
+	machineSlackMax = time.Second
 )
 
 // sessionBound is the longest a session step may wait for an answer on a
@@ -207,6 +214,7 @@ type stallRecord struct {
 type step struct {
 	kind    string // "smtp RCPT", "admin /api/users", ...
 	via     string
+	start   time.Time
 	at      time.Duration // start, since the fault (negative: before)
 	took    time.Duration
 	outcome string // "ok", "temp" (a clean temporary failure), or what went wrong
@@ -230,7 +238,7 @@ func (r *stallRecord) add(kind string, via *Node, start time.Time, outcome, repl
 	} else {
 		at = -time.Second
 	}
-	r.steps = append(r.steps, step{kind: kind, via: via.ID, at: at, took: time.Since(start), outcome: outcome, reply: reply})
+	r.steps = append(r.steps, step{kind: kind, via: via.ID, start: start, at: at, took: time.Since(start), outcome: outcome, reply: reply})
 }
 
 func (r *stallRecord) ack(user, subject string) {
@@ -469,7 +477,7 @@ func (r *stallRecord) pop3Held(c *pop3Conn) {
 // after the fault, and checks the bounds: every session step answered
 // within r.bound, cleanly (success or a temporary failure that names no
 // internal address), and successfully once the map has moved; every admin
-// call within adminBound.
+// call within adminBound (and the machine's slack).
 func (r *stallRecord) report(t *testing.T, movedAt time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -496,14 +504,14 @@ func (r *stallRecord) report(t *testing.T, movedAt time.Duration) {
 		admin := strings.HasPrefix(s.kind, "admin ")
 		bound := r.bound
 		if admin {
-			bound = adminBound
+			bound = adminBound + r.machineSlack(s)
 		}
 		switch {
 		case s.outcome == "temp":
 			a.temp++
 		case s.outcome != "ok":
 			a.bad++
-			errorf(t, "%s through %s at %v: %s (after %v)", s.kind, s.via, s.at.Round(time.Millisecond), s.outcome, s.took.Round(time.Millisecond))
+			errorf(t, "%s through %s at %v: %s (after %v): %.200q", s.kind, s.via, s.at.Round(time.Millisecond), s.outcome, s.took.Round(time.Millisecond), s.reply)
 		}
 		if s.took > bound {
 			errorf(t, "%s through %s at %v answered after %v, bound %v: %s %.120q", s.kind, s.via,
@@ -539,6 +547,19 @@ func (r *stallRecord) report(t *testing.T, movedAt time.Duration) {
 		}
 	}
 	t.Log(b.String())
+}
+
+// machineSlack is what a trivial admin call (/healthz) took at most on
+// the node of s within a second of s, up to machineSlackMax (r.mu held).
+func (r *stallRecord) machineSlack(s step) time.Duration {
+	var slack time.Duration
+	for _, h := range r.steps {
+		if h.kind == "admin /healthz" && h.via == s.via && h.start.After(s.start.Add(-time.Second)) &&
+			h.start.Before(s.start.Add(s.took+time.Second)) {
+			slack = max(slack, h.took)
+		}
+	}
+	return min(slack, machineSlackMax)
 }
 
 // checkAcked reads every user's INBOX through every node until each
