@@ -67,7 +67,7 @@ func printStatus(st admin.ClusterStatus) {
 	}
 	letter := map[string]byte{}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tGOSSIP")
+	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tUSERS\tGOSSIP")
 	for i, m := range st.Members {
 		l := byte('A' + i%26)
 		letter[string(m.ID)] = l
@@ -75,10 +75,20 @@ func printStatus(st admin.ClusterStatus) {
 		if m.Self {
 			self = " (this node)"
 		}
-		fmt.Fprintf(w, "%c\t%s%s\t%s\t%d\t%d\t%s\t%d\t%s\n", l, m.ID, self, m.State, m.Boot, m.Buckets,
-			strings.Repeat("#", m.Buckets/8), m.Load, m.Gossip)
+		load, users := fmt.Sprint(m.Load), fmt.Sprint(m.Users)
+		if m.Stale != nil {
+			load += fmt.Sprintf(" (%.0fs old)", m.Stale.Age)
+		}
+		if m.UsersStale != nil {
+			users += fmt.Sprintf(" (%.1fs old)", m.UsersStale.Age)
+		}
+		fmt.Fprintf(w, "%c\t%s%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", l, m.ID, self, m.State, m.Boot, m.Buckets,
+			strings.Repeat("#", m.Buckets/8), load, users, m.Gossip)
 	}
 	w.Flush()
+	for n, why := range st.Unreachable {
+		fmt.Printf("node %s did not answer in time (%s): its users are counted from its last answer\n", n, why)
+	}
 	fmt.Println("\nbuckets (row = bucket/16):")
 	for r := 0; r < 16; r++ {
 		var sb strings.Builder

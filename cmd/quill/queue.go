@@ -54,6 +54,10 @@ func init() {
 			}
 			fmt.Printf("%d message(s)\n", len(l.Entries))
 			for n, why := range l.Unreachable {
+				if st := l.Stale[n]; st != nil {
+					fmt.Printf("node %s did not answer (%s): messages held only there are as it listed them %.1fs ago\n", n, why, st.Age)
+					continue
+				}
 				fmt.Printf("node %s did not answer (%s): messages held only there are not listed\n", n, why)
 			}
 			return nil

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/admin"
+	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -224,25 +225,36 @@ func init() {
 		Use: "list", Short: "List users", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var users []struct {
-				Address     string    `json:"address"`
-				Created     time.Time `json:"created"`
-				Replicas    int       `json:"replicas"`
-				WritePolicy string    `json:"write_policy"`
-				Admin       bool      `json:"admin"`
+				Address     string         `json:"address"`
+				Created     time.Time      `json:"created"`
+				Replicas    int            `json:"replicas"`
+				WritePolicy string         `json:"write_policy"`
+				Admin       bool           `json:"admin"`
+				Stale       *cluster.Stale `json:"stale"`
 			}
 			if err := c.do("GET", "/api/users", nil, &users); err != nil {
 				return err
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY\tCONSOLE")
+			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY\tCONSOLE\t")
+			stale := 0
 			for _, u := range users {
-				console := ""
+				console, mark := "", ""
 				if u.Admin {
 					console = "admin"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas), policyOrDefault(u.WritePolicy), console)
+				if u.Stale != nil {
+					mark, stale = fmt.Sprintf("(as of %.1fs ago)", u.Stale.Age), stale+1
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas), policyOrDefault(u.WritePolicy), console, mark)
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if stale > 0 {
+				fmt.Printf("%d user(s) from the last answer of a node that did not answer in time\n", stale)
+			}
+			return nil
 		},
 	}
 	cmd.AddCommand(add, passwd, set, adm, del, list, hash, quotaCommand(&c))

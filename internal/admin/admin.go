@@ -18,14 +18,17 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/guard"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/sns"
 	"github.com/quillmail/quill/internal/telemetry"
@@ -221,6 +224,10 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, userdb.ErrExists):
 		return http.StatusConflict
+	case errors.Is(err, rpc.ErrUnavailable), errors.Is(err, rpc.ErrNotManager), errors.Is(err, context.DeadlineExceeded):
+		// The user's manager did not answer (dying, too slow for
+		// readWait, or its bucket moving): try again later.
+		return http.StatusServiceUnavailable
 	default:
 		return http.StatusBadRequest
 	}
@@ -235,15 +242,35 @@ func readJSON(r *http.Request, v any) error {
 	return nil
 }
 
+// listedUserJSON is a user as GET /api/users lists it.
+type listedUserJSON struct {
+	userJSON
+	// Stale is set when the user comes from the last answer of its
+	// bucket's manager, which did not answer within cluster.FanOutWait.
+	Stale *cluster.Stale `json:"stale,omitempty"`
+}
+
+// UnreachableHeader names, on a listing answered without some live
+// nodes, those nodes (comma-separated): what only they hold is their last
+// answer's, marked stale, or missing.
+const UnreachableHeader = "Quill-Unreachable"
+
+// listUsers answers GET /api/users: every node answers for the buckets it
+// manages, within cluster.FanOutWait (usermgr.Manager.Users).
 func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
-	ps, err := s.Users.Users(r.Context())
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
+	l := s.Users.Users(r.Context())
+	out := make([]listedUserJSON, len(l.Profiles))
+	for i, p := range l.Profiles {
+		out[i] = listedUserJSON{userJSON: userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas,
+			WritePolicy: p.WritePolicy, Admin: p.Admin}, Stale: p.Stale}
 	}
-	out := make([]userJSON, len(ps))
-	for i, p := range ps {
-		out[i] = userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas, WritePolicy: p.WritePolicy, Admin: p.Admin}
+	if len(l.Unreachable) > 0 {
+		var names []string
+		for n := range l.Unreachable {
+			names = append(names, string(n))
+		}
+		slices.Sort(names)
+		w.Header().Set(UnreachableHeader, strings.Join(names, ", "))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -348,8 +375,39 @@ type quotaJSON struct {
 	MessagesUsed int64 `json:"messages_used"`
 }
 
+// readWait bounds what a read of the admin API asks of one other node (a
+// user's usage from its writer), as cluster.FanOutWait bounds each node's
+// answer to a listing: past it the read answers 503, within a second.
+const readWait = cluster.FanOutWait
+
+// withinReadWait runs read under a deadline of readWait and stops waiting
+// for it then, even if it goes on: a writer's call can wait past its
+// context for the user's lock, held by the user's other work (a view
+// loading from a node that stands still). A read is safe to leave running.
+func withinReadWait[T any](ctx context.Context, read func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, readWait)
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer cancel()
+		v, err := read(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, fmt.Errorf("no answer within %v: %w", readWait, ctx.Err())
+	}
+}
+
 func (s *Server) getQuota(w http.ResponseWriter, r *http.Request) {
-	u, err := s.Users.Usage(r.Context(), r.PathValue("address"))
+	addr := r.PathValue("address")
+	u, err := withinReadWait(r.Context(), func(ctx context.Context) (mailbox.Usage, error) { return s.Users.Usage(ctx, addr) })
 	if err != nil {
 		writeError(w, statusOf(err), err)
 		return
@@ -392,6 +450,10 @@ type ClusterStatus struct {
 	Members []MemberStatus `json:"members"`
 	Buckets []BucketStatus `json:"buckets"`
 	Users   int            `json:"users"`
+	// Unreachable names the live nodes that did not answer the user
+	// listing within cluster.FanOutWait, and why; their members' Users
+	// are their last answer's (UsersStale).
+	Unreachable map[cluster.NodeID]string `json:"unreachable,omitempty"`
 	// Replication is this node's update log and repair state.
 	Replication *ReplicationStatus `json:"replication,omitempty"`
 	// TLS is the certificates this node presents.
@@ -411,6 +473,16 @@ type MemberStatus struct {
 	RPC      string            `json:"rpc,omitempty"`
 	Started  time.Time         `json:"started,omitzero"`
 	Addrs    map[string]string `json:"addrs,omitempty"`
+	// Since is when this node saw State begin.
+	Since time.Time `json:"since,omitzero"`
+	// Stale marks Load and DiskFull of a member that is not live: the
+	// last it gossiped, about as old as its state.
+	Stale *cluster.Stale `json:"stale,omitempty"`
+	// Users counts the users of the buckets the member manages, as it
+	// answered the user listing; UsersStale marks its last answer,
+	// standing in when it did not answer in time.
+	Users      int            `json:"users"`
+	UsersStale *cluster.Stale `json:"users_stale,omitempty"`
 }
 
 // BucketStatus is one user-map entry.
@@ -420,10 +492,13 @@ type BucketStatus struct {
 	Epoch  uint64         `json:"epoch"`
 }
 
+// status gathers GET /cluster: this node's view, and the users of every
+// node (the one question it asks the others, within cluster.FanOutWait).
 func (s *Server) status(ctx context.Context) ClusterStatus {
 	um := s.Node.UserMap()
-	users, _ := s.Users.Users(ctx)
-	st := ClusterStatus{Epoch: um.Epoch, Users: len(users)}
+	users := s.Users.Users(ctx)
+	st := ClusterStatus{Epoch: um.Epoch, Users: len(users.Profiles), Unreachable: users.Unreachable}
+	now := time.Now()
 	st.Managed, st.Ready = s.Users.Reconstruction()
 	count := map[cluster.NodeID]int{}
 	for b := 0; b < cluster.Buckets; b++ {
@@ -432,7 +507,11 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	}
 	for _, mi := range s.Node.Members() {
 		ms := MemberStatus{ID: mi.ID, State: mi.State, Load: mi.Load, DiskFull: mi.DiskFull,
-			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC}
+			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC, Since: mi.Since,
+			Users: users.PerNode[mi.ID].Users, UsersStale: users.PerNode[mi.ID].Stale}
+		if mi.State != "alive" && mi.State != "suspect" && !mi.Since.IsZero() {
+			ms.Stale = cluster.StaleSince(mi.Since, now)
+		}
 		if mi.ID == s.Node.ID {
 			ms.Load, ms.Started, ms.Addrs, ms.Self = s.Node.Load(), s.Node.Started, s.Node.Addrs, true
 		}

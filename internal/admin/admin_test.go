@@ -175,3 +175,31 @@ func TestPprofOffByDefault(t *testing.T) {
 		t.Fatalf("/debug/pprof/ without --pprof: %d, want 404", c)
 	}
 }
+
+// /cluster counts each node's users as it answered the listing, and a
+// listing every node answered in time carries no stale marks and names
+// no unreachable node.
+func TestClusterCountsUsersPerNode(t *testing.T) {
+	ts := newServer(t, "")
+	for _, u := range []string{"a@example.org", "b@example.org"} {
+		if c, b := call(t, "POST", ts.URL+"/api/users", "", `{"address":"`+u+`","password":"pw"}`); c != 201 {
+			t.Fatalf("add %s: %d %s", u, c, b)
+		}
+	}
+	c, b := call(t, "GET", ts.URL+"/cluster", "", "")
+	var st admin.ClusterStatus
+	if c != 200 || json.Unmarshal([]byte(b), &st) != nil || st.Users != 2 || st.Members[0].Users != 2 ||
+		st.Members[0].UsersStale != nil || st.Unreachable != nil || st.Members[0].Since.IsZero() {
+		t.Fatalf("cluster: %d %s", c, b)
+	}
+	resp, err := http.Get(ts.URL + "/api/users")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var users []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&users); err != nil || len(users) != 2 || users[0]["stale"] != nil ||
+		resp.Header.Get(admin.UnreachableHeader) != "" {
+		t.Fatalf("users: %v %v %v", users, err, resp.Header)
+	}
+}

@@ -369,6 +369,20 @@ func (s *Server) usages(ctx context.Context, rows []userRow) {
 	wg.Wait()
 }
 
+// unreachable says which nodes a listing had to do without: their users
+// are those of their last answer, or missing.
+func unreachable(l usermgr.UserListing) string {
+	if len(l.Unreachable) == 0 {
+		return ""
+	}
+	var names []string
+	for n := range l.Unreachable {
+		names = append(names, string(n))
+	}
+	slices.Sort(names)
+	return "not every node answered in time (" + strings.Join(names, ", ") + "): their users are as they last answered, or missing"
+}
+
 // pageOf cuts a listing to the page asked for (1-based).
 func pageOf[T any](all []T, r *http.Request) ([]T, int, int) {
 	pages := max(1, (len(all)+pageRows-1)/pageRows)
@@ -383,15 +397,13 @@ func (s *Server) userList(r *http.Request, keep func(p userdb.Profile, q string)
 	ctx, cancel := context.WithTimeout(r.Context(), consoleDeadline)
 	defer cancel()
 	v := usersView{Q: strings.TrimSpace(r.URL.Query().Get("q"))}
-	all, err := s.Users.Users(ctx)
-	if err != nil {
-		v.Err = "not every node answered in time: " + err.Error()
-	}
+	l := s.Users.Users(ctx)
+	v.Err = unreachable(l)
 	q := strings.ToLower(v.Q)
 	var match []userdb.Profile
-	for _, p := range all {
-		if keep(p, q) {
-			match = append(match, p)
+	for _, p := range l.Profiles {
+		if keep(p.Profile, q) {
+			match = append(match, p.Profile)
 		}
 	}
 	v.Total = len(match)
@@ -564,15 +576,12 @@ func (s *Server) domainRows(ctx context.Context) ([]domainRow, string) {
 	if s.Domains == nil {
 		return nil, "this node serves any domain (no domain list)"
 	}
-	users, err := s.Users.Users(ctx)
-	var warn string
-	if err != nil {
-		warn = "user counts may be short: not every node answered in time"
-	}
+	l := s.Users.Users(ctx)
+	warn := unreachable(l)
 	var rows []domainRow
 	for _, d := range s.Domains.Domains() {
 		row := domainRow{Domain: d, Aliases: len(s.Domains.Aliases(d.Name))}
-		for _, u := range users {
+		for _, u := range l.Profiles {
 			if userdb.Domain(u.Address) == d.Name {
 				row.Users++
 			}

@@ -1,11 +1,14 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"maps"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/quillmail/quill/internal/rpc"
 )
 
 // Membership tunables. Porcupine's own protocol took ~10 s to settle a new
@@ -42,6 +46,35 @@ const (
 	pushPullInterval = 5 * time.Second
 )
 
+// DetectionTime is how long, at most, the membership of a cluster of n
+// members takes from one member's failure (a crash, a pause, a cut cable)
+// to every other member having declared it dead, and so having moved its
+// buckets, as memberlist's LAN settings (DefaultLANConfig, which
+// StartMembership keeps) make it when no node is overloaded:
+//
+//   - each member probes the others one per ProbeInterval in a shuffled
+//     round, so the failed one is probed within 2(n-1)-1 intervals (last of
+//     one round, first but one of the next);
+//   - a probe (direct, then through other members) takes one interval;
+//   - the failed member is then suspect for SuspicionMult x max(1, log10 n)
+//     intervals (with enough members to confirm it, memberlist starts the
+//     suspicion longer and shortens it to that as the others' own probes,
+//     which come within the same rounds, confirm it);
+//   - the dead notice reaches the others by gossip within two gossip
+//     intervals.
+//
+// Lifeguard stretches the probes of a node whose own probes go unanswered
+// (memberlist's awareness, up to 8 times): on an overloaded node detection
+// takes longer than this. Measured on 3 nodes: 5.2-7.0 s (docs/cluster.md),
+// against 8.4 s here.
+func DetectionTime(n int) time.Duration {
+	c := memberlist.DefaultLANConfig()
+	n = max(n, 2)
+	round := time.Duration(2*(n-1)-1) * c.ProbeInterval
+	suspect := time.Duration(float64(c.SuspicionMult) * math.Max(1, math.Log10(float64(n))) * float64(c.ProbeInterval))
+	return round + c.ProbeInterval + suspect + 2*c.GossipInterval
+}
+
 // NodeMeta is what a node gossips about itself (memberlist meta, at most 512
 // bytes).
 type NodeMeta struct {
@@ -60,6 +93,9 @@ type MemberInfo struct {
 	NodeMeta
 	Gossip string `json:"gossip"`
 	State  string `json:"state"` // alive, suspect, dead, left
+	// Since is when this node saw State begin (for a member that is not
+	// live, about when its gossiped figures stopped being current).
+	Since time.Time `json:"since,omitzero"`
 }
 
 // MembershipConfig configures the membership manager.
@@ -128,13 +164,25 @@ type Membership struct {
 	// notices are messages for every node (Broadcast), piggybacked on
 	// gossip by memberlist.
 	notices *memberlist.TransmitLimitedQueue
+	// lives holds, per live member that something called, a context that
+	// ends when the member stops being live in this node's view (declared
+	// dead, left, or back with another boot): calls to it in flight are
+	// cut short then (Peers.Conn), not at their deadlines.
+	lives map[NodeID]*life
+}
+
+// life is one boot of a member as long as it stays live here.
+type life struct {
+	boot   uint64
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // StartMembership starts gossip (when cfg.Bind is set) and computes the
 // first user map.
 func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	m := &Membership{cfg: cfg, kick: make(chan struct{}, 1), stop: make(chan struct{}),
-		members: map[NodeID]MemberInfo{}, domains: map[NodeID][]string{}}
+		members: map[NodeID]MemberInfo{}, domains: map[NodeID][]string{}, lives: map[NodeID]*life{}}
 	m.meta = NodeMeta{Boot: cfg.Boot, RPC: cfg.RPC}
 	m.known = readKnown(cfg.KnownFile)
 	m.members[cfg.Self] = MemberInfo{Member: Member{ID: cfg.Self, Boot: cfg.Boot}, NodeMeta: m.meta, Gossip: cfg.Bind, State: "alive"}
@@ -258,6 +306,59 @@ func (m *Membership) Lookup(id NodeID) (MemberInfo, bool) {
 	mi, ok := m.members[id]
 	return mi, ok
 }
+
+// Life returns what this node knows of a live (or suspect) member and a
+// context that ends, with a cause wrapping rpc.ErrNodeGone, when this
+// node stops counting that boot of it live; ok is false if it is not
+// live now.
+func (m *Membership) Life(id NodeID) (ctx context.Context, mi MemberInfo, ok bool) {
+	m.mu.RLock()
+	mi, ok = m.members[id]
+	l := m.lives[id]
+	m.mu.RUnlock()
+	if !ok || !isLive(mi.State) {
+		return nil, mi, false
+	}
+	if l != nil && l.boot == mi.Member.Boot {
+		return l.ctx, mi, true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Looked up again: recompute may have run in between.
+	mi, ok = m.members[id]
+	if !ok || !isLive(mi.State) {
+		return nil, mi, false
+	}
+	if l = m.lives[id]; l == nil || l.boot != mi.Member.Boot {
+		if l != nil {
+			l.cancel(fmt.Errorf("node %s came back with boot %d: %w", id, mi.Member.Boot, rpc.ErrNodeGone))
+		}
+		l = &life{boot: mi.Member.Boot}
+		l.ctx, l.cancel = context.WithCancelCause(context.Background())
+		m.lives[id] = l
+	}
+	return l.ctx, mi, true
+}
+
+// endLives ends the lives of members no longer live, or live with another
+// boot (m.mu held).
+func (m *Membership) endLives() {
+	for id, l := range m.lives {
+		mi, ok := m.members[id]
+		switch {
+		case !ok || !isLive(mi.State):
+			l.cancel(fmt.Errorf("node %s %s: %w", id, mi.State, rpc.ErrNodeGone))
+		case mi.Member.Boot != l.boot:
+			l.cancel(fmt.Errorf("node %s came back with boot %d: %w", id, mi.Member.Boot, rpc.ErrNodeGone))
+		default:
+			continue
+		}
+		delete(m.lives, id)
+	}
+}
+
+// isLive says whether a member in state takes part in the user map.
+func isLive(state string) bool { return state == "alive" || state == "suspect" }
 
 // Leave stops watching the membership and tells the others that this node
 // leaves (memberlist's graceful leave, at most leaveTimeout), so they take
@@ -462,6 +563,7 @@ func (m *Membership) refreshMeta() {
 func (m *Membership) recompute() {
 	var live []Member
 	m.mu.Lock()
+	before := maps.Clone(m.members)
 	if m.ml != nil {
 		for id, mi := range m.members {
 			if id != m.cfg.Self && (mi.State == "alive" || mi.State == "suspect") {
@@ -481,6 +583,16 @@ func (m *Membership) recompute() {
 				NodeMeta: meta, Gossip: n.Address(), State: stateName(n.State)}
 		}
 	}
+	now := time.Now()
+	for id, mi := range m.members {
+		if b, ok := before[id]; ok && b.State == mi.State && !b.Since.IsZero() {
+			mi.Since = b.Since
+		} else {
+			mi.Since = now
+		}
+		m.members[id] = mi
+	}
+	m.endLives()
 	for _, mi := range m.members {
 		if mi.State == "alive" || mi.State == "suspect" {
 			live = append(live, mi.Member)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -76,16 +77,54 @@ func (p *Peers) Domains() map[string]bool {
 	return nil
 }
 
+// ErrNotLive: a call was not sent because its node is not a live member
+// in this node's view. Nothing happened there, so a call may always be
+// tried again elsewhere. It is an rpc.ErrUnavailable.
+var ErrNotLive = fmt.Errorf("not a live member: %w", rpc.ErrUnavailable)
+
 // Conn returns the connection to a live (or suspect) member, for its
-// generated service clients; a node that is not live is unavailable.
+// generated service clients; a node that is not live is unavailable. A
+// call on it is cut short, with an error wrapping rpc.ErrNodeGone, as soon
+// as the membership stops counting that boot of the node live: a call to a
+// node that hangs (paused, cut off) or is down (waiting for it to come
+// back) ends when the node is declared dead, not at its deadline.
 func (p *Peers) Conn(node NodeID) (grpc.ClientConnInterface, error) {
 	m := p.members.Load()
 	if m == nil {
 		return nil, fmt.Errorf("node %s: %w: membership not started", node, rpc.ErrUnavailable)
 	}
-	mi, ok := m.Lookup(node)
-	if !ok || mi.RPC == "" || (mi.State != "alive" && mi.State != "suspect") {
-		return nil, fmt.Errorf("node %s: %w", node, rpc.ErrUnavailable)
+	life, mi, ok := m.Life(node)
+	if !ok || mi.RPC == "" {
+		return nil, fmt.Errorf("node %s: %w", node, ErrNotLive)
 	}
-	return p.RPC.Conn(mi.RPC)
+	cc, err := p.RPC.Conn(mi.RPC)
+	if err != nil {
+		return nil, err
+	}
+	return lifeConn{cc: cc, life: life}, nil
+}
+
+// lifeConn is a connection whose calls end with the callee's life.
+type lifeConn struct {
+	cc   grpc.ClientConnInterface
+	life context.Context
+}
+
+func (c lifeConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(c.life, func() { cancel(context.Cause(c.life)) })
+	defer stop()
+	err := c.cc.Invoke(ctx, method, args, reply, opts...)
+	if err != nil && c.life.Err() != nil {
+		return fmt.Errorf("%w (%v)", context.Cause(c.life), err)
+	}
+	return err
+}
+
+// NewStream is not tied to the callee's life: no service streams today
+// (a stream outlives the call that opens it, so tying it would need its
+// own end).
+func (c lifeConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return c.cc.NewStream(ctx, desc, method, opts...)
 }

@@ -152,13 +152,18 @@ func (s *session) resolve(set imap.NumSet, lenient bool) ([]int, error) {
 
 // Poll reports what changed in the selected mailbox since the session last
 // looked (RFC 9051 §7.5.1). EXPUNGE only when allowExpunge; otherwise the
-// expunged messages stay numbered until a later poll.
+// expunged messages stay numbered until a later poll. A writer that cannot
+// be reached for now (its node dying, the bucket moving) leaves the report
+// to the next command's poll: the command itself is done, and an error
+// here would end the session (the library closes the connection).
 func (s *session) Poll(w *imapserver.UpdateWriter, allowExpunge bool) error {
 	if s.sel == nil {
 		w.CondStoreJustEnabled() // nothing selected: nothing to report
 		return nil
 	}
-	if err := s.sync(w, allowExpunge); err != nil {
+	if err := s.sync(w, allowExpunge); errorCode(err) == imap.ResponseCodeUnavailable {
+		s.srv.cfg.Logger.Info("imap: changes not polled for now", "user", s.user, "err", err)
+	} else if err != nil {
 		return err
 	}
 	// RFC 7162 §3.1: the command that enabled CONDSTORE implicitly

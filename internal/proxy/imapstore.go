@@ -157,7 +157,7 @@ func (s *IMAPStore) Messages(ctx context.Context, user string, id uint64) ([]mai
 	}
 	for i, m := range rep.Messages {
 		out[i] = m.Message
-		w[m.ID] = m.Holders
+		w[m.ID] = m.Sources()
 	}
 	s.mu.Unlock()
 	return out, nil

@@ -74,6 +74,8 @@ type location struct {
 }
 
 func (d *maildrop) List(ctx context.Context) ([]pop3.Message, error) {
+	ctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+	defer cancel()
 	rep, err := d.p.Writers.For(d.user).Messages(ctx, &writer.MailboxRequest{User: d.user, Name: mailbox.Inbox})
 	if err != nil {
 		return nil, err
@@ -82,7 +84,7 @@ func (d *maildrop) List(ctx context.Context) ([]pop3.Message, error) {
 	d.at = make(map[string]location, len(rep.Messages))
 	out := make([]pop3.Message, 0, len(rep.Messages))
 	for _, m := range rep.Messages {
-		d.at[m.ID] = location{nodes: m.Holders, uid: m.UID}
+		d.at[m.ID] = location{nodes: m.Sources(), uid: m.UID}
 		out = append(out, pop3.Message{UID: m.ID, Size: m.Size})
 	}
 	return out, nil
@@ -106,6 +108,8 @@ func (d *maildrop) Delete(ctx context.Context, uids []string) error {
 	if len(imapUIDs) == 0 {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+	defer cancel()
 	_, err := d.p.Writers.For(d.user).Expunge(ctx, &writer.FlagsRequest{User: d.user, ID: d.mbox, UIDs: imapUIDs})
 	return err
 }

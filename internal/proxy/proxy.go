@@ -78,6 +78,10 @@ type Proxy struct {
 	Domains   domain.Tables
 	Separator string
 	Log       *slog.Logger // nil: slog's default
+
+	// late are the holders that were slow to give a body lately
+	// (remote.go).
+	late late
 }
 
 func (p *Proxy) log() *slog.Logger {
@@ -475,10 +479,18 @@ func (p *Proxy) write(ctx context.Context, coord cluster.NodeID, req *replica.Wr
 }
 
 // writerCallTimeout bounds one call to a user's manager or writer on the
-// delivery path (lookup, allocation, confirmation). Without it a call took
-// the session's whole deadline (SMTP's 2 minutes) when the writer hung,
-// paused or busy behind another operation of the user; 15 s covers a view
-// load that waits on a few unreachable fragments (3 s each).
+// delivery path (lookup, allocation, confirmation) and on the login path
+// and POP3's. Without it a call took the session's whole deadline (SMTP's 2
+// minutes) when the writer hung, paused or busy behind another operation
+// of the user; 15 s covers a view load that waits on a few unreachable
+// fragments (3 s each). It is longer than the membership takes to declare
+// a dead manager dead (cluster.DetectionTime, 8.4 s on 3 nodes): a call
+// to a manager that dies is cut short then and sent on to the next one
+// (cluster.OnManager), so this deadline is only met by a manager that is
+// alive but stuck. rpc.DefaultTimeout (5 s), which a call without a
+// deadline of its own gets, would end such a call just before the
+// membership has moved its bucket, as a temporary failure where a second
+// more gives an answer.
 const writerCallTimeout = 15 * time.Second
 
 // storeCallTimeout bounds one store at a coordinator: it answers after its
@@ -521,6 +533,8 @@ func (p *Proxy) member(n cluster.NodeID) cluster.Member {
 
 // Login authenticates a user for a retrieval session.
 func (p *Proxy) Login(ctx context.Context, user, password string) (*userdb.Profile, error) {
+	ctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+	defer cancel()
 	return p.Users.Authenticate(ctx, user, password)
 }
 
@@ -528,6 +542,8 @@ func (p *Proxy) Login(ctx context.Context, user, password string) (*userdb.Profi
 // since the password was last set; a user without them (unknown, deleted,
 // or not logged in by password since SCRAM came) gives saslsrv.NotFound.
 func (p *Proxy) SCRAMKeys(ctx context.Context, user string) (scram.StoredCredentials, error) {
+	ctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+	defer cancel()
 	prof, _, err := p.Users.Lookup(ctx, userdb.Normalize(user))
 	if errors.Is(err, userdb.ErrNotFound) || (err == nil && (prof.Deleted || prof.SCRAMSHA256 == "")) {
 		return scram.StoredCredentials{}, fmt.Errorf("user %s: %w", user, saslsrv.NotFound)
@@ -540,6 +556,8 @@ func (p *Proxy) SCRAMKeys(ctx context.Context, user string) (scram.StoredCredent
 
 // Proven returns the profile of a user who proved their password by SCRAM.
 func (p *Proxy) Proven(ctx context.Context, user string) (*userdb.Profile, error) {
+	ctx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+	defer cancel()
 	prof, _, err := p.Users.Lookup(ctx, userdb.Normalize(user))
 	if err == nil && prof.Deleted {
 		err = fmt.Errorf("user %s: %w", user, userdb.ErrNotFound)

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
@@ -124,47 +123,56 @@ func (q *Queue) listOn(ctx context.Context, n cluster.NodeID, id string) ([]*Ent
 // Listing is the cluster's queue as the live nodes hold it.
 type Listing struct {
 	Entries []*Entry `json:"entries"`
-	// Unreachable names live nodes that did not answer: entries held only
-	// there are missing from the listing.
+	// Unreachable names live nodes that did not answer within
+	// cluster.FanOutWait, and why: entries held only there come from
+	// their last answer (Stale), or are missing if they never answered.
 	Unreachable map[cluster.NodeID]string `json:"unreachable,omitempty"`
+	// Stale names the unreachable nodes whose last answer stands in, and
+	// how old it is.
+	Stale map[cluster.NodeID]*cluster.Stale `json:"stale,omitempty"`
 }
 
-// ListAll asks every live node for the entries it holds (id "" for all)
-// and keeps the newest state of each, oldest entry first.
+// ListAll asks every live node for the entries it holds (id "" for all),
+// all at once and each within cluster.FanOutWait, and keeps the newest
+// state of each, oldest entry first. For the whole queue, a node's last
+// answer stands in for it when it is late; a single entry's state is
+// always fresh.
 func (q *Queue) ListAll(ctx context.Context, id string) Listing {
 	nodes := q.Alive()
 	if !slices.Contains(nodes, q.Self) {
 		nodes = append(nodes, q.Self)
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
+	recall := &q.lists
+	if id != "" {
+		recall = &cluster.Recall[[]*Entry]{}
+	}
+	answers := recall.Ask(ctx, nodes, cluster.FanOutWait, func(ctx context.Context, n cluster.NodeID) ([]*Entry, error) {
+		return q.listOn(ctx, n, id)
+	})
 	best := map[string]*Entry{}
 	var l Listing
-	for _, n := range nodes {
-		wg.Add(1)
-		go func(n cluster.NodeID) {
-			defer wg.Done()
-			es, err := q.listOn(ctx, n, id)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if l.Unreachable == nil {
-					l.Unreachable = map[cluster.NodeID]string{}
-				}
-				l.Unreachable[n] = err.Error()
-				return
+	for _, a := range answers {
+		if a.Err != nil {
+			if l.Unreachable == nil {
+				l.Unreachable = map[cluster.NodeID]string{}
 			}
-			for _, e := range es {
-				// A replica the repair moved away keeps a tombstone with
-				// the stamp of the move: at equal stamps the live state
-				// wins.
-				if cur := best[e.ID]; cur == nil || cur.Stamp.Less(e.Stamp) || (cur.Stamp == e.Stamp && cur.Deleted && !e.Deleted) {
-					best[e.ID] = e
-				}
+			l.Unreachable[a.Node] = a.Err.Error()
+		}
+		if a.Stale != nil {
+			if l.Stale == nil {
+				l.Stale = map[cluster.NodeID]*cluster.Stale{}
 			}
-		}(n)
+			l.Stale[a.Node] = a.Stale
+		}
+		for _, e := range a.Value {
+			// A replica the repair moved away keeps a tombstone with
+			// the stamp of the move: at equal stamps the live state
+			// wins.
+			if cur := best[e.ID]; cur == nil || cur.Stamp.Less(e.Stamp) || (cur.Stamp == e.Stamp && cur.Deleted && !e.Deleted) {
+				best[e.ID] = e
+			}
+		}
 	}
-	wg.Wait()
 	for _, e := range best {
 		if !e.Deleted { // done or deleted, whatever older copies say
 			l.Entries = append(l.Entries, e)

@@ -120,6 +120,9 @@ type Queue struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	inflight map[string]bool
+	// lists keeps each node's last answer to the cluster-wide listing
+	// (ListAll), which stands in for a node that is late.
+	lists cluster.Recall[[]*Entry]
 }
 
 // Start runs the runner until Close.

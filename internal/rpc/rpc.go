@@ -154,6 +154,12 @@ var (
 	ErrNotFound    = errors.New("not found")
 	ErrNotManager  = errors.New("not the manager of this bucket")
 	ErrUnavailable = errors.New("node unavailable")
+	// ErrNodeGone: the membership stopped counting the callee live (it
+	// was declared dead, left, or came back with a new boot) while a call
+	// to it was in flight, and the call was cut short then instead of at
+	// its deadline (cluster.Peers). What the call did on that node, if
+	// anything, is unknown. It is an ErrUnavailable.
+	ErrNodeGone = fmt.Errorf("node gone from the cluster: %w", ErrUnavailable)
 	// ErrNoSpace: the node has no disk space for the write (its store's
 	// reserve, or a replica refusing content); SMTP says 452 4.3.1 for it
 	// on whichever node the client reached.

@@ -41,9 +41,11 @@ func (m *Manager) on(n cluster.NodeID) Service {
 	return remote{m.peers, n}
 }
 
-// onManager runs call against the user manager of user's bucket.
+// onManager runs call against the user manager of user's bucket. Every
+// call it routes (Lookup, Note, Update) is Idempotent: a read, or a merge
+// that leaves the same soft state when made twice.
 func onManager[T any](ctx context.Context, m *Manager, user string, call func(context.Context, Service) (T, error)) (T, error) {
-	return cluster.OnManager(ctx, m.peers.UserMap, m.self, user, Service(local{m}), m.on, call)
+	return cluster.OnManager(ctx, m.peers.UserMap, m.self, user, Service(local{m}), m.on, cluster.Idempotent, call)
 }
 
 type local struct{ m *Manager }

@@ -142,6 +142,10 @@ type Manager struct {
 	domMu       sync.Mutex
 	domains     []string
 	domainsGood bool
+
+	// lists keeps each node's last answer to the admin API's user
+	// listing (listing.go).
+	lists cluster.Recall[[]userdb.Profile]
 }
 
 type verifiedPW struct {
@@ -1178,19 +1182,4 @@ func (m *Manager) Usage(ctx context.Context, addr string) (mailbox.Usage, error)
 func (m *Manager) DeleteUser(ctx context.Context, addr string) error {
 	_, err := m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "delete", Address: addr})
 	return err
-}
-
-// Users returns every live profile in the cluster (without password
-// hashes), asking each node for the buckets it manages.
-func (m *Manager) Users(ctx context.Context) ([]userdb.Profile, error) {
-	var out []userdb.Profile
-	for _, a := range m.peers.Alive() {
-		rep, err := m.on(a.ID).List(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("list users on %s: %w", a.ID, err)
-		}
-		out = append(out, rep.Profiles...)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
-	return out, nil
 }

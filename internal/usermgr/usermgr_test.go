@@ -241,9 +241,9 @@ func TestSingleNodeRebuildFromHardState(t *testing.T) {
 	// A new process: soft state comes back only from the scan.
 	n = c.start("n1", dir, 2)
 	c.setAlive("n1")
-	users, err := n.mgr.Users(ctx(t))
-	if err != nil || len(users) != 2 {
-		t.Fatalf("users after rebuild: %v %v", users, err)
+	users := n.mgr.Users(ctx(t))
+	if len(users.Profiles) != 2 || len(users.Unreachable) != 0 {
+		t.Fatalf("users after rebuild: %+v", users)
 	}
 	if !n.mgr.ServesDomain("EXAMPLE.org") || !n.mgr.ServesDomain("example.net") || n.mgr.ServesDomain("other.org") {
 		t.Fatal("domains wrong after rebuild")
@@ -478,8 +478,7 @@ func TestSCRAMKeysFollowThePassword(t *testing.T) {
 	if p, _, _ = n.mgr.Lookup(ctx(t), u); !scramMatches(t, p, "third") {
 		t.Fatal("no keys after a password login")
 	}
-	users, _ := n.mgr.Users(ctx(t))
-	for _, p := range users {
+	for _, p := range n.mgr.Users(ctx(t)).Profiles {
 		if p.SCRAMSHA256 != "" || p.PasswordHash != "" {
 			t.Errorf("user list shows secrets of %s", p.Address)
 		}

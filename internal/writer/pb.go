@@ -92,66 +92,83 @@ func (l local) Version(ctx context.Context, r *MailboxRequest) (*VersionReply, e
 func (l local) Rehome(ctx context.Context, r *RehomeRequest) error { return l.m.rehome(ctx, r) }
 func (l local) Reload(ctx context.Context, r *ReloadRequest) error { return l.m.reload(ctx, r) }
 
-// routed calls the user's writer on the manager of the user's bucket.
+// routed calls the user's writer on the manager of the user's bucket. A
+// call lost with its node (declared dead while the call ran) is sent again
+// to the next manager when that is safe (cluster.Idempotent): Alloc (an
+// allocation never confirmed expires, and the next writer starts past
+// every reservation), Confirm, the reads, Subscribe, STORE without
+// UNCHANGEDSINCE, Expunge (UIDs gone already are passed over; a session
+// learns of them at its next look at the mailbox) and Reload. Apply,
+// Create, Delete, Rename, Copy and Rehome are not (cluster.Once): their
+// callers get a temporary failure.
 type routed struct {
 	m    *Manager
 	user string
 }
 
-func onManager[T any](ctx context.Context, r routed, call func(context.Context, Service) (T, error)) (T, error) {
-	return cluster.OnManager(ctx, r.m.peers.UserMap, r.m.self, r.user, Service(local{r.m}), r.m.on, call)
+// onManager runs call on the user's writer; repeat says whether it may be
+// sent again to the next manager when the node it went to is declared dead
+// while it runs (cluster.Repeat).
+func onManager[T any](ctx context.Context, r routed, repeat cluster.Repeat, call func(context.Context, Service) (T, error)) (T, error) {
+	return cluster.OnManager(ctx, r.m.peers.UserMap, r.m.self, r.user, Service(local{r.m}), r.m.on, repeat, call)
 }
 
-func onManager0(ctx context.Context, r routed, call func(context.Context, Service) error) error {
-	_, err := onManager(ctx, r, func(ctx context.Context, s Service) (struct{}, error) { return struct{}{}, call(ctx, s) })
+func onManager0(ctx context.Context, r routed, repeat cluster.Repeat, call func(context.Context, Service) error) error {
+	_, err := onManager(ctx, r, repeat, func(ctx context.Context, s Service) (struct{}, error) { return struct{}{}, call(ctx, s) })
 	return err
 }
 
 func (r routed) Alloc(ctx context.Context, req *AllocRequest) (*AllocReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*AllocReply, error) { return s.Alloc(ctx, req) })
+	return onManager(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) (*AllocReply, error) { return s.Alloc(ctx, req) })
 }
 func (r routed) Confirm(ctx context.Context, req *ConfirmRequest) error {
-	return onManager0(ctx, r, func(ctx context.Context, s Service) error { return s.Confirm(ctx, req) })
+	return onManager0(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) error { return s.Confirm(ctx, req) })
 }
 func (r routed) Apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*userdb.Profile, error) { return s.Apply(ctx, req) })
+	return onManager(ctx, r, cluster.Once, func(ctx context.Context, s Service) (*userdb.Profile, error) { return s.Apply(ctx, req) })
 }
 func (r routed) Mailboxes(ctx context.Context, req *MailboxRequest) (*MailboxesReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*MailboxesReply, error) { return s.Mailboxes(ctx, req) })
+	return onManager(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) (*MailboxesReply, error) { return s.Mailboxes(ctx, req) })
 }
 func (r routed) Messages(ctx context.Context, req *MailboxRequest) (*MessagesReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*MessagesReply, error) { return s.Messages(ctx, req) })
+	return onManager(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) (*MessagesReply, error) { return s.Messages(ctx, req) })
 }
 func (r routed) Create(ctx context.Context, req *MailboxRequest) (*mailbox.Mailbox, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*mailbox.Mailbox, error) { return s.Create(ctx, req) })
+	return onManager(ctx, r, cluster.Once, func(ctx context.Context, s Service) (*mailbox.Mailbox, error) { return s.Create(ctx, req) })
 }
 func (r routed) Delete(ctx context.Context, req *MailboxRequest) error {
-	return onManager0(ctx, r, func(ctx context.Context, s Service) error { return s.Delete(ctx, req) })
+	return onManager0(ctx, r, cluster.Once, func(ctx context.Context, s Service) error { return s.Delete(ctx, req) })
 }
 func (r routed) Rename(ctx context.Context, req *MailboxRequest) error {
-	return onManager0(ctx, r, func(ctx context.Context, s Service) error { return s.Rename(ctx, req) })
+	return onManager0(ctx, r, cluster.Once, func(ctx context.Context, s Service) error { return s.Rename(ctx, req) })
 }
 func (r routed) Subscribe(ctx context.Context, req *MailboxRequest) error {
-	return onManager0(ctx, r, func(ctx context.Context, s Service) error { return s.Subscribe(ctx, req) })
+	return onManager0(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) error { return s.Subscribe(ctx, req) })
 }
 func (r routed) StoreFlags(ctx context.Context, req *FlagsRequest) (*FlagsReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*FlagsReply, error) { return s.StoreFlags(ctx, req) })
+	return onManager(ctx, r, req.repeat(), func(ctx context.Context, s Service) (*FlagsReply, error) { return s.StoreFlags(ctx, req) })
 }
 func (r routed) Expunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*UIDsReply, error) { return s.Expunge(ctx, req) })
+	return onManager(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) (*UIDsReply, error) { return s.Expunge(ctx, req) })
 }
 func (r routed) Copy(ctx context.Context, req *CopyRequest) (*CopyReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*CopyReply, error) { return s.Copy(ctx, req) })
+	return onManager(ctx, r, cluster.Once, func(ctx context.Context, s Service) (*CopyReply, error) { return s.Copy(ctx, req) })
 }
 func (r routed) Version(ctx context.Context, req *MailboxRequest) (*VersionReply, error) {
-	return onManager(ctx, r, func(ctx context.Context, s Service) (*VersionReply, error) { return s.Version(ctx, req) })
+	return onManager(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) (*VersionReply, error) { return s.Version(ctx, req) })
 }
 func (r routed) Rehome(ctx context.Context, req *RehomeRequest) error {
-	return onManager0(ctx, r, func(ctx context.Context, s Service) error { return s.Rehome(ctx, req) })
+	return onManager0(ctx, r, cluster.Once, func(ctx context.Context, s Service) error { return s.Rehome(ctx, req) })
 }
 func (r routed) Reload(ctx context.Context, req *ReloadRequest) error {
-	return onManager0(ctx, r, func(ctx context.Context, s Service) error { return s.Reload(ctx, req) })
+	return onManager0(ctx, r, cluster.Idempotent, func(ctx context.Context, s Service) error { return s.Reload(ctx, req) })
 }
+
+// repeat says whether a STORE may be sent again to the next manager after
+// its node died under it: flags added, removed or replaced leave the same
+// flags when applied twice, but with UNCHANGEDSINCE the first application
+// would fail the second's MODSEQ test (RFC 7162 §3.1.3).
+func (r *FlagsRequest) repeat() cluster.Repeat { return cluster.Repeat(r.UnchangedSince == 0) }
 
 // remote is another node's writers, by RPC.
 type remote struct {

@@ -164,6 +164,16 @@ type ViewMsg struct {
 	Holders []cluster.NodeID `json:"holders"`
 }
 
+// Sources returns the nodes a body read may ask for the message: those the
+// view saw holding it and the rest of its replica set. A message confirmed
+// under a write policy of ONE names only its coordinator as holder until
+// the view is loaded again, while the others of its set hold it a moment
+// later: without them, the loss of the coordinator would leave a session
+// nowhere to read it from.
+func (v *ViewMsg) Sources() []cluster.NodeID {
+	return uniq(append(slices.Clone(v.Holders), v.Replicas...))
+}
+
 type boxView struct {
 	// counters: the next UID to hand out, the highest MODSEQ handed out,
 	// and the reserved ends this writer wrote (view.go).

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -301,6 +302,8 @@ type rawIMAP struct {
 	conn net.Conn
 	r    *bufio.Reader
 	n    int
+	// limit bounds each command (0: ioTimeout).
+	limit time.Duration
 }
 
 func dialRawIMAP(n *Node, user, pw string) (*rawIMAP, error) {
@@ -326,7 +329,7 @@ func dialRawIMAP(n *Node, user, pw string) (*rawIMAP, error) {
 func (c *rawIMAP) cmd(s string) ([]string, error) {
 	c.n++
 	tag := fmt.Sprintf("r%d", c.n)
-	c.conn.SetDeadline(time.Now().Add(ioTimeout))
+	c.conn.SetDeadline(time.Now().Add(cmp.Or(c.limit, ioTimeout)))
 	if _, err := fmt.Fprintf(c.conn, "%s %s\r\n", tag, s); err != nil {
 		return nil, err
 	}
