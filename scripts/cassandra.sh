@@ -18,7 +18,8 @@
 #   scripts/cassandra.sh run ...
 #       as start, in the foreground: the script becomes the JVM (exec), so
 #       the caller's process id is the node's (the Go test helper,
-#       internal/cassandra/cassandratest, runs this).
+#       internal/cassandra/cassandratest, runs this). --short-lived: a node
+#       for one test run (C1 compiler only, see jvm_flags).
 #   scripts/cassandra.sh stop PID [--wait SECONDS]
 #       SIGTERM (Cassandra drains its memtables), SIGKILL after the wait.
 #   scripts/cassandra.sh cluster-start --dir D [--nodes N]
@@ -28,8 +29,8 @@
 #
 # Defaults: address 127.0.0.1, CQL port 9042, storage port 7000, seeds the
 # node itself. Environment: QUILL_CASSANDRA_HOME (jar cache),
-# QUILL_CASSANDRA_HEAP (the JVM's -Xmx, default 1G), JAVA (a Java 17
-# binary; default: the first Java 17 found).
+# QUILL_CASSANDRA_HEAP (the JVM's -Xmx, default 1G), QUILL_CASSANDRA_JVM_OPTS
+# (more JVM flags), JAVA (a Java 17 binary; default: the first Java 17 found).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -101,7 +102,7 @@ free_port() {
 # answers reports whether something accepts connections on $1:$2.
 answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
-dir="" addr="127.0.0.1" port="" sport="" seeds="" token="" wait="$startWait" nodes=3
+dir="" addr="127.0.0.1" port="" sport="" seeds="" token="" wait="$startWait" nodes=3 shortlived=""
 
 parse() {
   while [ $# -gt 0 ]; do
@@ -114,6 +115,7 @@ parse() {
       --token) token="$2"; shift 2 ;;
       --wait) wait="$2"; shift 2 ;;
       --nodes) nodes="$2"; shift 2 ;;
+      --short-lived) shortlived=1; shift ;;
       *) die "unknown argument $1" ;;
     esac
   done
@@ -246,6 +248,14 @@ jvm_flags() {
 -Dcassandra.ring_delay_ms=1000
 -Dcassandra.max_local_pause_in_ms=10000
 EOF
+  # A node that lives for one test run compiles with C1 only: C2's
+  # compiler threads would take the two cores from the tests while the
+  # node starts (12 s to CQL instead of 19 s here), and a short run never
+  # repays them.
+  [ -z "$shortlived" ] || echo "-XX:TieredStopAtLevel=1"
+  # Extra flags for an experiment or a test (QUILL_CASSANDRA_JVM_OPTS).
+  local f
+  for f in ${QUILL_CASSANDRA_JVM_OPTS:-}; do echo "$f"; done
 }
 
 run() {
@@ -267,7 +277,7 @@ start() {
   # setsid: the node outlives this script and the caller's terminal; stop
   # it by the PID printed.
   setsid "${BASH_SOURCE[0]}" run --dir "$dir" --addr "$addr" --port "$port" --storage-port "$sport" \
-    --seeds "$seeds" ${token:+--token "$token"} </dev/null >"$dir/logs/stdout.log" 2>&1 &
+    --seeds "$seeds" ${token:+--token "$token"} ${shortlived:+--short-lived} </dev/null >"$dir/logs/stdout.log" 2>&1 &
   local pid=$! i
   for i in $(seq 1 "$wait"); do
     if ! kill -0 "$pid" 2>/dev/null; then
