@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	mrand "math/rand/v2"
 	"os"
 	"slices"
 	"sync"
@@ -81,6 +82,24 @@ var clock = hlc.New()
 func stamp() replica.Stamp { return replica.Stamp{Clock: clock.Now(), Node: "n1"} }
 
 func user(name string) string { return name + "-" + run + "@example.org" }
+
+// together runs fn(0), ..., fn(n-1) at once and fails the test with their
+// first error.
+func together(t *testing.T, n int, fn func(i int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = fn(i) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%d: %v", i, err)
+		}
+	}
+}
 
 func TestProfiles(t *testing.T) {
 	st, ctx := open(t), ctxT(t)
@@ -619,42 +638,35 @@ func TestFenceRace(t *testing.T) {
 		ws = append(ws, &simWriter{st: st, owner: name})
 	}
 	const rounds = 60
-	var wg, claimed sync.WaitGroup
-	errs := make(chan error, len(ws))
+	var claimed sync.WaitGroup
 	claimed.Add(len(ws))
-	for i, w := range ws {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := w.claim(ctx, u, v)
-			claimed.Done()
-			if err != nil {
-				errs <- err
-				return
-			}
-			claimed.Wait()
-			for r := range rounds {
-				// Now and then a writer claims the mailbox although it
-				// holds it (a manager that believes the bucket moved to
-				// it): the other is fenced in the middle of its work.
-				if r%5 == 2*i {
-					if err := w.claim(ctx, u, v); err != nil {
-						errs <- err
-						return
-					}
-				}
-				if err := w.deliver(ctx, u, v, 1+(r+i)%5); err != nil {
-					errs <- err
-					return
+	together(t, len(ws), func(i int) error {
+		w := ws[i]
+		err := w.claim(ctx, u, v)
+		claimed.Done()
+		if err != nil {
+			return err
+		}
+		claimed.Wait()
+		for r := range rounds {
+			// A pause of up to 2 ms between deliveries, so the two
+			// writers' steps interleave in time rather than by the
+			// scheduler's chance.
+			time.Sleep(time.Duration(mrand.IntN(2000)) * time.Microsecond)
+			// Now and then a writer claims the mailbox although it holds
+			// it (a manager that believes the bucket moved to it): the
+			// other is fenced in the middle of its work.
+			if r%5 == 2*i {
+				if err := w.claim(ctx, u, v); err != nil {
+					return err
 				}
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+			if err := w.deliver(ctx, u, v, 1+(r+i)%5); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	seen := map[uint32]string{}
 	for _, w := range ws {
 		if !slices.IsSorted(w.handed) {
@@ -704,20 +716,18 @@ func TestMigrationsConcurrent(t *testing.T) {
 	ctx := ctxT(t)
 	ks := "quill_mig_" + run
 	cfg := testConfig(t, ks)
-	var wg sync.WaitGroup
 	stores := make([]*Store, 2)
-	errs := make([]error, 2)
-	for i := range stores {
-		wg.Add(1)
-		go func() { defer wg.Done(); stores[i], errs[i] = Open(ctx, cfg) }()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("open %d: %v", i, err)
+	t.Cleanup(func() {
+		for _, st := range stores {
+			if st != nil {
+				st.Close()
+			}
 		}
-		defer stores[i].Close()
-	}
+	})
+	together(t, len(stores), func(i int) (err error) {
+		stores[i], err = Open(ctx, cfg)
+		return err
+	})
 	t.Cleanup(func() { stores[0].s.Query("DROP KEYSPACE IF EXISTS " + ks).Exec() })
 	ms, err := stores[0].Migrations(ctx)
 	if err != nil {
@@ -798,27 +808,16 @@ func TestLargeMailbox(t *testing.T) {
 	const n = 100_000
 	reserveTo(t, st, u, v, n+1)
 	began := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for w := range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for uid := uint32(1 + w); uid <= n; uid += 32 {
-				m := &mailbox.Message{UID: uid, ID: fmt.Sprintf("%029d", uid), Size: 4700, Date: time.Now(),
-					Flags: []string{`\Seen`}, ModSeq: uint64(uid), Version: stamp()}
-				if err := st.PutMessage(ctx, u, v, m); err != nil {
-					errs <- err
-					return
-				}
+	together(t, 32, func(w int) error {
+		for uid := uint32(1 + w); uid <= n; uid += 32 {
+			m := &mailbox.Message{UID: uid, ID: fmt.Sprintf("%029d", uid), Size: 4700, Date: time.Now(),
+				Flags: []string{`\Seen`}, ModSeq: uint64(uid), Version: stamp()}
+			if err := st.PutMessage(ctx, u, v, m); err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+		}
+		return nil
+	})
 	wrote := time.Since(began)
 	began = time.Now()
 	all, err := st.AllMessages(ctx, u, v)
