@@ -326,6 +326,11 @@ cluster_start() {
   local n="$nodes" i a seedaddr="127.0.0.2" pids=()
   mapfile -t toks < <(tokens "$n")
   mkdir -p "$dir"
+  if [ -f "$dir/pids" ]; then
+    while read -r pid; do
+      [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && die "a node of $dir runs already (pid $pid): cluster-stop first"
+    done <"$dir/pids"
+  fi
   : >"$dir/pids"
   for i in $(seq 1 "$n"); do
     a="127.0.0.$((i + 1))"
