@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-large fuzz faults faults-long repair-bench testssl vet proto clean
+.PHONY: build run test deps unit e2e e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -90,6 +90,32 @@ repair-bench:
 # docs/security.md records the result.
 testssl: build
 	bash scripts/testssl.sh $(CURDIR)/$(BIN) /tmp/quill-testssl
+
+# Apache Cassandra for the Cassandra store (issue 15, docs/cassandra.md):
+# three nodes on 127.0.0.2-4 (CQL port 9042) as one cluster, from Maven
+# Central's jars on Java 17 (scripts/cassandra.sh); started one after the
+# other, about 30 s each. cassandra-3-stop stops them; their data stays in
+# CASSANDRA3_DIR until removed.
+CASSANDRA3_DIR ?= /tmp/quill-cassandra-3
+CASSANDRA3_HOSTS := 127.0.0.2:9042,127.0.0.3:9042,127.0.0.4:9042
+cassandra-3:
+	scripts/cassandra.sh cluster-start --dir $(CASSANDRA3_DIR) --nodes 3
+
+cassandra-3-stop:
+	scripts/cassandra.sh cluster-stop --dir $(CASSANDRA3_DIR)
+
+# The store's tests on a fresh three-node cluster, replication factor 3 at
+# QUORUM, the 100,000-message mailbox included (about 6 minutes).
+cassandra-3-test:
+	rm -rf $(CASSANDRA3_DIR)
+	$(MAKE) cassandra-3
+	QUILL_CASSANDRA_HOSTS=$(CASSANDRA3_HOSTS) QUILL_CASSANDRA_RF=3 QUILL_CASSANDRA_LARGE=1 \
+		$(GO) test -count=1 -timeout 30m -v ./internal/cassandra/; status=$$?; \
+		$(MAKE) cassandra-3-stop; exit $$status
+
+# A 100,000-message mailbox on one node the test starts (about 1 minute).
+cassandra-large:
+	QUILL_CASSANDRA_LARGE=1 $(GO) test -count=1 -timeout 20m -run 'TestLargeMailbox$$' -v ./internal/cassandra/
 
 clean:
 	rm -rf bin

@@ -7,11 +7,12 @@
 # the console test) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
-# ACME test CA.
+# ACME test CA; Java 17 and Maven, and Apache Cassandra's jars from Maven
+# Central (scripts/cassandra.sh fetch), for internal/cassandra's tests.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in curl isync fetchmail swaks libnet-ssleay-perl libio-socket-ssl-perl openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd chromium fonts-liberation prometheus dovecot-imapd; do
+for pkg in curl isync fetchmail swaks libnet-ssleay-perl libio-socket-ssl-perl openssl protobuf-compiler postfix dnsmasq-base neomutt rspamd chromium fonts-liberation prometheus dovecot-imapd openjdk-17-jre-headless maven; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -38,3 +39,6 @@ go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 # Let's Encrypt's test CA, for the ACME test (tests/cluster/acme_test.go).
 command -v pebble >/dev/null 2>&1 || [ -x "$(go env GOPATH)/bin/pebble" ] || go install github.com/letsencrypt/pebble/v2/cmd/pebble@v2.10.1
+# Apache Cassandra 5.0 (cassandra-all and its dependencies) into the jar
+# cache, once: internal/cassandra's tests start a node from it.
+"$(dirname "$0")/cassandra.sh" fetch >/dev/null

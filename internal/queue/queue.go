@@ -167,6 +167,13 @@ func decode(b []byte) (*Entry, error) {
 	return fromPB(&p), nil
 }
 
+// Marshal and Unmarshal are an entry's stored form (nodepb.QueueEntry), for
+// a store other than the node's Pebble (internal/cassandra).
+func Marshal(e *Entry) ([]byte, error) { return encode(e) }
+
+// Unmarshal reads what Marshal wrote.
+func Unmarshal(b []byte) (*Entry, error) { return decode(b) }
+
 // NewID returns a new entry id: 16 random bytes in hex.
 func NewID() string {
 	var b [16]byte
