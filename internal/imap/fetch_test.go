@@ -58,6 +58,38 @@ func TestBinaryOriginAndNoNULsInBody(t *testing.T) {
 	}
 }
 
+// BINARY undoes the transfer encoding and nothing else (RFC 3516 §4.2): a
+// Latin-1 part keeps its bytes, a part in a charset nobody knows is still
+// served, and a transfer encoding the server cannot decode fails the FETCH
+// with NO [UNKNOWN-CTE], for BINARY.SIZE as well.
+func TestBinaryDecodesTransferEncodingOnly(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: a@example.org\r\nSubject: cte\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n" +
+		"--b\r\nContent-Type: text/plain; charset=iso-8859-1\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\ncaf=E9\r\n" +
+		"--b\r\nContent-Type: text/plain; charset=x-nobody-knows\r\n\r\nplain text\r\n" +
+		"--b\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: x-uuencode\r\n\r\nbegin 644 x\r\n" +
+		"--b\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: base64 \r\n\r\nAAEC \r\nAwQ=\r\n--b--\r\n")
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok("FETCH 1 (BINARY.PEEK[1] BINARY.SIZE[1])"); !has(u, "BINARY[1] ~{4}\r\ncaf\xe9") || !has(u, "BINARY.SIZE[1] 4") {
+		t.Errorf("a Latin-1 part: %q, want its 4 bytes as they are", u)
+	}
+	if u := r.ok("FETCH 1 (BINARY.PEEK[2] BINARY.SIZE[2])"); !has(u, "BINARY[2] ~{10}\r\nplain text") || !has(u, "BINARY.SIZE[2] 10") {
+		t.Errorf("a part in an unknown charset: %q", u)
+	}
+	if u := r.ok("FETCH 1 (BINARY.PEEK[4])"); !has(u, "BINARY[4] ~{5}\r\n\x00\x01\x02\x03\x04") {
+		t.Errorf("base64 with blanks: %q", u)
+	}
+	for _, item := range []string{"BINARY.PEEK[3]", "BINARY.SIZE[3]", "BINARY.PEEK[1] BINARY.SIZE[3]"} {
+		if u, st := r.cmd("FETCH 1 (" + item + ")"); !strings.Contains(st, "NO [UNKNOWN-CTE]") || len(u) != 0 {
+			t.Errorf("FETCH 1 (%s) of an x-uuencode part: %q %q, want NO [UNKNOWN-CTE] and no FETCH", item, u, st)
+		}
+	}
+	if u := r.ok("FETCH 1 (BODY.PEEK[3])"); !has(u, "BODY[3] {11}\r\nbegin 644 x") {
+		t.Errorf("BODY[3] of the part BINARY cannot decode: %q", u)
+	}
+}
+
 // A keyword the session has not seen is announced with FLAGS and
 // PERMANENTFLAGS before the FETCH that shows it, to the session that
 // stored it and to another that sees the change; a bare NIL in STORE is
