@@ -121,7 +121,10 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		}
 		flagsChanged := seenUIDs[m.uid]
 		rw := w.CreateMessage(uint32(i + 1))
-		if options.UID {
+		// RFC 7162 §3.1: once CONDSTORE is enabled, a FETCH response
+		// that reports a flag change (here the \Seen this FETCH set)
+		// carries the UID and the MODSEQ.
+		if options.UID || (condStore && flagsChanged) {
 			rw.WriteUID(imap.UID(m.uid))
 		}
 		if options.Flags || flagsChanged {

@@ -185,6 +185,38 @@ func TestCondStoreEnabledImplicitly(t *testing.T) {
 	}
 }
 
+// RFC 7162 §3.1: once CONDSTORE is enabled, every FETCH response that
+// reports a flag change carries the UID and the MODSEQ: a STORE's (by
+// sequence number, .SILENT included) and a FETCH's that set \Seen. A FETCH
+// that changes nothing and asks for neither is left as it was, and so is
+// a STORE before CONDSTORE.
+func TestCondStoreFlagChangesCarryUID(t *testing.T) {
+	e := newEnv(t)
+	for i := 1; i <= 3; i++ {
+		e.deliver(fmt.Sprintf("Subject: %d\r\n\r\n%d\r\n", i, i))
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok(`STORE 1 +FLAGS (\Answered)`); !has(u, `* 1 FETCH (FLAGS (\Answered`) {
+		t.Errorf("STORE before CONDSTORE: %q", u)
+	}
+	r.ok("ENABLE CONDSTORE")
+	for _, c := range []struct{ cmd, want string }{
+		{`STORE 1 +FLAGS (\Flagged)`, `* 1 FETCH (UID 1 FLAGS (\Answered \Flagged`},
+		{`STORE 2 +FLAGS.SILENT (\Draft)`, `* 2 FETCH (UID 2 MODSEQ (`},
+		{`UID STORE 3 +FLAGS (\Answered)`, `* 3 FETCH (UID 3 FLAGS (\Answered`},
+		{"FETCH 2 (BODY[TEXT])", `* 2 FETCH (UID 2 FLAGS (\Draft \Seen`},
+		{`STORE 1 (UNCHANGEDSINCE 99) -FLAGS (\Answered)`, `* 1 FETCH (UID 1 FLAGS (\Flagged`},
+		{"FETCH 1 (FLAGS)", `* 1 FETCH (FLAGS (\Flagged`},
+		{"FETCH 3 (BODY.PEEK[TEXT])", `* 3 FETCH (BODY[TEXT] {3}`},
+	} {
+		u := r.ok(c.cmd)
+		if len(u) != 1 || !strings.HasPrefix(u[0], c.want) || (!strings.Contains(c.cmd, "PEEK") && !strings.Contains(u[0], " MODSEQ (")) {
+			t.Errorf("%s under CONDSTORE: %q, want %s... with MODSEQ", c.cmd, u, c.want)
+		}
+	}
+}
+
 // ENVELOPE keeps an address's obsolete source route as its adl, and
 // SEARCH FROM/TO/CC match an address written with comments inside it as
 // it reads once parsed (issue 13 item 4).
