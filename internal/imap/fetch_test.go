@@ -309,6 +309,46 @@ func TestSubscriptionsIndependentOfMailboxes(t *testing.T) {
 	}
 }
 
+// A parent is listed for its subscribed descendants (RECURSIVEMATCH's
+// CHILDINFO, LSUB's \Noselect) only when one of them is left out by the
+// patterns: a descendant the patterns list itself needs no stand-in (RFC
+// 5258 §3.5; imaptest's listext script).
+func TestRecursiveMatchStandsInOnlyForUnlistedChildren(t *testing.T) {
+	e := newEnv(t)
+	r := e.raw(true)
+	for _, n := range []string{"t/test2/test1", "t/test7/test7", "t/test8/test8", "t/test8/test9"} {
+		r.ok("CREATE " + n)
+	}
+	for _, n := range []string{"t/test2/test1", "t/test7/test7", "t/test8/test8", "t/test8/test9"} {
+		r.ok("SUBSCRIBE " + n)
+	}
+	for _, c := range []struct {
+		cmd        string
+		want, dont []string
+	}{
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" *test7`, []string{`"t/test7/test7"`}, []string{`"t/test7"`}},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" *test8`, []string{`"t/test8" (CHILDINFO ("SUBSCRIBED"))`, `\Subscribed) "/" "t/test8/test8"`}, nil},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" (t/test2)`, []string{`"t/test2" (CHILDINFO ("SUBSCRIBED"))`}, []string{`"t/test2/test1"`}},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" (t/test2 t/test2/test1)`, []string{`\Subscribed) "/" "t/test2/test1"`}, []string{`"t/test2" (`, `"t/test2"\r`}},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" t/test2% RETURN (CHILDREN)`, []string{`* LIST (\HasChildren) "/" "t/test2" (CHILDINFO ("SUBSCRIBED"))`}, nil},
+		{`LSUB "" t/%`, []string{`* LSUB (\Noselect \HasChildren) "/" "t/test2"`}, nil},
+		{`LSUB "" t/*`, []string{`"t/test2/test1"`}, []string{`"t/test2"`}},
+	} {
+		u := r.ok(c.cmd)
+		all := strings.Join(u, "\r\n") + "\r\n"
+		for _, w := range c.want {
+			if !strings.Contains(all, w) {
+				t.Errorf("%s: %q, want %s", c.cmd, u, w)
+			}
+		}
+		for _, d := range c.dont {
+			if strings.Contains(all, d) {
+				t.Errorf("%s: %q, want no %s", c.cmd, u, d)
+			}
+		}
+	}
+}
+
 // PREVIEW (RFC 8970): the start of the first plain text part, else of the
 // HTML one without markup, white space collapsed, at most 256 characters,
 // "" with no text; PREVIEW (LAZY) is accepted, another modifier is BAD.
