@@ -243,6 +243,27 @@ func TestEnvelopeRouteAndSearchThroughComments(t *testing.T) {
 	}
 }
 
+// ENVELOPE's date is the Date field as written, unfolded (RFC 9051
+// §7.5.2; imaptest's fetch-envelope script has a wrong weekday kept): not
+// a reformatted parse, which corrected the weekday, dropped a comment and
+// gave NIL for a date it could not read. No Date field is NIL.
+func TestEnvelopeDateAsWritten(t *testing.T) {
+	e := newEnv(t)
+	for _, d := range []string{"Date: Sat, 01 Feb 2007 01:02:03 +0200\r\n", "Date: 1 Feb 2007 01:02:03 +0200\r\n  (CET)\r\n",
+		"Date: the day after tomorrow\r\n", ""} {
+		e.deliver(d + "From: a@example.org\r\nSubject: d\r\n\r\nbody\r\n")
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	u := r.ok("FETCH 1:4 (ENVELOPE)")
+	for _, want := range []string{`* 1 FETCH (ENVELOPE ("Sat, 01 Feb 2007 01:02:03 +0200" "d" `, `* 2 FETCH (ENVELOPE ("1 Feb 2007 01:02:03 +0200 (CET)" "d" `,
+		`* 3 FETCH (ENVELOPE ("the day after tomorrow" "d" `, `* 4 FETCH (ENVELOPE (NIL "d" `} {
+		if !has(u, want) {
+			t.Errorf("ENVELOPE: %q, want %s...", u, want)
+		}
+	}
+}
+
 // Subscriptions are to names, independent of mailboxes (RFC 9051 §6.3.7,
 // RFC 5258; issue 13 item 5): CREATE does not subscribe, DELETE keeps the
 // subscription (LIST (SUBSCRIBED) shows it \NonExistent \Subscribed),
