@@ -144,8 +144,15 @@ func TestEveryCapabilityAnswers(t *testing.T) {
 			}
 		}
 	}
-	// RFC 4314 ACL and RFC 5464 METADATA are not offered: unknown commands.
-	for _, cmd := range []string{"GETACL INBOX", "MYRIGHTS INBOX", `GETMETADATA "" /shared/comment`} {
+	// RFC 3516 §4.4: APPEND takes a binary literal.
+	bin := "Content-Type: application/octet-stream\r\nContent-Transfer-Encoding: binary\r\n\r\n\x00\x01\x02"
+	if _, st := r.cmd(fmt.Sprintf("APPEND Archive ~{%d+}\r\n%s", len(bin), bin)); !strings.Contains(st, "[APPENDUID ") {
+		t.Errorf("APPEND of a binary literal: %s", st)
+	}
+	// Not offered, so unknown or malformed: RFC 4314 ACL, RFC 5464
+	// METADATA, RFC 9394 PARTIAL (negative ranges, FETCH PARTIAL).
+	for _, cmd := range []string{"GETACL INBOX", "MYRIGHTS INBOX", `GETMETADATA "" /shared/comment`,
+		"SEARCH RETURN (PARTIAL -1:-2) ALL", "FETCH 1:* (FLAGS) (PARTIAL 1:2)"} {
 		if _, st := r.cmd(cmd); !strings.HasPrefix(st, "BAD") {
 			t.Errorf("%s: %s, want BAD (not offered)", cmd, st)
 		}
