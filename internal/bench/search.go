@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -293,11 +292,7 @@ func fill(ctx context.Context, cfg SearchConfig, rep *SearchReport) error {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *SearchReport) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *SearchReport) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, r) }
 
 // WriteText writes the report for people.
 func (r *SearchReport) WriteText(w io.Writer) error {
