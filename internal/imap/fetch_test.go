@@ -493,7 +493,7 @@ func TestFetchSetsSeenOnEveryMessage(t *testing.T) {
 	a.ok("SELECT INBOX")
 	a.ok(`STORE 2 +FLAGS.SILENT (\Seen)`)
 	u := a.ok("FETCH 1:3 (BODY[TEXT])")
-	for _, want := range []string{"* 1 FETCH (FLAGS (\\Seen \\Recent) MODSEQ (", "* 3 FETCH (FLAGS (\\Seen \\Recent) MODSEQ ("} {
+	for _, want := range []string{"* 1 FETCH (UID 1 FLAGS (\\Seen \\Recent) MODSEQ (", "* 3 FETCH (UID 3 FLAGS (\\Seen \\Recent) MODSEQ ("} {
 		if !has(u, want) {
 			t.Errorf("FETCH 1:3 BODY[TEXT]: %q, want %q", u, want)
 		}
@@ -520,7 +520,7 @@ func TestFetchSetsSeenOnEveryMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	u, st := a.cmd("FETCH 4:5 (BODY[TEXT])")
-	if !strings.HasPrefix(st, "NO [EXPUNGEISSUED]") || !has(u, "* 5 FETCH (FLAGS (\\Seen \\Recent) MODSEQ (") {
+	if !strings.HasPrefix(st, "NO [EXPUNGEISSUED]") || !has(u, "* 5 FETCH (UID 5 FLAGS (\\Seen \\Recent) MODSEQ (") {
 		t.Errorf("FETCH 4:5 after 4 was swept: %q %s, want 5 served and seen, NO [EXPUNGEISSUED]", u, st)
 	}
 }
