@@ -79,7 +79,8 @@ them) and waits --settle; then, on a new connection, each command (SELECT,
 FETCH 1:* (FLAGS), SEARCH UNSEEN, SORT (ARRIVAL), SORT (REVERSE ARRIVAL),
 SEARCH SUBJECT, TEXT, FROM, BODY) runs --warmup times, then --repeat times
 timed. The report gives each command's mean, median and slowest time and how
-many messages its answer named beside how many it should. It speaks plain
+many messages its answer named beside how many it should, and with
+--server-pid the CPU the server and the rest of the machine used meanwhile. It speaks plain
 IMAP to any server: give --imap, --user and --password-file (or --password).
 
 Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
@@ -89,7 +90,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 			defer cancel()
 			stderr := cmd.ErrOrStderr()
 			if workload == "search" {
-				search.Addr, search.Password = imapAddr, password
+				search.Addr, search.Password, search.ServerPIDs = imapAddr, password, serverPIDs
 				if passwordFile != "" {
 					b, err := os.ReadFile(passwordFile)
 					if err != nil {

@@ -57,6 +57,10 @@ type SearchConfig struct {
 	// Progress, if set, gets the fill's progress once a second and a line
 	// per command timed.
 	Progress io.Writer
+	// ServerPIDs are the server's processes: the report then says how
+	// much CPU the server and the rest of the machine used while each
+	// command was timed (a machine shared with other work shows there).
+	ServerPIDs []int
 
 	// plainAppend makes the fill use neither MULTIAPPEND nor LITERAL+:
 	// tests take the path of a server without them through Quill.
@@ -84,6 +88,8 @@ type SearchReport struct {
 	// does not name as many messages as it should.
 	Commands []CommandReport `json:"commands,omitempty"`
 	Wrong    int             `json:"wrong_answers"`
+	// CPU is the machine's CPU use over the timed runs of every command.
+	CPU *CPUReport `json:"cpu,omitempty"`
 }
 
 // CommandReport is one command's timing and answer.
@@ -96,6 +102,8 @@ type CommandReport struct {
 	Want    int            `json:"want"`
 	Varied  bool           `json:"varied,omitempty"`
 	Latency LatencySummary `json:"latency"`
+	// CPU is the machine's CPU use during the timed runs.
+	CPU *CPUReport `json:"cpu,omitempty"`
 }
 
 // Right reports whether the answers named what they should.
@@ -152,12 +160,20 @@ func RunSearch(ctx context.Context, cfg SearchConfig) (*SearchReport, error) {
 	rep.Greeting = c.Greeting
 	cmds := LargeCommands(cfg.Messages)
 	want := LargeWant(cfg.Messages, cmds)
+	withServer := len(cfg.ServerPIDs) > 0
+	var cpuAll, cpuCmd cpuSample
 	for k, cmd := range cmds {
 		cr := CommandReport{Command: cmd.Line, Want: want[k]}
 		var times []time.Duration
 		for run := range cfg.Warmup + cfg.Repeat {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if run == cfg.Warmup {
+				cpuCmd = takeCPUSample(cfg.ServerPIDs)
+				if k == 0 {
+					cpuAll = cpuCmd
+				}
 			}
 			start := time.Now()
 			n, err := c.Run(SearchCommandTimeout, cmd.Line)
@@ -177,12 +193,14 @@ func RunSearch(ctx context.Context, cfg SearchConfig) (*SearchReport, error) {
 			}
 		}
 		cr.Latency = Summarize(times)
+		cr.CPU = cpuReport(cpuCmd, takeCPUSample(cfg.ServerPIDs), withServer)
 		if !cr.Right() {
 			rep.Wrong++
 		}
 		rep.Commands = append(rep.Commands, cr)
 		progressf(cfg.Progress, "%s: mean %.1f ms, %d results\n", cmd.Line, cr.Latency.Mean, cr.Results)
 	}
+	rep.CPU = cpuReport(cpuAll, takeCPUSample(cfg.ServerPIDs), withServer)
 	c.Do(RawLoginTimeout, nil, []byte("LOGOUT"))
 	return rep, nil
 }
@@ -312,7 +330,12 @@ func (r *SearchReport) WriteText(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(&b, "%d warm-up and %d timed runs of each command, one after the other, on one connection\n\n", r.Warmup, r.Repeat)
-	fmt.Fprintf(&b, "%-36s %9s %9s %10s %10s %10s\n", "command", "results", "want", "mean ms", "p50 ms", "max ms")
+	withCPU := r.CPU != nil && r.CPU.Other != nil
+	fmt.Fprintf(&b, "%-36s %9s %9s %10s %10s %10s", "command", "results", "want", "mean ms", "p50 ms", "max ms")
+	if withCPU {
+		fmt.Fprintf(&b, " %7s %7s", "server", "other")
+	}
+	b.WriteString("\n")
 	for _, c := range r.Commands {
 		mark := ""
 		if !c.Right() {
@@ -321,9 +344,20 @@ func (r *SearchReport) WriteText(w io.Writer) error {
 				mark += " (answers varied)"
 			}
 		}
-		fmt.Fprintf(&b, "%-36s %9d %9d %10.1f %10.1f %10.1f%s\n", c.Command, c.Results, c.Want, c.Latency.Mean, c.Latency.P50, c.Latency.Max, mark)
+		fmt.Fprintf(&b, "%-36s %9d %9d %10.1f %10.1f %10.1f", c.Command, c.Results, c.Want, c.Latency.Mean, c.Latency.P50, c.Latency.Max)
+		if withCPU && c.CPU != nil && c.CPU.Other != nil {
+			fmt.Fprintf(&b, " %7.2f %7.2f", *c.CPU.Server, *c.CPU.Other)
+		}
+		b.WriteString(mark + "\n")
 	}
 	fmt.Fprintf(&b, "\nwrong answers: %d of %d commands\n", r.Wrong, len(r.Commands))
+	if c := r.CPU; c != nil {
+		fmt.Fprintf(&b, "CPU over the timed runs, in cores of %d: machine %.2f, this client %.2f", c.Cores, c.Machine, c.Client)
+		if c.Other != nil {
+			fmt.Fprintf(&b, ", server %.2f, everything else %.2f (the server and other columns above: the same per command)", *c.Server, *c.Other)
+		}
+		b.WriteString("\n")
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

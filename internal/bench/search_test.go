@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 // filled the way a server without MULTIAPPEND and LITERAL+ gets it (one
 // message an APPEND, synchronizing literals), in two steps.
 func TestSearchAgainstQuill(t *testing.T) {
-	addrs, data, _ := startQuill(t)
+	addrs, data, pid := startQuill(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	users := GenerateUsers(2, "search.example", `search "pass" \1`)
@@ -34,7 +35,7 @@ func TestSearchAgainstQuill(t *testing.T) {
 	}
 	checkSearchReport(t, rep, 2)
 
-	cfg.Fill, cfg.Repeat = false, 1
+	cfg.Fill, cfg.Repeat, cfg.ServerPIDs = false, 1, []int{pid}
 	if rep, err = RunSearch(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +43,17 @@ func TestSearchAgainstQuill(t *testing.T) {
 		t.Errorf("a run without --fill appended %d", rep.Appended)
 	}
 	checkSearchReport(t, rep, 1)
+	// With the server's PID, the CPU the server and the rest of the
+	// machine used is reported per command and for the run.
+	if runtime.GOOS == "linux" {
+		var text strings.Builder
+		rep.WriteText(&text)
+		if rep.CPU == nil || rep.CPU.Server == nil || rep.Commands[0].CPU == nil || rep.Commands[0].CPU.Other == nil ||
+			!strings.Contains(text.String(), "everything else") {
+			t.Errorf("no CPU report with --server-pid: %+v\n%s", rep.CPU, text.String())
+		}
+	}
+	cfg.ServerPIDs = nil
 
 	cfg.Messages = 1300
 	if _, err := RunSearch(ctx, cfg); err == nil || !strings.Contains(err.Error(), "holds 1200 messages, not 1300") {
