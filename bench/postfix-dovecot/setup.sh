@@ -34,6 +34,11 @@ DOVECOT_PERFORMANCE=${DOVECOT_PERFORMANCE:-0}
 # Postfix SMTPS on $SMTPS_PORT, Dovecot POP3S on $POP3S_PORT and IMAPS on
 # $IMAPS_PORT (for `quill bench --tls`); the plain ones stay.
 BENCH_TLS=${BENCH_TLS:-0}
+# DOVECOT_FTS=xapian gives Dovecot's IMAP the full-text search plugin of the
+# Debian package dovecot-fts-xapian (as BenchmarkLargeMailboxDovecot
+# configures it): messages are indexed as they arrive, and SEARCH BODY/TEXT
+# (and, with fts_enforced, every header search) goes through the index.
+DOVECOT_FTS=${DOVECOT_FTS:-}
 SMTPS_PORT=${SMTPS_PORT:-2466}
 POP3S_PORT=${POP3S_PORT:-1996}
 IMAPS_PORT=${IMAPS_PORT:-1994}
@@ -49,6 +54,14 @@ install_packages() {
 	echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postfix dovecot-imapd dovecot-pop3d
+}
+
+install_fts() {
+	if [ -e /usr/lib/dovecot/modules/lib21_fts_xapian_plugin.so ]; then
+		return
+	fi
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dovecot-fts-xapian
 }
 
 render() { # template output
@@ -83,6 +96,29 @@ start() {
 			}
 		EOT
 	fi
+
+	case "$DOVECOT_FTS" in
+	"") ;;
+	xapian)
+		install_fts
+		cat >>"$BENCH_DIR/dovecot.conf" <<-EOT
+			mail_plugins = \$mail_plugins fts fts_xapian
+			plugin {
+			  fts = xapian
+			  fts_xapian = partial=3 full=20 verbose=0
+			  fts_autoindex = yes
+			  fts_enforced = yes
+			}
+			service indexer-worker {
+			  vsz_limit = 0
+			}
+		EOT
+		;;
+	*)
+		echo "DOVECOT_FTS=$DOVECOT_FTS: only xapian is known" >&2
+		exit 2
+		;;
+	esac
 
 	if [ "$BENCH_TLS" = 1 ]; then
 		mkdir -p "$BENCH_DIR/tls"
@@ -140,6 +176,9 @@ start() {
 	done
 	echo "Postfix master pid $(tr -d ' ' <"$BENCH_DIR/postfix-spool/pid/master.pid"): SMTP 127.0.0.1:$SMTP_PORT"
 	echo "Dovecot master pid $(cat "$BENCH_DIR/dovecot-run/master.pid"): POP3 127.0.0.1:$POP3_PORT, IMAP 127.0.0.1:$IMAP_PORT"
+	if [ -n "$DOVECOT_FTS" ]; then
+		echo "Dovecot full-text search: fts-$DOVECOT_FTS (doveadm -c $BENCH_DIR/dovecot.conf index -u USER INBOX builds what is missing)"
+	fi
 	if [ "$BENCH_TLS" = 1 ]; then
 		echo "TLS: SMTPS 127.0.0.1:$SMTPS_PORT, POP3S 127.0.0.1:$POP3S_PORT, IMAPS 127.0.0.1:$IMAPS_PORT"
 	fi

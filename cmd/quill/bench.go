@@ -3,8 +3,10 @@ package main
 import (
 	"crypto/tls"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +37,8 @@ func newBenchCmd() *cobra.Command {
 		probe, noCreate, jsonOut, quiet           bool
 		useTLS, tlsResume                         bool
 		serverPIDs                                []int
+		search                                    bench.SearchConfig
+		passwordFile                              string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -67,12 +71,45 @@ created through Quill's admin API (--admin) unless --no-create or --users-file i
 given. --users-file reads "address [password]" lines instead, most popular first,
 for running against another server.
 
+--workload search is the large-mailbox workload (issue 13): one user's INBOX
+of --messages generated messages (about 2 KB each, 97 senders, 1,000
+subjects, one word each that no other message has). --fill first appends the
+messages the INBOX lacks (MULTIAPPEND and LITERAL+ when the server offers
+them) and waits --settle; then, on a new connection, each command (SELECT,
+FETCH 1:* (FLAGS), SEARCH UNSEEN, SORT (ARRIVAL), SORT (REVERSE ARRIVAL),
+SEARCH SUBJECT, TEXT, FROM, BODY) runs --warmup times, then --repeat times
+timed. The report gives each command's mean, median and slowest time and how
+many messages its answer named beside how many it should, and with
+--server-pid the CPU the server and the rest of the machine used meanwhile. It speaks plain
+IMAP to any server: give --imap, --user and --password-file (or --password).
+
 Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer cancel()
 			stderr := cmd.ErrOrStderr()
+			if workload == "search" {
+				search.Addr, search.Password, search.ServerPIDs = imapAddr, password, serverPIDs
+				if passwordFile != "" {
+					b, err := os.ReadFile(passwordFile)
+					if err != nil {
+						return err
+					}
+					search.Password = strings.TrimRight(string(b), "\r\n")
+				}
+				if !quiet {
+					search.Progress = stderr
+				}
+				if useTLS {
+					search.TLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+				}
+				rep, err := bench.RunSearch(ctx, search)
+				if err != nil {
+					return err
+				}
+				return writeReport(cmd.OutOrStdout(), rep, jsonOut, jsonFile)
+			}
 
 			var users []bench.User
 			if usersFile != "" {
@@ -115,7 +152,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 					mix = 1
 				}
 			default:
-				return fmt.Errorf("--workload: want porcupine, imap or submission, not %q", workload)
+				return fmt.Errorf("--workload: want porcupine, imap, submission or search, not %q", workload)
 			}
 			if imapMix < 0 || imapMix > 1 {
 				return fmt.Errorf("--mix-imap must be within [0, 1]")
@@ -168,23 +205,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 			if err != nil {
 				return err
 			}
-			if jsonFile != "" {
-				f, err := os.Create(jsonFile)
-				if err != nil {
-					return err
-				}
-				if err := rep.WriteJSON(f); err != nil {
-					f.Close()
-					return err
-				}
-				if err := f.Close(); err != nil {
-					return err
-				}
-			}
-			if jsonOut {
-				return rep.WriteJSON(cmd.OutOrStdout())
-			}
-			return rep.WriteText(cmd.OutOrStdout())
+			return writeReport(cmd.OutOrStdout(), rep, jsonOut, jsonFile)
 		},
 	}
 	f := cmd.Flags()
@@ -204,7 +225,15 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 		"fraction of the non-IMAP requests that are SMTP deliveries (the rest are POP3 sessions)")
 	f.Float64Var(&imapMix, "mix-imap", 0, "fraction of requests that are IMAP sessions (0: the Porcupine workload)")
 	f.StringVar(&workload, "workload", "porcupine",
-		"porcupine; imap: 50% SMTP deliveries and 50% IMAP sessions (--mix 1 --mix-imap 0.5); submission: every session a user logs in (AUTH PLAIN) and sends to --rcpts addresses of --remote-domain (give --smtp the submission address, --tls for implicit TLS)")
+		"porcupine; imap: 50% SMTP deliveries and 50% IMAP sessions (--mix 1 --mix-imap 0.5); submission: every session a user logs in (AUTH PLAIN) and sends to --rcpts addresses of --remote-domain (give --smtp the submission address, --tls for implicit TLS); search: SEARCH and SORT on one large INBOX (--user, --messages, --fill)")
+	f.StringVar(&search.User, "user", "", "search workload: the user whose INBOX is searched")
+	f.StringVar(&passwordFile, "password-file", "", "search workload: read the user's password from FILE (its first line) instead of --password")
+	f.IntVar(&search.Messages, "messages", 100000, "search workload: messages in the INBOX")
+	f.BoolVar(&search.Fill, "fill", false, "search workload: first append the messages the INBOX lacks")
+	f.BoolVar(&search.FillOnly, "fill-only", false, "search workload: append the messages the INBOX lacks and time nothing")
+	f.DurationVar(&search.Settle, "settle", bench.DefaultSettle, "search workload: pause between a fill and the timing")
+	f.IntVar(&search.Warmup, "warmup", bench.DefaultSearchWarmup, "search workload: untimed runs of each command")
+	f.IntVar(&search.Repeat, "repeat", bench.DefaultSearchRepeat, "search workload: timed runs of each command")
 	f.StringVar(&remoteDomain, "remote-domain", "remote.test", "domain the submission workload sends to (the server must relay it)")
 	f.IntVar(&rcpts, "rcpts", 1, "recipients per submitted message")
 	f.BoolVar(&noAuth, "no-auth", false, "submission workload without AUTH (a peer that relays for its network)")
@@ -225,4 +254,32 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f.BoolVar(&useTLS, "tls", false, "speak implicit TLS on every session (give the SMTPS, POP3S and IMAPS ports as --smtp, --pop3, --imap); the server's certificate is not checked")
 	f.BoolVar(&tlsResume, "tls-resume", true, "with --tls, let returning clients resume their TLS session (session tickets), as real clients do")
 	return cmd
+}
+
+// report is what a bench run prints.
+type report interface {
+	WriteJSON(io.Writer) error
+	WriteText(io.Writer) error
+}
+
+// writeReport writes rep to out (as JSON with jsonOut) and, with jsonFile,
+// as JSON to that file too.
+func writeReport(out io.Writer, rep report, jsonOut bool, jsonFile string) error {
+	if jsonFile != "" {
+		f, err := os.Create(jsonFile)
+		if err != nil {
+			return err
+		}
+		if err := rep.WriteJSON(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if jsonOut {
+		return rep.WriteJSON(out)
+	}
+	return rep.WriteText(out)
 }

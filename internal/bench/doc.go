@@ -22,6 +22,12 @@
 // As in the paper, throughput is the number of messages delivered per second;
 // retrievals are part of the load but are not counted in that figure.
 //
+// It also has the large-mailbox workload of issue 13 (RunSearch, large.go):
+// one INBOX of generated messages, filled over IMAP, and the SELECT, FETCH,
+// SEARCH and SORT commands a client sends on it, timed one after the other
+// and their answers checked against what the generator put in. Its client
+// (RawIMAP) is written by hand so that every server gets the same bytes.
+//
 // The workload parts (user chooser, size distribution, message builder,
 // statistics and the probe controller) are pure code; Run does the network
 // I/O and keeps every operation under a deadline, so a run ends by itself.

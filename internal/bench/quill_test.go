@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -44,22 +46,53 @@ func TestParseListenLine(t *testing.T) {
 	}
 }
 
-// TestRunAgainstQuill builds `quill`, starts `quill serve` with every
-// listener on a free loopback port, and runs the Porcupine workload with a
-// 30% IMAP mix against it for about three seconds. It skips when the build
-// fails (other packages may be mid-change) and with -short.
-func TestRunAgainstQuill(t *testing.T) {
+// quillBin builds `quill` once per test process; it skips the test when
+// the build fails (other packages may be mid-change).
+func quillBin(t *testing.T) string {
+	quillBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "quill-bench-test-")
+		if err != nil {
+			quillBuild.err = err
+			return
+		}
+		quillBuild.bin = filepath.Join(dir, "quill")
+		out, err := exec.Command("go", "build", "-o", quillBuild.bin, "github.com/quillmail/quill/cmd/quill").CombinedOutput()
+		if err != nil {
+			quillBuild.err = fmt.Errorf("%v\n%s", err, out)
+		}
+	})
+	if quillBuild.err != nil {
+		t.Skipf("building quill failed, skipping: %v", quillBuild.err)
+	}
+	return quillBuild.bin
+}
+
+// TestMain removes the quill binary quillBin built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if quillBuild.bin != "" {
+		os.RemoveAll(filepath.Dir(quillBuild.bin))
+	}
+	os.Exit(code)
+}
+
+var quillBuild struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// startQuill starts `quill serve` with every listener on a free loopback
+// port and returns the listeners' addresses by protocol ("SMTP", "IMAP",
+// "HTTP", ...), its data directory and its PID. The server is stopped by
+// its PID when the test ends. It skips with -short.
+func startQuill(t *testing.T) (addrs map[string]string, data string, pid int) {
 	if testing.Short() {
 		t.Skip("builds and runs quill serve")
 	}
+	bin := quillBin(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "quill")
-	build := exec.Command("go", "build", "-o", bin, "github.com/quillmail/quill/cmd/quill")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Skipf("building quill failed, skipping: %v\n%s", err, out)
-	}
-
-	data := filepath.Join(dir, "data")
+	data = filepath.Join(dir, "data")
 	srv := exec.Command(bin, "serve", "--data", data, "--smtps", "127.0.0.1:0", "--imaps", "127.0.0.1:0", "--pop3s", "127.0.0.1:0", "--submission=",
 		"--smtp", "127.0.0.1:0", "--pop3", "127.0.0.1:0",
 		"--imap", "127.0.0.1:0", "--http", "127.0.0.1:0", "--hostname", "bench-test.localdomain")
@@ -71,14 +104,14 @@ func TestRunAgainstQuill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logFile.Close()
+	t.Cleanup(func() { logFile.Close() })
 	srv.Stderr = logFile
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- srv.Wait() }()
-	defer func() {
+	t.Cleanup(func() {
 		srv.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -92,9 +125,9 @@ func TestRunAgainstQuill(t *testing.T) {
 				t.Logf("quill serve stderr (tail):\n%s", tail(string(b), 3000))
 			}
 		}
-	}()
+	})
 
-	addrs := map[string]string{}
+	addrs = map[string]string{}
 	lines := make(chan string)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -131,17 +164,29 @@ wait:
 			t.Fatalf("no %s listener among %v", p, addrs)
 		}
 	}
+	return addrs, data, srv.Process.Pid
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	users := GenerateUsers(30, "bench.example", "benchpass")
+// createUsers creates users through the admin API of the quill serve
+// whose data directory is data.
+func createUsers(t *testing.T, ctx context.Context, httpAddr, data string, users []User) {
 	tok, err := os.ReadFile(filepath.Join(data, "admin.token"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&Creator{BaseURL: "http://" + addrs["HTTP"], Token: strings.TrimSpace(string(tok)), Parallel: 4}).Create(ctx, users); err != nil {
+	if _, err := (&Creator{BaseURL: "http://" + httpAddr, Token: strings.TrimSpace(string(tok)), Parallel: 4}).Create(ctx, users); err != nil {
 		t.Fatalf("creating users: %v", err)
 	}
+}
+
+// TestRunAgainstQuill starts `quill serve` and runs the Porcupine workload
+// with a 30% IMAP mix against it for about three seconds.
+func TestRunAgainstQuill(t *testing.T) {
+	addrs, data, pid := startQuill(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	users := GenerateUsers(30, "bench.example", "benchpass")
+	createUsers(t, ctx, addrs["HTTP"], data, users)
 
 	rep, err := Run(ctx, Config{
 		SMTPAddr:    addrs["SMTP"],
@@ -154,7 +199,7 @@ wait:
 		Mix:         SMTPShare,
 		IMAPMix:     0.3,
 		Seed:        1,
-		ServerPIDs:  []int{srv.Process.Pid},
+		ServerPIDs:  []int{pid},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -283,10 +283,14 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
+func (r *Report) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, r) }
+
+// writeIndentedJSON writes v as JSON indented by two spaces, as every
+// report of the bench is written.
+func writeIndentedJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	return enc.Encode(v)
 }
 
 // WriteText writes the report for people.

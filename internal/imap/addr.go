@@ -26,7 +26,7 @@ func envelopeOf(h textproto.Header) *imap.Envelope {
 func envelopeRoutesOf(h textproto.Header) (*imap.Envelope, *imapserver.EnvelopeRoutes) {
 	mh := mail.Header{Header: gomessage.Header{Header: h}}
 	env := &imap.Envelope{Subject: unfold(h.Get("Subject"))}
-	routes := &imapserver.EnvelopeRoutes{}
+	routes := &imapserver.EnvelopeRoutes{Date: strings.TrimSpace(unfold(h.Get("Date")))}
 	env.Date, _ = mh.Date()
 	list := func(k string, r *[]string) []imap.Address {
 		if !h.Has(k) {

@@ -1,8 +1,6 @@
 package imap
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-imap/v2/imapclient"
+	"github.com/quillmail/quill/internal/bench"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
 )
@@ -212,19 +211,6 @@ func TestHeaderFetchReadsEachMessageOnce(t *testing.T) {
 	}
 }
 
-// largeMessage is message i of the large-mailbox benchmarks: about 2 KB,
-// 97 senders, 1,000 subjects, one word (word<i>) that no other message has.
-func largeMessage(i int) string {
-	return fmt.Sprintf("From: Sender %d <s%d@example.org>\r\nSubject: topic %d\r\nDate: Mon, 02 Mar 2026 10:00:00 +0000\r\n\r\n%sword%d\r\n", i%97, i%97, i%1000, largeBody, i)
-}
-
-var largeBody = strings.Repeat("Lorem ipsum dolor sit amet, consectetur adipiscing elit. 0123456789\r\n", 30)
-
-// largeCommands are what a client does on a large INBOX, each timed.
-var largeCommands = []string{"SELECT INBOX", "FETCH 1:* (FLAGS)", "SEARCH UNSEEN", "SORT (ARRIVAL) US-ASCII ALL",
-	"SORT (REVERSE ARRIVAL) UTF-8 ALL", "SEARCH SUBJECT \"topic 7\"", "SEARCH TEXT word12345",
-	"SEARCH FROM \"sender 42\"", "SEARCH BODY \"ord1234\"", "SEARCH BODY consectetur"}
-
 // largeMailboxSize is QUILL_LARGE_MAILBOX (the benchmarks skip when unset).
 func largeMailboxSize(b *testing.B) int {
 	n, _ := strconv.Atoi(os.Getenv("QUILL_LARGE_MAILBOX"))
@@ -244,7 +230,7 @@ func BenchmarkLargeMailbox(b *testing.B) {
 	defer c.Close()
 	start := time.Now()
 	for i := range n {
-		deliverTo(b, c, largeMessage(i))
+		deliverTo(b, c, string(bench.LargeMessage(i)))
 		if (i+1)%10000 == 0 {
 			b.Logf("%d of %d messages delivered (%v)", i+1, n, time.Since(start).Round(time.Second))
 		}
@@ -274,7 +260,7 @@ func BenchmarkLargeMailbox(b *testing.B) {
 	}
 	go srv.Serve(l)
 	defer srv.Shutdown(context.Background())
-	timeCommands(b, l.Addr().String(), testUser, testPass, largeCommands)
+	timeCommands(b, l.Addr().String(), testUser, testPass, n)
 }
 
 // benchSettle is how long BenchmarkLargeMailbox leaves the store alone
@@ -320,14 +306,14 @@ func BenchmarkLargeMailboxDovecot(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	// Each message a file in cur/, its arrival (the file's time) one second
-	// after the one before, as a delivery in that order leaves them.
-	t0 := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	// Each message a file in cur/, unread, its arrival (the file's time)
+	// one second after the one before, as a delivery in that order leaves
+	// them.
 	for i := range n {
-		m := largeMessage(i)
-		at := t0.Add(time.Duration(i) * time.Second)
+		m := bench.LargeMessage(i)
+		at := bench.LargeArrival(i)
 		f := filepath.Join(home, "Maildir/cur", fmt.Sprintf("%d.M%dP1.bench,S=%d:2,", at.Unix(), i, len(m)))
-		if err := os.WriteFile(f, []byte(m), 0o600); err != nil {
+		if err := os.WriteFile(f, m, 0o600); err != nil {
 			b.Fatal(err)
 		}
 		if err := os.Chtimes(f, at, at); err != nil {
@@ -415,7 +401,7 @@ service indexer-worker {
 		}
 		b.Logf("doveadm index (xapian) took %v", time.Since(start).Round(time.Millisecond))
 	}
-	timeCommands(b, addr, testUser, testPass, largeCommands)
+	timeCommands(b, addr, testUser, testPass, n)
 }
 
 // freePort is a loopback TCP port nothing listens on at the moment.
@@ -428,52 +414,35 @@ func freePort(b *testing.B) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// timeCommands logs in to the IMAP server at addr and times each command
-// as a sub-benchmark, reading the answers to the tagged OK.
-func timeCommands(b *testing.B, addr, user, pass string, cmds []string) {
-	conn, err := net.Dial("tcp", addr)
+// timeCommands logs in to the IMAP server at addr and times each of the
+// large-mailbox commands on its INBOX of n messages as a sub-benchmark,
+// with `quill bench --workload search`'s client; it logs the size of each
+// answer and whether it is right, so that the servers' answers compare.
+func timeCommands(b *testing.B, addr, user, pass string, n int) {
+	c, err := bench.DialRawIMAP(context.Background(), addr, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
-	r := bufio.NewReaderSize(conn, 1<<20)
-	tag := 0
-	// cmd sends s and returns how many numbers its SEARCH or SORT answer
-	// held, so that the servers' answers can be compared.
-	cmd := func(s string) (results int) {
-		tag++
-		t := fmt.Sprintf("b%d", tag)
-		fmt.Fprintf(conn, "%s %s\r\n", t, s)
-		for {
-			line, err := r.ReadSlice('\n')
-			if err == bufio.ErrBufferFull {
-				continue
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			if bytes.HasPrefix(line, []byte("* SEARCH")) || bytes.HasPrefix(line, []byte("* SORT")) {
-				results = len(bytes.Fields(line)) - 2
-			}
-			if bytes.HasPrefix(line, []byte(t+" ")) {
-				if !bytes.HasPrefix(line, []byte(t+" OK")) {
-					b.Fatalf("%s: %s", s, line)
-				}
-				return results
-			}
-		}
+	defer c.Close()
+	if err := c.Login(user, pass); err != nil {
+		b.Fatal(err)
 	}
-	r.ReadString('\n')
-	cmd("LOGIN " + user + " " + pass)
-	for _, c := range cmds {
-		b.Run(strings.Fields(c)[0]+"_"+strings.Join(strings.Fields(c)[1:], "_"), func(b *testing.B) {
+	cmds := bench.LargeCommands(n)
+	want := bench.LargeWant(n, cmds)
+	for k, cmd := range cmds {
+		f := strings.Fields(cmd.Line)
+		b.Run(f[0]+"_"+strings.Join(f[1:], "_"), func(b *testing.B) {
 			results := 0
 			for range b.N {
-				results = cmd(c)
+				if results, err = c.Run(bench.SearchCommandTimeout, cmd.Line); err != nil {
+					b.Fatal(err)
+				}
 			}
-			if strings.HasPrefix(c, "SEARCH") || strings.HasPrefix(c, "SORT") {
-				b.Logf("%s: %d results", c, results)
+			verdict := "right"
+			if results != want[k] {
+				verdict = fmt.Sprintf("WRONG, want %d", want[k])
 			}
+			b.Logf("%s: %d results (%s)", cmd.Line, results, verdict)
 		})
 	}
 }

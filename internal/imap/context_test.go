@@ -35,7 +35,7 @@ func TestContextSearchSort(t *testing.T) {
 		"UID SEARCH RETURN (PARTIAL 2:3) ALL":                     "UID PARTIAL (2:3 2:3)",
 		"UID SEARCH RETURN (PARTIAL 4:10 COUNT) ALL":              "UID COUNT 5 PARTIAL (4:10 4:5)",
 		"UID SEARCH RETURN (PARTIAL 9:10) ALL":                    "UID PARTIAL (9:10 NIL)",
-		"UID SEARCH RETURN (PARTIAL 3:1) ALL":                     "UID PARTIAL (3:1 1:3)",
+		"UID SEARCH RETURN (PARTIAL 3:1) ALL":                     "UID PARTIAL (1:3 1:3)",
 		"SEARCH RETURN (CONTEXT PARTIAL 1:1) ALL":                 ") PARTIAL (1:1 1)",
 		"UID SORT RETURN (PARTIAL 1:2) (SUBJECT) UTF-8 ALL":       "UID PARTIAL (1:2 5,4)",
 		"UID SORT RETURN (PARTIAL 4:9) (SUBJECT) UTF-8 ALL":       "UID PARTIAL (4:9 2,1)",

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/mailbox"
@@ -111,9 +113,18 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			flipped = r.updated
 			seenUIDs = sel.seenSet(idx, r.updated)
 		}
+		// BINARY is decoded before the message's response starts, so that
+		// a part that cannot be fails the FETCH without half a response.
+		bins, binSizes, err := binarySections(raw, options)
+		if err != nil {
+			return err
+		}
 		flagsChanged := seenUIDs[m.uid]
 		rw := w.CreateMessage(uint32(i + 1))
-		if options.UID {
+		// RFC 7162 §3.1: once CONDSTORE is enabled, a FETCH response
+		// that reports a flag change (here the \Seen this FETCH set)
+		// carries the UID and the MODSEQ.
+		if options.UID || (condStore && flagsChanged) {
 			rw.WriteUID(imap.UID(m.uid))
 		}
 		if options.Flags || flagsChanged {
@@ -144,18 +155,17 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 				return err
 			}
 		}
-		for _, bs := range options.BinarySection {
-			b := imapserver.ExtractBinarySection(bytes.NewReader(raw), bs)
-			wc := rw.WriteBinarySection(bs, int64(len(b)))
-			if _, err := wc.Write(b); err != nil {
+		for k, bs := range options.BinarySection {
+			wc := rw.WriteBinarySection(bs, int64(len(bins[k])))
+			if _, err := wc.Write(bins[k]); err != nil {
 				return err
 			}
 			if err := wc.Close(); err != nil {
 				return err
 			}
 		}
-		for _, bs := range options.BinarySectionSize {
-			rw.WriteBinarySectionSize(bs, imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs))
+		for k, bs := range options.BinarySectionSize {
+			rw.WriteBinarySectionSize(bs, binSizes[k])
 		}
 		if emailID != "" {
 			rw.WriteEmailID(emailID)
@@ -178,6 +188,43 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		return no(codeExpungeIssued, "FETCH: some of the messages were expunged by another session")
 	}
 	return nil
+}
+
+// binarySections decodes the BINARY and BINARY.SIZE items of options from
+// the message raw. A part in a transfer encoding the server cannot decode
+// fails the FETCH with NO [UNKNOWN-CTE] (RFC 3516 §4.2).
+func binarySections(raw []byte, options *imap.FetchOptions) (bins [][]byte, sizes []uint32, err error) {
+	for _, bs := range options.BinarySection {
+		b, err := imapserver.ExtractBinarySection(bytes.NewReader(raw), bs)
+		if err != nil {
+			return nil, nil, binaryErr(bs.Part, err)
+		}
+		bins = append(bins, b)
+	}
+	for _, bs := range options.BinarySectionSize {
+		n, err := imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs)
+		if err != nil {
+			return nil, nil, binaryErr(bs.Part, err)
+		}
+		sizes = append(sizes, n)
+	}
+	return bins, sizes, nil
+}
+
+func binaryErr(part []int, err error) error {
+	if errors.Is(err, imapserver.ErrUnknownCTE) {
+		return no(imap.ResponseCodeUnknownCTE, "FETCH BINARY[%s]: the part's Content-Transfer-Encoding is unknown", partString(part))
+	}
+	return err
+}
+
+// partString is a part number as IMAP writes it ("1.2").
+func partString(part []int) string {
+	s := make([]string, len(part))
+	for i, n := range part {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ".")
 }
 
 // seenResult is the outcome of FETCH's flag change (setSeen).

@@ -58,6 +58,38 @@ func TestBinaryOriginAndNoNULsInBody(t *testing.T) {
 	}
 }
 
+// BINARY undoes the transfer encoding and nothing else (RFC 3516 §4.2): a
+// Latin-1 part keeps its bytes, a part in a charset nobody knows is still
+// served, and a transfer encoding the server cannot decode fails the FETCH
+// with NO [UNKNOWN-CTE], for BINARY.SIZE as well.
+func TestBinaryDecodesTransferEncodingOnly(t *testing.T) {
+	e := newEnv(t)
+	e.deliver("From: a@example.org\r\nSubject: cte\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n" +
+		"--b\r\nContent-Type: text/plain; charset=iso-8859-1\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\ncaf=E9\r\n" +
+		"--b\r\nContent-Type: text/plain; charset=x-nobody-knows\r\n\r\nplain text\r\n" +
+		"--b\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: x-uuencode\r\n\r\nbegin 644 x\r\n" +
+		"--b\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: base64 \r\n\r\nAAEC \r\nAwQ=\r\n--b--\r\n")
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok("FETCH 1 (BINARY.PEEK[1] BINARY.SIZE[1])"); !has(u, "BINARY[1] ~{4}\r\ncaf\xe9") || !has(u, "BINARY.SIZE[1] 4") {
+		t.Errorf("a Latin-1 part: %q, want its 4 bytes as they are", u)
+	}
+	if u := r.ok("FETCH 1 (BINARY.PEEK[2] BINARY.SIZE[2])"); !has(u, "BINARY[2] ~{10}\r\nplain text") || !has(u, "BINARY.SIZE[2] 10") {
+		t.Errorf("a part in an unknown charset: %q", u)
+	}
+	if u := r.ok("FETCH 1 (BINARY.PEEK[4])"); !has(u, "BINARY[4] ~{5}\r\n\x00\x01\x02\x03\x04") {
+		t.Errorf("base64 with blanks: %q", u)
+	}
+	for _, item := range []string{"BINARY.PEEK[3]", "BINARY.SIZE[3]", "BINARY.PEEK[1] BINARY.SIZE[3]"} {
+		if u, st := r.cmd("FETCH 1 (" + item + ")"); !strings.Contains(st, "NO [UNKNOWN-CTE]") || len(u) != 0 {
+			t.Errorf("FETCH 1 (%s) of an x-uuencode part: %q %q, want NO [UNKNOWN-CTE] and no FETCH", item, u, st)
+		}
+	}
+	if u := r.ok("FETCH 1 (BODY.PEEK[3])"); !has(u, "BODY[3] {11}\r\nbegin 644 x") {
+		t.Errorf("BODY[3] of the part BINARY cannot decode: %q", u)
+	}
+}
+
 // A keyword the session has not seen is announced with FLAGS and
 // PERMANENTFLAGS before the FETCH that shows it, to the session that
 // stored it and to another that sees the change; a bare NIL in STORE is
@@ -153,6 +185,38 @@ func TestCondStoreEnabledImplicitly(t *testing.T) {
 	}
 }
 
+// RFC 7162 §3.1: once CONDSTORE is enabled, every FETCH response that
+// reports a flag change carries the UID and the MODSEQ: a STORE's (by
+// sequence number, .SILENT included) and a FETCH's that set \Seen. A FETCH
+// that changes nothing and asks for neither is left as it was, and so is
+// a STORE before CONDSTORE.
+func TestCondStoreFlagChangesCarryUID(t *testing.T) {
+	e := newEnv(t)
+	for i := 1; i <= 3; i++ {
+		e.deliver(fmt.Sprintf("Subject: %d\r\n\r\n%d\r\n", i, i))
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	if u := r.ok(`STORE 1 +FLAGS (\Answered)`); !has(u, `* 1 FETCH (FLAGS (\Answered`) {
+		t.Errorf("STORE before CONDSTORE: %q", u)
+	}
+	r.ok("ENABLE CONDSTORE")
+	for _, c := range []struct{ cmd, want string }{
+		{`STORE 1 +FLAGS (\Flagged)`, `* 1 FETCH (UID 1 FLAGS (\Answered \Flagged`},
+		{`STORE 2 +FLAGS.SILENT (\Draft)`, `* 2 FETCH (UID 2 MODSEQ (`},
+		{`UID STORE 3 +FLAGS (\Answered)`, `* 3 FETCH (UID 3 FLAGS (\Answered`},
+		{"FETCH 2 (BODY[TEXT])", `* 2 FETCH (UID 2 FLAGS (\Draft \Seen`},
+		{`STORE 1 (UNCHANGEDSINCE 99) -FLAGS (\Answered)`, `* 1 FETCH (UID 1 FLAGS (\Flagged`},
+		{"FETCH 1 (FLAGS)", `* 1 FETCH (FLAGS (\Flagged`},
+		{"FETCH 3 (BODY.PEEK[TEXT])", `* 3 FETCH (BODY[TEXT] {3}`},
+	} {
+		u := r.ok(c.cmd)
+		if len(u) != 1 || !strings.HasPrefix(u[0], c.want) || (!strings.Contains(c.cmd, "PEEK") && !strings.Contains(u[0], " MODSEQ (")) {
+			t.Errorf("%s under CONDSTORE: %q, want %s... with MODSEQ", c.cmd, u, c.want)
+		}
+	}
+}
+
 // ENVELOPE keeps an address's obsolete source route as its adl, and
 // SEARCH FROM/TO/CC match an address written with comments inside it as
 // it reads once parsed (issue 13 item 4).
@@ -176,6 +240,27 @@ func TestEnvelopeRouteAndSearchThroughComments(t *testing.T) {
 	}
 	if u := r.ok("SEARCH TO nobody@example.org"); has(u, "* SEARCH 1") {
 		t.Errorf("SEARCH TO nobody: %q", u)
+	}
+}
+
+// ENVELOPE's date is the Date field as written, unfolded (RFC 9051
+// §7.5.2; imaptest's fetch-envelope script has a wrong weekday kept): not
+// a reformatted parse, which corrected the weekday, dropped a comment and
+// gave NIL for a date it could not read. No Date field is NIL.
+func TestEnvelopeDateAsWritten(t *testing.T) {
+	e := newEnv(t)
+	for _, d := range []string{"Date: Sat, 01 Feb 2007 01:02:03 +0200\r\n", "Date: 1 Feb 2007 01:02:03 +0200\r\n  (CET)\r\n",
+		"Date: the day after tomorrow\r\n", ""} {
+		e.deliver(d + "From: a@example.org\r\nSubject: d\r\n\r\nbody\r\n")
+	}
+	r := e.raw(true)
+	r.ok("SELECT INBOX")
+	u := r.ok("FETCH 1:4 (ENVELOPE)")
+	for _, want := range []string{`* 1 FETCH (ENVELOPE ("Sat, 01 Feb 2007 01:02:03 +0200" "d" `, `* 2 FETCH (ENVELOPE ("1 Feb 2007 01:02:03 +0200 (CET)" "d" `,
+		`* 3 FETCH (ENVELOPE ("the day after tomorrow" "d" `, `* 4 FETCH (ENVELOPE (NIL "d" `} {
+		if !has(u, want) {
+			t.Errorf("ENVELOPE: %q, want %s...", u, want)
+		}
 	}
 }
 
@@ -242,6 +327,46 @@ func TestSubscriptionsIndependentOfMailboxes(t *testing.T) {
 	r = e.raw(true)
 	if u := r.ok(`LSUB "" "Gone/*"`); !has(u, `"Gone/soon"`) {
 		t.Errorf("after a restart: %q", u)
+	}
+}
+
+// A parent is listed for its subscribed descendants (RECURSIVEMATCH's
+// CHILDINFO, LSUB's \Noselect) only when one of them is left out by the
+// patterns: a descendant the patterns list itself needs no stand-in (RFC
+// 5258 §3.5; imaptest's listext script).
+func TestRecursiveMatchStandsInOnlyForUnlistedChildren(t *testing.T) {
+	e := newEnv(t)
+	r := e.raw(true)
+	for _, n := range []string{"t/test2/test1", "t/test7/test7", "t/test8/test8", "t/test8/test9"} {
+		r.ok("CREATE " + n)
+	}
+	for _, n := range []string{"t/test2/test1", "t/test7/test7", "t/test8/test8", "t/test8/test9"} {
+		r.ok("SUBSCRIBE " + n)
+	}
+	for _, c := range []struct {
+		cmd        string
+		want, dont []string
+	}{
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" *test7`, []string{`"t/test7/test7"`}, []string{`"t/test7"`}},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" *test8`, []string{`"t/test8" (CHILDINFO ("SUBSCRIBED"))`, `\Subscribed) "/" "t/test8/test8"`}, nil},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" (t/test2)`, []string{`"t/test2" (CHILDINFO ("SUBSCRIBED"))`}, []string{`"t/test2/test1"`}},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" (t/test2 t/test2/test1)`, []string{`\Subscribed) "/" "t/test2/test1"`}, []string{`"t/test2" (`, `"t/test2"\r`}},
+		{`LIST (SUBSCRIBED RECURSIVEMATCH) "" t/test2% RETURN (CHILDREN)`, []string{`* LIST (\HasChildren) "/" "t/test2" (CHILDINFO ("SUBSCRIBED"))`}, nil},
+		{`LSUB "" t/%`, []string{`* LSUB (\Noselect \HasChildren) "/" "t/test2"`}, nil},
+		{`LSUB "" t/*`, []string{`"t/test2/test1"`}, []string{`"t/test2"`}},
+	} {
+		u := r.ok(c.cmd)
+		all := strings.Join(u, "\r\n") + "\r\n"
+		for _, w := range c.want {
+			if !strings.Contains(all, w) {
+				t.Errorf("%s: %q, want %s", c.cmd, u, w)
+			}
+		}
+		for _, d := range c.dont {
+			if strings.Contains(all, d) {
+				t.Errorf("%s: %q, want no %s", c.cmd, u, d)
+			}
+		}
 	}
 }
 
@@ -368,7 +493,7 @@ func TestFetchSetsSeenOnEveryMessage(t *testing.T) {
 	a.ok("SELECT INBOX")
 	a.ok(`STORE 2 +FLAGS.SILENT (\Seen)`)
 	u := a.ok("FETCH 1:3 (BODY[TEXT])")
-	for _, want := range []string{"* 1 FETCH (FLAGS (\\Seen \\Recent) MODSEQ (", "* 3 FETCH (FLAGS (\\Seen \\Recent) MODSEQ ("} {
+	for _, want := range []string{"* 1 FETCH (UID 1 FLAGS (\\Seen \\Recent) MODSEQ (", "* 3 FETCH (UID 3 FLAGS (\\Seen \\Recent) MODSEQ ("} {
 		if !has(u, want) {
 			t.Errorf("FETCH 1:3 BODY[TEXT]: %q, want %q", u, want)
 		}
@@ -395,7 +520,7 @@ func TestFetchSetsSeenOnEveryMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	u, st := a.cmd("FETCH 4:5 (BODY[TEXT])")
-	if !strings.HasPrefix(st, "NO [EXPUNGEISSUED]") || !has(u, "* 5 FETCH (FLAGS (\\Seen \\Recent) MODSEQ (") {
+	if !strings.HasPrefix(st, "NO [EXPUNGEISSUED]") || !has(u, "* 5 FETCH (UID 5 FLAGS (\\Seen \\Recent) MODSEQ (") {
 		t.Errorf("FETCH 4:5 after 4 was swept: %q %s, want 5 served and seen, NO [EXPUNGEISSUED]", u, st)
 	}
 }

@@ -451,7 +451,7 @@ func TestStoreCondStore(t *testing.T) {
 		t.Fatalf("FETCH MODSEQ: %q", u)
 	}
 	u = r.ok(`STORE 1 (UNCHANGEDSINCE 2) +FLAGS (\Seen)`)
-	if !has(u, `* 1 FETCH (FLAGS (\Seen \Recent) MODSEQ (4))`) {
+	if !has(u, `* 1 FETCH (UID 1 FLAGS (\Seen \Recent) MODSEQ (4))`) {
 		t.Errorf("conditional STORE: %q", u)
 	}
 	// Message 1 now has MODSEQ 4 > 2: it fails, message 2 (3 <= 3) passes.

@@ -588,9 +588,11 @@ func (s *session) Store(w *imapserver.FetchWriter, numSet imap.NumSet, flags *im
 		if flags.Silent && !condStore {
 			continue
 		}
-		// RFC 7162 §3.1.3: with CONDSTORE even .SILENT reports MODSEQ.
+		// RFC 7162 §3.1.3: with CONDSTORE even .SILENT reports MODSEQ;
+		// §3.1: and every FETCH response of a flag change carries the
+		// UID as well.
 		rw := w.CreateMessage(uint32(i + 1))
-		if isUID {
+		if isUID || condStore {
 			rw.WriteUID(imap.UID(m.uid))
 		}
 		if !flags.Silent {

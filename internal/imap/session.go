@@ -337,7 +337,6 @@ type listEntry struct {
 	name     string
 	mb       *mailbox.Mailbox // nil for an implied parent
 	children bool
-	subChild bool // some descendant is subscribed
 	// subscribed: a subscription to a name with no mailbox; subOnly: the
 	// entry is there only for subscriptions (not listed without SUBSCRIBED).
 	subscribed, subOnly bool
@@ -371,9 +370,6 @@ func (s *session) listEntries() ([]*listEntry, error) {
 			if !c.subOnly {
 				e.children, e.subOnly = true, false
 			}
-			if c.subscribed || (c.mb != nil && c.mb.Subscribed) {
-				e.subChild = true
-			}
 		}
 	}
 	out := make([]*listEntry, 0, len(byName))
@@ -400,19 +396,32 @@ func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, 
 		return err
 	}
 	lsub := w.LSub()
-	for _, e := range entries {
-		matched := false
+	matches := func(name string) bool {
 		for _, p := range patterns {
 			full := p
 			if ref != "" && !strings.HasPrefix(p, string(delim)) {
 				full = ref + p
 			}
-			if matchMailbox(e.name, full, delim) {
-				matched = true
-				break
+			if matchMailbox(name, full, delim) {
+				return true
 			}
 		}
-		if !matched || (e.subOnly && !options.SelectSubscribed) {
+		return false
+	}
+	// A parent is listed for its subscribed descendants (RECURSIVEMATCH's
+	// CHILDINFO, LSUB's \Noselect) only when one of them is not listed
+	// itself: it then stands for what the patterns leave out (RFC 5258
+	// §3.5, RFC 3501 §6.3.9).
+	unlistedSubChild := map[string]bool{}
+	for _, c := range entries {
+		if (c.subscribed || (c.mb != nil && c.mb.Subscribed)) && !matches(c.name) {
+			for _, p := range parentsOf(c.name) {
+				unlistedSubChild[p] = true
+			}
+		}
+	}
+	for _, e := range entries {
+		if !matches(e.name) || (e.subOnly && !options.SelectSubscribed) {
 			continue
 		}
 		subscribed := (e.mb != nil && e.mb.Subscribed) || e.subscribed
@@ -420,11 +429,11 @@ func (s *session) List(w *imapserver.ListWriter, ref string, patterns []string, 
 		noSelect := e.mb == nil
 		if options.SelectSubscribed && !subscribed {
 			switch {
-			case lsub && e.subChild:
+			case lsub && unlistedSubChild[e.name]:
 				// RFC 3501 §6.3.9: LSUB "%" shows an unsubscribed
 				// parent of subscribed names as \Noselect.
 				noSelect = true
-			case options.SelectRecursiveMatch && e.subChild:
+			case options.SelectRecursiveMatch && unlistedSubChild[e.name]:
 				childInfo = &imap.ListDataChildInfo{Subscribed: true}
 			default:
 				continue

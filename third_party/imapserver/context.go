@@ -44,7 +44,7 @@ type searchReturnExt struct {
 // partialRange is PARTIAL's argument: nz-number ":" nz-number, either
 // order (§5: 500:400 is 400:500).
 type partialRange struct {
-	text     string // as the client sent it, echoed in the answer
+	text     string // "from:to", echoed in the answer
 	from, to uint32 // from <= to
 }
 
@@ -55,7 +55,11 @@ func parsePartialRange(s string) (*partialRange, error) {
 	if !ok || err1 != nil || err2 != nil || x == 0 || y == 0 {
 		return nil, newClientBugError("PARTIAL takes a range n:m of positive numbers")
 	}
-	return &partialRange{text: s, from: uint32(min(x, y)), to: uint32(max(x, y))}, nil
+	// quill: the answer names the range low:high whichever way it was
+	// asked (4:2 is 2:4), as Dovecot does and imaptest's search-partial
+	// script expects.
+	from, to := uint32(min(x, y)), uint32(max(x, y))
+	return &partialRange{text: fmt.Sprintf("%d:%d", from, to), from: from, to: to}, nil
 }
 
 // window returns the results the range names (1 is the first).

@@ -608,12 +608,18 @@ func (w *FetchResponseWriter) WriteEnvelope(envelope *imap.Envelope) {
 	w.WriteEnvelopeRoutes(envelope, nil)
 }
 
-// EnvelopeRoutes are the obsolete source routes of an envelope's
-// addresses (RFC 5322 §4.4 "@a,@b:", the adl of RFC 9051's address),
-// field by field and position by position, "" for none: imap.Address
-// has no field for them. (quill)
+// EnvelopeRoutes is what an envelope holds that imap.Envelope has no
+// field for: the obsolete source routes of its addresses (RFC 5322 §4.4
+// "@a,@b:", the adl of RFC 9051's address), field by field and position
+// by position, "" for none, and the Date field as written. (quill)
 type EnvelopeRoutes struct {
 	From, Sender, ReplyTo, To, Cc, Bcc []string
+	// Date, if not empty, is the Date field as written (unfolded), which
+	// goes out instead of the envelope's parsed date. (quill: RFC 9051
+	// §7.5.2 has the field's value; upstream reformatted the parsed time,
+	// so a wrong weekday was corrected and a date it could not parse was
+	// NIL.)
+	Date string
 }
 
 // WriteEnvelopeRoutes writes the message's envelope with its addresses'
@@ -701,9 +707,12 @@ func writeEnvelopeRoutes(enc *imapwire.Encoder, envelope *imap.Envelope, routes 
 	}
 
 	enc.Special('(')
-	if envelope.Date.IsZero() {
+	switch {
+	case routes.Date != "":
+		enc.String(routes.Date)
+	case envelope.Date.IsZero():
 		enc.NIL()
-	} else {
+	default:
 		enc.String(envelope.Date.Format(envelopeDateLayout))
 	}
 	enc.SP()
