@@ -180,6 +180,41 @@ func TestOwnChangeNeedsNoResync(t *testing.T) {
 	}
 }
 
+// Selecting a mailbox again that has not changed since the session's last
+// selection of it takes that selection's messages instead of listing them
+// all again (at 100,000 messages the listing took 109 ms against Dovecot's
+// 0.4 ms); any change in between (a flag set or a delivery through another
+// session) lists them again, and the answers are what a fresh session gets.
+func TestReselectUnchangedMailboxListsNothing(t *testing.T) {
+	e, cs := newCountingEnv(t)
+	for i := range 3 {
+		deliverTo(t, e.core, fmt.Sprintf("Subject: %d\r\n\r\nbody\r\n", i))
+	}
+	a, b := e.raw(true), e.raw(true)
+	first := a.ok("SELECT INBOX")
+	a.ok("UNSELECT")
+	before := cs.lists.Load()
+	again := a.ok("SELECT INBOX")
+	a.ok("EXAMINE INBOX")
+	if n := cs.lists.Load() - before; n != 0 {
+		t.Errorf("selecting an unchanged mailbox again listed it %d times", n)
+	}
+	if !has(again, "* 3 EXISTS") || !has(first, "* 3 EXISTS") {
+		t.Fatalf("answers: %q then %q", first, again)
+	}
+	// Changes through another session: listed again, and right.
+	b.ok("SELECT INBOX")
+	b.ok(`STORE 2 +FLAGS (\Flagged)`)
+	deliverTo(t, e.core, "Subject: 3\r\n\r\nbody\r\n")
+	a.ok("UNSELECT")
+	before = cs.lists.Load()
+	u := a.ok("SELECT INBOX")
+	f := a.ok("FETCH 1:* (FLAGS)")
+	if cs.lists.Load() == before || !has(u, "* 4 EXISTS") || !has(f, `* 2 FETCH (FLAGS (\Flagged))`) {
+		t.Errorf("a changed mailbox selected again: listed %d times, %q %q", cs.lists.Load()-before, u, f)
+	}
+}
+
 // A header-only FETCH (header fields, ENVELOPE) reads each message's bytes
 // once per node, whatever session asks again; the answers are the same
 // from the cache, and a FETCH that needs the body still reads it.

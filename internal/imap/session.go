@@ -41,6 +41,10 @@ type session struct {
 	failures int
 
 	sel *selected
+	// last is the selection SELECT, EXAMINE or UNSELECT ended: selecting
+	// the same mailbox again while it has not changed takes its messages
+	// instead of listing them all again (reselect).
+	last *selected
 }
 
 // Response codes not named by the library.
@@ -607,6 +611,9 @@ func (s *session) newMessages(what, name string, in []imapserver.AppendMessage) 
 // --- selection
 
 func (s *session) Select(name string, options *imap.SelectOptions) (*imap.SelectData, error) {
+	if s.sel != nil {
+		s.last = s.sel
+	}
 	s.sel = nil
 	what := fmt.Sprintf("SELECT %q", name)
 	if options.ReadOnly {
@@ -616,20 +623,30 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 	if err != nil {
 		return nil, storeErr(what, err)
 	}
-	msgs, err := s.srv.store.Messages(s.ctx(), s.user, mb.ID)
-	if err != nil {
-		return nil, err
-	}
 	sel := &selected{id: mb.ID, name: mb.Name, uidValidity: mb.UIDValidity, readOnly: options.ReadOnly,
 		modSeq: mb.HighestModSeq}
+	if prev := reselect(s.last, mb); prev != nil {
+		// Nothing changed since the last selection of this mailbox:
+		// its messages (and the sort keys and ids it read) stand.
+		sel.msgs, sel.sortCache, sel.emailIDs = prev.msgs, prev.sortCache, prev.emailIDs
+	} else {
+		msgs, err := s.srv.store.Messages(s.ctx(), s.user, mb.ID)
+		if err != nil {
+			return nil, err
+		}
+		sel.msgs = make([]*msgState, 0, len(msgs))
+		for i := range msgs {
+			sel.msgs = append(sel.msgs, newMsgState(&msgs[i]))
+		}
+	}
+	s.last = nil
 	maxUID := uint32(0)
-	if len(msgs) > 0 {
-		maxUID = msgs[len(msgs)-1].UID
+	if len(sel.msgs) > 0 {
+		maxUID = sel.msgs[len(sel.msgs)-1].uid
 	}
 	firstRecent := s.srv.recent.claim(s.user, mb.ID, maxUID, options.ReadOnly)
 	data := &imap.SelectData{UIDNext: imap.UID(mb.UIDNext), UIDValidity: mb.UIDValidity, HighestModSeq: mb.HighestModSeq}
-	for i := range msgs {
-		m := newMsgState(&msgs[i])
+	for i, m := range sel.msgs {
 		m.recent = m.uid >= firstRecent
 		if m.recent {
 			data.NumRecent++
@@ -637,7 +654,6 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 		if data.FirstUnseenSeqNum == 0 && !m.has(`\Seen`) {
 			data.FirstUnseenSeqNum = uint32(i + 1)
 		}
-		sel.msgs = append(sel.msgs, m)
 	}
 	sel.uidHigh = maxUID
 	sel.uidNext = mb.UIDNext
@@ -653,6 +669,20 @@ func (s *session) Select(name string, options *imap.SelectOptions) (*imap.Select
 }
 
 func (s *session) Unselect() error {
-	s.sel = nil
+	s.last, s.sel = s.sel, nil
 	return nil
+}
+
+// reselect returns the selection that ended last when it shows mailbox mb
+// as it is now: the same mailbox (id and UIDVALIDITY), synced to its
+// HIGHESTMODSEQ and UIDNEXT (every flag change, expunge and delivery moves
+// one of them; the writer shows neither past a change in flight), with no
+// message expunged elsewhere still numbered. Nil otherwise: the messages
+// are listed again.
+func reselect(last *selected, mb *mailbox.Mailbox) *selected {
+	if last == nil || last.id != mb.ID || last.uidValidity != mb.UIDValidity || last.modSeq != mb.HighestModSeq ||
+		last.uidNext != mb.UIDNext || last.ghosts > 0 {
+		return nil
+	}
+	return last
 }
