@@ -37,6 +37,10 @@ type Store interface {
 	// takes over all mailboxes and the user's quota limits (RFC 9208),
 	// from one call to the user's writer: APPEND and COPY need both.
 	MailboxUsage(ctx context.Context, user, name string) (*mailbox.Mailbox, mailbox.Usage, error)
+	// DomainRoom refuses (an error wrapping userdb.ErrOverQuota) n
+	// messages of size bytes in all that would take the user's domain past
+	// the domain's quota, which delivery enforces too.
+	DomainRoom(ctx context.Context, user string, n, size int64) error
 	// Subscribe tells of changes to the user's mail until its cancel is
 	// called or ctx ends.
 	Subscribe(ctx context.Context, user string) (<-chan mailbox.Change, func())

@@ -1,10 +1,12 @@
 package imap
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
@@ -14,7 +16,10 @@ import (
 // mailbox, so every node reports the same figures. APPEND and COPY that
 // would pass a limit fail with NO [OVERQUOTA] (§5.1); MOVE does not change
 // what the root holds and is never refused. Delivery checks the same limits
-// (proxy.CheckRecipient). A user without limits has no quota root.
+// (proxy.CheckRecipient). A user without limits has no quota root. The
+// quota of the user's domain (over all its users) refuses APPEND and COPY
+// the same way; it has no root here, as Dovecot shows no shared root
+// either, and GETQUOTA reports the user's own.
 
 // quotaRoot is the name of a user's one quota root.
 const quotaRoot = ""
@@ -79,6 +84,21 @@ func quotaData(u mailbox.Usage) *imapserver.QuotaData {
 func checkQuota(what string, u mailbox.Usage, n, size int64) error {
 	if u.Over(n, size) {
 		return no(imap.ResponseCodeOverQuota, "%s: over quota (%s in use)", what, u)
+	}
+	return nil
+}
+
+// checkDomainQuota refuses adding n messages of size bytes in all that
+// would take the user's domain past the domain's quota (issue 14: the same
+// limit delivery holds to). It has no quota root of its own here: GETQUOTA
+// shows the user's.
+func (s *session) checkDomainQuota(what string, n, size int64) error {
+	err := s.srv.store.DomainRoom(s.ctx(), s.user, n, size)
+	if errors.Is(err, userdb.ErrOverQuota) {
+		return no(imap.ResponseCodeOverQuota, "%s: over the quota of the domain", what)
+	}
+	if err != nil {
+		return storeErr(what, err)
 	}
 	return nil
 }

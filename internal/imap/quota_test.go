@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/quillmail/quill/internal/domain"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -97,5 +98,40 @@ func TestQuota(t *testing.T) {
 	}
 	if err := e.core.Users.SetQuota(ctx, testUser, -1, 0); err == nil {
 		t.Fatal("a negative limit was taken")
+	}
+}
+
+// TestDomainQuota: APPEND and COPY that would take the user's domain past
+// the domain's quota (issue 14, the same limit delivery holds to) are NO
+// [OVERQUOTA] even when the user has no quota of their own; MOVE is not.
+func TestDomainQuota(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	body := func(i int) string { return fmt.Sprintf("Subject: d%d\r\n\r\nhello\r\n", i) }
+	e.deliver(body(1))
+	e.deliver(body(2))
+	dom := userdb.Domain(testUser)
+	if _, err := e.core.AddDomain(ctx, domain.Domain{Name: dom, QuotaMessages: 2}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.raw(true)
+	appendMsg := func(text string) string {
+		tag := r.send(fmt.Sprintf("APPEND INBOX {%d+}\r\n%s", len(text), text))
+		_, st := r.until(tag)
+		return st
+	}
+	if st := appendMsg(body(3)); !strings.HasPrefix(st, "NO [OVERQUOTA]") || !strings.Contains(st, "domain") {
+		t.Fatalf("APPEND past the domain's message limit: %s", st)
+	}
+	r.ok("SELECT INBOX")
+	if _, st := r.cmd("COPY 1 Archive"); !strings.HasPrefix(st, "NO [OVERQUOTA]") {
+		t.Fatalf("COPY past the domain's limit: %s", st)
+	}
+	r.ok("MOVE 1 Archive")
+	if _, err := e.core.SetDomain(ctx, domain.Domain{Name: dom, QuotaMessages: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if st := appendMsg(body(4)); !strings.HasPrefix(st, "OK") {
+		t.Fatalf("APPEND after the domain's limit was raised: %s", st)
 	}
 }

@@ -675,6 +675,9 @@ func (s *session) Copy(numSet imap.NumSet, dest string) (*imap.CopyData, error) 
 	if err := checkQuota(what, usage, int64(len(uids)), size); err != nil {
 		return nil, err
 	}
+	if err := s.checkDomainQuota(what, int64(len(uids)), size); err != nil {
+		return nil, err
+	}
 	res, err := s.srv.store.Copy(s.ctx(), s.user, s.sel.id, uids, dest, false)
 	if err != nil {
 		return nil, storeErr(what, err)

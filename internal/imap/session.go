@@ -605,6 +605,9 @@ func (s *session) newMessages(what, name string, in []imapserver.AppendMessage) 
 	if err := checkQuota(what, usage, int64(len(in)), total); err != nil {
 		return nil, err
 	}
+	if err := s.checkDomainQuota(what, int64(len(in)), total); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 

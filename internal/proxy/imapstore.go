@@ -112,6 +112,13 @@ func (s *IMAPStore) MailboxUsage(ctx context.Context, user, name string) (*mailb
 	return nil, rep.Usage, fmt.Errorf("user %s mailbox %q: %w", user, name, mailbox.ErrNoMailbox)
 }
 
+// DomainRoom implements imap.Store.
+func (s *IMAPStore) DomainRoom(ctx context.Context, user string, n, size int64) error {
+	ctx, cancel := withOpTimeout(ctx)
+	defer cancel()
+	return s.P.DomainRoom(ctx, user, n, size)
+}
+
 func (s *IMAPStore) find(ctx context.Context, user string, match func(*mailbox.Mailbox) bool, what string) (*mailbox.Mailbox, error) {
 	all, err := s.Mailboxes(ctx, user)
 	if err != nil {

@@ -231,21 +231,45 @@ func (p *Proxy) checkQuota(ctx context.Context, prof *userdb.Profile, dom domain
 			return refuse(fmt.Errorf("recipient %s: %s: %w", prof.Address, rep.Usage, userdb.ErrOverQuota), false)
 		}
 	}
+	if partial, err := p.domainRoom(ctx, prof.Address, dom, 1, size); err != nil {
+		return refuse(fmt.Errorf("recipient %w", err), partial)
+	}
+	return nil
+}
+
+// domainRoom refuses n messages of size bytes in all that would take
+// user's domain dom past its quota, with an error wrapping
+// userdb.ErrOverQuota; partial says the domain's figure may be off (a
+// bucket's manager did not answer). A domain without limits costs nothing.
+func (p *Proxy) domainRoom(ctx context.Context, user string, dom domain.Domain, n, size int64) (partial bool, err error) {
 	if !dom.Limited() {
-		return nil
+		return false, nil
 	}
 	du, err := p.Users.DomainUsage(ctx, dom.Name)
 	if err != nil {
 		// The user's own quota still holds; a domain's figure that cannot
 		// be had now does not hold mail back.
-		p.log().Warn("domain quota not checked: usage unknown", "domain", dom.Name, "recipient", prof.Address, "err", err)
-		return nil
+		p.log().Warn("domain quota not checked: usage unknown", "domain", dom.Name, "user", user, "err", err)
+		return false, nil
 	}
 	u := mailbox.Usage{Storage: du.Storage, Messages: du.Messages, QuotaStorage: dom.QuotaStorage, QuotaMessages: dom.QuotaMessages}
-	if u.Over(1, size) {
-		return refuse(fmt.Errorf("recipient %s: domain %s: %s: %w", prof.Address, dom.Name, u, userdb.ErrOverQuota), du.Partial)
+	if u.Over(n, size) {
+		return du.Partial, fmt.Errorf("%s: domain %s: %s: %w", user, dom.Name, u, userdb.ErrOverQuota)
 	}
-	return nil
+	return false, nil
+}
+
+// DomainRoom refuses n messages of size bytes in all that would take the
+// domain of user past the domain's quota (IMAP APPEND and COPY; delivery
+// checks it in CheckRecipient), with an error wrapping
+// userdb.ErrOverQuota.
+func (p *Proxy) DomainRoom(ctx context.Context, user string, n, size int64) error {
+	if p.Domains == nil {
+		return nil
+	}
+	dom, _ := p.Domains.Domain(userdb.Domain(user))
+	_, err := p.domainRoom(ctx, user, dom, n, size)
+	return err
 }
 
 // usage lists a user's mailboxes with what their mail takes, counted by
