@@ -18,8 +18,8 @@ import (
 // what the root holds and is never refused. Delivery checks the same limits
 // (proxy.CheckRecipient). A user without limits has no quota root. The
 // quota of the user's domain (over all its users) refuses APPEND and COPY
-// the same way; it has no root here, as Dovecot shows no shared root
-// either, and GETQUOTA reports the user's own.
+// the same way; it is not shown as a root of its own (GETQUOTA reports the
+// user's), since RFC 9208 roots are per user here.
 
 // quotaRoot is the name of a user's one quota root.
 const quotaRoot = ""
