@@ -13,7 +13,6 @@ import (
 	"sync"
 
 	"github.com/quillmail/quill/internal/cassandra"
-	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/userdb"
@@ -36,14 +35,12 @@ func (c *Cassandra) Close() error { c.St.Close(); return nil }
 // objects.
 func (c *Cassandra) Snapshot(ctx context.Context) (*Snapshot, error) {
 	snap := &Snapshot{}
-	for b := 0; b < cluster.Buckets; b++ {
-		err := c.St.ScanProfiles(ctx, b, func(p *userdb.Profile) error {
-			snap.Users = append(snap.Users, &User{Profile: p})
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
+	err := c.St.AllProfiles(ctx, func(p *userdb.Profile) error {
+		snap.Users = append(snap.Users, &User{Profile: p})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	sort.Slice(snap.Users, func(i, j int) bool { return snap.Users[i].Profile.Address < snap.Users[j].Profile.Address })
 	for _, u := range snap.Users {
@@ -66,7 +63,7 @@ func (c *Cassandra) Snapshot(ctx context.Context) (*Snapshot, error) {
 			u.Boxes = append(u.Boxes, &Box{Mailbox: mb, Messages: msgs, Reserved: Ends{UID: f.UIDReserved, ModSeq: f.ModSeqReserved}})
 		}
 	}
-	err := c.St.QueueEntries(ctx, func(e *queue.Entry) error {
+	err = c.St.QueueEntries(ctx, func(e *queue.Entry) error {
 		snap.Queue = append(snap.Queue, e)
 		return nil
 	})
