@@ -26,8 +26,10 @@ import (
 
 	"github.com/quillmail/quill/internal/cassandra/cassandratest"
 	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/domain"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/storemigrate"
 )
 
@@ -53,9 +55,11 @@ type seen struct {
 }
 
 type seenBox struct {
-	Name        string
-	UIDValidity uint32
-	Subscribed  bool
+	Name          string
+	UIDValidity   uint32
+	UIDNext       uint32
+	HighestModSeq uint64
+	Subscribed    bool
 	Messages    []seen
 }
 
@@ -71,7 +75,8 @@ func readAll(t *testing.T, s *proxy.IMAPStore, users []string) map[string][]seen
 			t.Fatalf("user %s: %v", u, err)
 		}
 		for _, mb := range boxes {
-			sb := seenBox{Name: mb.Name, UIDValidity: mb.UIDValidity, Subscribed: mb.Subscribed}
+			sb := seenBox{Name: mb.Name, UIDValidity: mb.UIDValidity, UIDNext: mb.UIDNext, HighestModSeq: mb.HighestModSeq,
+				Subscribed: mb.Subscribed}
 			msgs, err := s.Messages(ctx, u, mb.ID)
 			if err != nil {
 				t.Fatal(err)
@@ -164,8 +169,14 @@ func TestMigrateRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := c.Proxy.Deliver(ctx, []string{bob}, message(99, 1500)); err != nil {
+		t.Fatal(err)
+	}
 	// One body above Cassandra's 1 MiB chunk.
 	if err := c.Proxy.Deliver(ctx, []string{alice, bob}, message(100, 1<<20+12345)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Proxy.Deliver(ctx, []string{alice}, message(102, 2500)); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Proxy.Deliver(ctx, []string{bob, carol}, message(101, 3000)); err != nil {
@@ -188,6 +199,22 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if err := c.Users.DeleteUser(ctx, carol); err != nil {
 		t.Fatal(err)
 	}
+	// Clusterwide objects (a domain, and a deleted one's tombstone) and
+	// an outbound queue entry (the core runs no queue runner: it stays).
+	kept, dropped := "kept-"+run+".example", "dropped-"+run+".example"
+	for _, d := range []string{kept, dropped} {
+		if _, err := c.AddDomain(ctx, domain.Domain{Name: d}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteDomain(ctx, dropped); err != nil {
+		t.Fatal(err)
+	}
+	queued := message(300, 4000)
+	qid, err := c.Queue.Add(ctx, alice, alice, []string{"someone@remote.example"}, queued, 1, replica.One)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c.Close()
 	if err := os.CopyFS(stale, os.DirFS(dir)); err != nil {
 		t.Fatal(err)
@@ -195,16 +222,23 @@ func TestMigrateRoundTrip(t *testing.T) {
 	c, s = openNode(t, dir)
 	in = inboxOf(t, s, alice, "INBOX")
 	uids = uidsOf(t, s, alice, in)
-	if _, err := s.Expunge(ctx, alice, in.ID, uids[:1]); err != nil {
+	// The first and the last message go (UIDNEXT then lies past the
+	// messages), then a flag change; bob's last change is an expunge
+	// (HIGHESTMODSEQ past the messages').
+	if _, err := s.Expunge(ctx, alice, in.ID, []uint32{uids[0], uids[len(uids)-1]}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.StoreFlags(ctx, alice, in.ID, uids[1:2], mailbox.FlagsRemove, []string{`\Seen`}, 0); err != nil {
 		t.Fatal(err)
 	}
+	bin := inboxOf(t, s, bob, "INBOX")
+	if _, err := s.Expunge(ctx, bob, bin.ID, uidsOf(t, s, bob, bin)[:1]); err != nil {
+		t.Fatal(err)
+	}
 	want := readAll(t, s, users)
 
 	// A running node's directory is refused by name.
-	_, _, err := migrate(t, dir, url, false)
+	_, _, err = migrate(t, dir, url, false)
 	if err == nil || !strings.Contains(err.Error(), "data directory "+dir+" is in use by a running quill") {
 		t.Fatalf("migrate from a running node's directory: %v", err)
 	}
@@ -220,8 +254,9 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Logf("to Cassandra:\n%s", out)
-	if res.Copied.Users != 2 || res.Copied.Deleted != 1 || res.Copied.Messages != 8 || res.Copied.Expunged != 1 {
-		t.Fatalf("copied %+v: want 2 users, 1 deleted, 8 messages, 1 expunged", res.Copied)
+	if res.Copied.Users != 2 || res.Copied.Deleted != 1 || res.Copied.Messages != 8 || res.Copied.Expunged != 3 ||
+		res.Copied.Queue != 1 || res.Copied.Objects != 2 {
+		t.Fatalf("copied %+v: want 2 users, 1 deleted, 8 messages, 3 expunged, 1 queue entry, 2 objects", res.Copied)
 	}
 
 	cs, err := storemigrate.OpenCassandra(ctx, url)
@@ -332,6 +367,14 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if _, err := c2.Proxy.Login(ctx, carol, migratePass); err == nil {
 		t.Fatal("a deleted user came back")
 	}
+	if !c2.HasDomain(kept) || c2.HasDomain(dropped) {
+		t.Fatalf("domains after the round trip: %s %v, %s (deleted) %v", kept, c2.HasDomain(kept), dropped, c2.HasDomain(dropped))
+	}
+	if e, ok := c2.Queue.Store.Get(qid); !ok || e.From != alice || len(e.Recipients) != 1 {
+		t.Fatalf("queue entry %s after the round trip: %+v %v", qid, e, ok)
+	} else if b, err := c2.Queue.Store.Body(qid); err != nil || !bytes.Equal(b, queued) {
+		t.Fatalf("queued message after the round trip: %d bytes, %v", len(b), err)
+	}
 	// A new delivery takes a UID past every migrated one.
 	if err := c2.Proxy.Deliver(ctx, []string{alice}, message(200, 1000)); err != nil {
 		t.Fatal(err)
@@ -351,7 +394,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 func describe(boxes []seenBox) string {
 	var b strings.Builder
 	for _, mb := range boxes {
-		fmt.Fprintf(&b, "  %s v%d sub=%v\n", mb.Name, mb.UIDValidity, mb.Subscribed)
+		fmt.Fprintf(&b, "  %s v%d uidnext %d highestmodseq %d sub=%v\n", mb.Name, mb.UIDValidity, mb.UIDNext, mb.HighestModSeq, mb.Subscribed)
 		for _, m := range mb.Messages {
 			fmt.Fprintf(&b, "    uid %d flags (%s) modseq %d date %d size %d body %d bytes\n", m.UID, m.Flags, m.ModSeq, m.Date, m.Size, len(m.Body))
 		}

@@ -210,3 +210,33 @@ func NativeDefs(p *userdb.Profile, boxes []mailbox.Mailbox, fences map[uint32]En
 	sort.Slice(out, func(i, j int) bool { return out[i].UIDValidity < out[j].UIDValidity })
 	return out
 }
+
+// EndMark says where a mailbox written into a new native node needs a
+// stand-in for the messages expunged at its end: a native fragment's
+// UIDNEXT and HIGHESTMODSEQ follow what it stored, expunges included,
+// and only a message applied and then expunged moves them (IMAP's UIDNEXT
+// and HIGHESTMODSEQ must not go back: RFC 3501 §2.3.1.1, RFC 7162 §3.1.2).
+// The stand-in takes UIDNEXT-1 when that UID is past every message, else
+// any free UID below it, and the mailbox's HIGHESTMODSEQ; ok is false when
+// the messages alone give both figures (or no UID is free).
+func EndMark(box mailbox.Mailbox, msgs []mailbox.Message) (uid uint32, modseq uint64, ok bool) {
+	var maxUID uint32
+	var maxMod uint64 = 1
+	used := make(map[uint32]bool, len(msgs))
+	for _, m := range msgs {
+		maxUID, maxMod = max(maxUID, m.UID), max(maxMod, m.ModSeq)
+		used[m.UID] = true
+	}
+	needUID, needMod := box.UIDNext > maxUID+1, box.HighestModSeq > maxMod
+	switch {
+	case needUID:
+		return box.UIDNext - 1, max(box.HighestModSeq, 1), true
+	case needMod:
+		for u := uint32(1); u < maxUID; u++ {
+			if !used[u] {
+				return u, box.HighestModSeq, true
+			}
+		}
+	}
+	return 0, 0, false
+}

@@ -226,3 +226,26 @@ func TestCompare(t *testing.T) {
 		t.Errorf("flag set %q", flagSet([]string{`\Seen`, "$Label", `\seen`}))
 	}
 }
+
+func TestEndMark(t *testing.T) {
+	msgs := []mailbox.Message{{UID: 1, ModSeq: 4}, {UID: 3, ModSeq: 6}}
+	for _, c := range []struct {
+		box    mailbox.Mailbox
+		msgs   []mailbox.Message
+		uid    uint32
+		modseq uint64
+		ok     bool
+	}{
+		{mailbox.Mailbox{UIDNext: 4, HighestModSeq: 6}, msgs, 0, 0, false},  // the messages say it all
+		{mailbox.Mailbox{UIDNext: 9, HighestModSeq: 6}, msgs, 8, 6, true},   // the last ones expunged
+		{mailbox.Mailbox{UIDNext: 4, HighestModSeq: 11}, msgs, 2, 11, true}, // an expunge was the last change
+		{mailbox.Mailbox{UIDNext: 3, HighestModSeq: 5}, []mailbox.Message{{UID: 1, ModSeq: 2}, {UID: 2, ModSeq: 3}}, 0, 0, false},
+		{mailbox.Mailbox{UIDNext: 6, HighestModSeq: 9}, nil, 5, 9, true}, // all expunged
+		{mailbox.Mailbox{UIDNext: 1, HighestModSeq: 1}, nil, 0, 0, false},
+	} {
+		uid, modseq, ok := EndMark(c.box, c.msgs)
+		if uid != c.uid || modseq != c.modseq || ok != c.ok {
+			t.Errorf("EndMark(%+v, %d messages) = %d, %d, %v; want %d, %d, %v", c.box, len(c.msgs), uid, modseq, ok, c.uid, c.modseq, c.ok)
+		}
+	}
+}

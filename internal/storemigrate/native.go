@@ -16,6 +16,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
 	"github.com/quillmail/quill/internal/core"
+	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/queue"
 	"github.com/quillmail/quill/internal/replica"
@@ -245,7 +246,7 @@ func CopyToNative(ctx context.Context, src Source, snap *Snapshot, dir string, p
 		return sum, err
 	}
 	defer db.Close()
-	w := &nativeWriter{self: self, targets: []cluster.NodeID{self}, users: userdb.New(db), boxes: mailbox.New(db)}
+	w := &nativeWriter{self: self, clock: hlc.New(), targets: []cluster.NodeID{self}, users: userdb.New(db), boxes: mailbox.New(db)}
 	w.boxes.Self = self
 	if w.wide, err = clusterwide.Open(db, nil); err != nil {
 		return sum, err
@@ -280,6 +281,7 @@ func CopyToNative(ctx context.Context, src Source, snap *Snapshot, dir string, p
 
 type nativeWriter struct {
 	self    cluster.NodeID
+	clock   *hlc.Clock
 	targets []cluster.NodeID
 	users   *userdb.DB
 	boxes   *mailbox.Manager
@@ -371,8 +373,40 @@ func (w *nativeWriter) user(ctx context.Context, src Source, u *User, p Progress
 		if err := flush(); err != nil {
 			return err
 		}
+		if err := w.endMark(prof.Address, b); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// endMark applies a stand-in message and its expunge where the mailbox's
+// UIDNEXT or HIGHESTMODSEQ lie past its messages (EndMark): the node then
+// holds what it would after the real expunges, a tombstone and a body
+// swept after mailbox.ExpungedBodyGrace.
+func (w *nativeWriter) endMark(user string, b *Box) error {
+	uid, modseq, ok := EndMark(b.Mailbox, b.Messages)
+	if !ok {
+		return nil
+	}
+	id := w.boxes.NewMessageID()
+	at := replica.Stamp{Clock: w.clock.Now(), Node: w.self}
+	o := &mailbox.Object{User: user, ID: id, Mailbox: b.Mailbox.Name, UIDValidity: b.Mailbox.UIDValidity, UID: uid,
+		ModSeq: modseq, Replicas: w.targets, Want: 1}
+	up, err := o.Update(at, w.targets, []byte{})
+	if err != nil {
+		return err
+	}
+	what := fmt.Sprintf("user %s mailbox %q: UIDNEXT %d, HIGHESTMODSEQ %d", user, b.Mailbox.Name, b.Mailbox.UIDNext, b.Mailbox.HighestModSeq)
+	if err := apply(w.boxes, what, up); err != nil {
+		return err
+	}
+	gone := &mailbox.Object{User: user, ID: id, ModSeq: modseq, Deleted: true, Replicas: w.targets}
+	at.Clock = w.clock.Now()
+	if up, err = gone.Update(at, w.targets, nil); err != nil {
+		return err
+	}
+	return apply(w.boxes, what, up)
 }
 
 // applyBatchBytes bounds the bodies of one batch (large messages).

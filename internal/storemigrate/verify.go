@@ -26,8 +26,10 @@ type Digest struct {
 
 // BoxDigest is one mailbox as compared.
 type BoxDigest struct {
-	UIDValidity uint32
-	Subscribed  bool
+	UIDValidity   uint32
+	UIDNext       uint32
+	HighestModSeq uint64
+	Subscribed    bool
 	Messages    []MessageDigest // UID order
 }
 
@@ -72,7 +74,8 @@ func DigestOf(ctx context.Context, src Source, snap *Snapshot, p Progress) (*Dig
 			if p != nil {
 				p.Folder(u.Profile.Address+" "+b.Mailbox.Name, len(b.Messages))
 			}
-			bd := &BoxDigest{UIDValidity: b.Mailbox.UIDValidity, Subscribed: b.Mailbox.Subscribed}
+			bd := &BoxDigest{UIDValidity: b.Mailbox.UIDValidity, UIDNext: b.Mailbox.UIDNext, HighestModSeq: b.Mailbox.HighestModSeq,
+				Subscribed: b.Mailbox.Subscribed}
 			boxes[b.Mailbox.Name] = bd
 			for _, m := range b.Messages {
 				if err := ctx.Err(); err != nil {
@@ -163,6 +166,10 @@ func compareBox(what string, a, b *BoxDigest) []string {
 	var out []string
 	if a.UIDValidity != b.UIDValidity {
 		out = append(out, fmt.Sprintf("%s: UIDVALIDITY %d, destination %d", what, a.UIDValidity, b.UIDValidity))
+	}
+	if a.UIDNext != b.UIDNext || a.HighestModSeq != b.HighestModSeq {
+		out = append(out, fmt.Sprintf("%s: UIDNEXT %d, HIGHESTMODSEQ %d; destination %d, %d", what, a.UIDNext, a.HighestModSeq,
+			b.UIDNext, b.HighestModSeq))
 	}
 	if a.Subscribed != b.Subscribed {
 		out = append(out, fmt.Sprintf("%s: subscribed %v, destination %v", what, a.Subscribed, b.Subscribed))
