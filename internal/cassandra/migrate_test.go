@@ -60,7 +60,7 @@ type seenBox struct {
 	UIDNext       uint32
 	HighestModSeq uint64
 	Subscribed    bool
-	Messages    []seen
+	Messages      []seen
 }
 
 // readAll reads users' mailboxes and messages through the node's IMAP

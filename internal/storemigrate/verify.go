@@ -30,7 +30,7 @@ type BoxDigest struct {
 	UIDNext       uint32
 	HighestModSeq uint64
 	Subscribed    bool
-	Messages    []MessageDigest // UID order
+	Messages      []MessageDigest // UID order
 }
 
 // MessageDigest is one message as compared. Date is in milliseconds:
