@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -400,4 +401,63 @@ func describe(boxes []seenBox) string {
 		}
 	}
 	return b.String()
+}
+
+// TestMigrateLarge (QUILL_MIGRATE_LARGE=N, make migrate-large): N messages
+// of 4.7 KB (Porcupine's mean) over 10 users, delivered through a core,
+// copied into Cassandra, copied again, and back into a new data directory;
+// the times are logged for docs/benchmarks.md, not checked.
+func TestMigrateLarge(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("QUILL_MIGRATE_LARGE"))
+	if n <= 0 {
+		t.Skip("set QUILL_MIGRATE_LARGE to a number of messages (make migrate-large)")
+	}
+	hosts := cassandratest.Hosts(t)
+	ctx := context.Background()
+	run := randomName()
+	url := "cassandra://" + strings.Join(hosts, ",") + "/quill_migrate_large_" + run + "?rf=1"
+	dir := filepath.Join(t.TempDir(), "n1")
+	c, _ := openNode(t, dir)
+	const users, senders = 10, 8
+	var addrs []string
+	for i := range users {
+		a := fmt.Sprintf("large%d-%s@example.org", i, run)
+		if _, err := c.Users.AddUser(ctx, a, migratePass); err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, a)
+	}
+	began := time.Now()
+	errs := make(chan error, senders)
+	for w := range senders {
+		go func() {
+			for i := w; i < n; i += senders {
+				if err := c.Proxy.Deliver(ctx, []string{addrs[i%users]}, message(i, 4700)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range senders {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d messages delivered in %s", n, time.Since(began).Round(time.Millisecond))
+	c.Close()
+	for _, step := range []struct{ what, from, to string }{
+		{"to Cassandra", dir, url},
+		{"to Cassandra again", dir, url},
+		{"back into a new data directory", url, filepath.Join(t.TempDir(), "back")},
+	} {
+		began := time.Now()
+		res, out, err := migrate(t, step.from, step.to, false)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", step.what, err, out)
+		}
+		t.Logf("%s: %d messages copied in %s, verified in %s (%s in all)", step.what, res.Copied.Messages,
+			res.CopyTook.Round(time.Millisecond), res.VerifyTook.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	}
 }

@@ -344,12 +344,7 @@ func (w *nativeWriter) user(ctx context.Context, src Source, u *User, p Progress
 			ups, size = nil, 0
 			return err
 		}
-		for i := range b.Messages {
-			m := &b.Messages[i]
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			body, err := src.Body(ctx, prof.Address, m.ID)
+		err := eachBody(ctx, src, prof.Address, b.Messages, func(m *mailbox.Message, body []byte, err error) error {
 			if err != nil {
 				return fmt.Errorf("user %s mailbox %q uid %d: %w", prof.Address, b.Mailbox.Name, m.UID, err)
 			}
@@ -365,10 +360,12 @@ func (w *nativeWriter) user(ctx context.Context, src Source, u *User, p Progress
 			sum.Bytes += int64(len(body))
 			p.Message(int64(len(body)))
 			if len(ups) >= applyBatch || size >= applyBatchBytes {
-				if err := flush(); err != nil {
-					return err
-				}
+				return flush()
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if err := flush(); err != nil {
 			return err

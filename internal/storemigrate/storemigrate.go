@@ -125,3 +125,41 @@ func (s *Snapshot) Count() (boxes, msgs int, bytes int64) {
 	}
 	return boxes, msgs, bytes
 }
+
+// fetchWindow is how many bodies are read ahead at once (Workers at a
+// time): a read from Cassandra is a round trip, so one at a time leaves
+// the copy and the verify waiting on the network; the window bounds the
+// memory the bodies read ahead take.
+const fetchWindow = 4 * Workers
+
+// eachBody reads the bodies of a mailbox's messages from src, Workers at
+// a time, and calls fn with each in the messages' order (a body that
+// cannot be read with its error).
+func eachBody(ctx context.Context, src Source, user string, msgs []mailbox.Message, fn func(m *mailbox.Message, body []byte, err error) error) error {
+	bodies := make([][]byte, fetchWindow)
+	errs := make([]error, fetchWindow)
+	sem := make(chan struct{}, Workers)
+	for lo := 0; lo < len(msgs); lo += fetchWindow {
+		hi := min(lo+fetchWindow, len(msgs))
+		var wg sync.WaitGroup
+		for i := lo; i < hi; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				bodies[i-lo], errs[i-lo] = src.Body(ctx, user, msgs[i].ID)
+			}()
+		}
+		wg.Wait()
+		for i := lo; i < hi; i++ {
+			if err := fn(&msgs[i], bodies[i-lo], errs[i-lo]); err != nil {
+				return err
+			}
+			bodies[i-lo] = nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

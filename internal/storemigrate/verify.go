@@ -12,6 +12,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/quillmail/quill/internal/mailbox"
 )
 
 // Digest is what the verify pass compares of one side.
@@ -77,18 +79,19 @@ func DigestOf(ctx context.Context, src Source, snap *Snapshot, p Progress) (*Dig
 			bd := &BoxDigest{UIDValidity: b.Mailbox.UIDValidity, UIDNext: b.Mailbox.UIDNext, HighestModSeq: b.Mailbox.HighestModSeq,
 				Subscribed: b.Mailbox.Subscribed}
 			boxes[b.Mailbox.Name] = bd
-			for _, m := range b.Messages {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
+			err := eachBody(ctx, src, u.Profile.Address, b.Messages, func(m *mailbox.Message, body []byte, err error) error {
 				md := MessageDigest{UID: m.UID, Flags: flagSet(m.Flags), ModSeq: m.ModSeq, Date: m.Date.UnixMilli(), Size: m.Size}
-				if body, err := src.Body(ctx, u.Profile.Address, m.ID); err == nil {
+				if err == nil {
 					md.SHA256 = sha256.Sum256(body)
 				}
 				bd.Messages = append(bd.Messages, md)
 				if p != nil {
 					p.Message(m.Size)
 				}
+				return nil
+			})
+			if err != nil {
+				return nil, err
 			}
 			sort.Slice(bd.Messages, func(i, j int) bool { return bd.Messages[i].UID < bd.Messages[j].UID })
 		}
