@@ -240,3 +240,17 @@ func EndMark(box mailbox.Mailbox, msgs []mailbox.Message) (uid uint32, modseq ui
 	}
 	return 0, 0, false
 }
+
+// Clash returns two messages that share a UID, if any, in msgs sorted by
+// UID: what two writers cut off from each other can leave (BLUEPRINT
+// invariant 5 is mended by the native writer when it loads the mailbox),
+// and what neither Cassandra's index (one record per UID) nor a copy can
+// hold.
+func Clash(msgs []mailbox.Message) (a, b mailbox.Message, ok bool) {
+	for i := 1; i < len(msgs); i++ {
+		if msgs[i].UID == msgs[i-1].UID {
+			return msgs[i-1], msgs[i], true
+		}
+	}
+	return a, b, false
+}

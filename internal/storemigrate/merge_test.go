@@ -249,3 +249,13 @@ func TestEndMark(t *testing.T) {
 		}
 	}
 }
+
+func TestClash(t *testing.T) {
+	if _, _, ok := Clash([]mailbox.Message{{UID: 1, ID: "a"}, {UID: 2, ID: "b"}}); ok {
+		t.Fatal("a clash out of distinct UIDs")
+	}
+	a, b, ok := Clash([]mailbox.Message{{UID: 1, ID: "a"}, {UID: 3, ID: "b"}, {UID: 3, ID: "c"}})
+	if !ok || a.ID != "b" || b.ID != "c" {
+		t.Fatalf("clash %v %v %v", a, b, ok)
+	}
+}

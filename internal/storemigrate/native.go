@@ -187,6 +187,10 @@ func (n *Native) boxesOf(p *userdb.Profile) ([]*Box, error) {
 		v := def.UIDValidity
 		msgs := kept[v]
 		sort.Slice(msgs, func(i, j int) bool { return msgs[i].UID < msgs[j].UID })
+		if a, b, ok := Clash(msgs); ok {
+			return nil, fmt.Errorf("user %s mailbox %q: UID %d names two messages (%s and %s; writers cut off from each other gave it twice): start the cluster so the mailbox's writer renumbers one, stop it, and copy again",
+				user, def.Name, a.UID, a.ID, b.ID)
+		}
 		out = append(out, &Box{Mailbox: MergeBox(p, def, frags[v], msgs), Messages: msgs, Expunged: gone[v],
 			Reserved: Ends{UID: def.UIDReserved, ModSeq: def.ModSeqReserved}})
 	}
