@@ -197,6 +197,14 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if err := s.SetSubscribed(ctx, alice, "Junk", false); err != nil {
 		t.Fatal(err)
 	}
+	// A mailbox the stale replica keeps and the node deletes later: a
+	// copy after the delete removes it from Cassandra.
+	if _, err := s.CreateMailbox(ctx, alice, "Tmp", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Copy(ctx, alice, in.ID, uids[5:6], "Tmp", false); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Users.DeleteUser(ctx, carol); err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +240,9 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if _, _, err := s.StoreFlags(ctx, alice, in.ID, uids[1:2], mailbox.FlagsRemove, []string{`\Seen`}, 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.DeleteMailbox(ctx, alice, "Tmp"); err != nil {
+		t.Fatal(err)
+	}
 	bin := inboxOf(t, s, bob, "INBOX")
 	if _, err := s.Expunge(ctx, bob, bin.ID, uidsOf(t, s, bob, bin)[:1]); err != nil {
 		t.Fatal(err)
@@ -250,6 +261,9 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if _, out, err := migrate(t, stale, url, false); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	if _, err := storemigrateOpen(t, url).St.MailboxByName(ctx, alice, "Tmp"); err != nil {
+		t.Fatalf("mailbox Tmp from the stale replica: %v", err)
+	}
 	res, out, err := migrate(t, dir+","+stale, url, false)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -260,11 +274,10 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("copied %+v: want 2 users, 1 deleted, 8 messages, 3 expunged, 1 queue entry, 2 objects", res.Copied)
 	}
 
-	cs, err := storemigrate.OpenCassandra(ctx, url)
-	if err != nil {
-		t.Fatal(err)
+	cs := storemigrateOpen(t, url)
+	if _, err := cs.St.MailboxByName(ctx, alice, "Tmp"); !errors.Is(err, mailbox.ErrNoMailbox) {
+		t.Fatalf("mailbox Tmp after the copy of its delete: %v", err)
 	}
-	defer cs.Close()
 	before, err := cs.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -460,4 +473,14 @@ func TestMigrateLarge(t *testing.T) {
 		t.Logf("%s: %d messages copied in %s, verified in %s (%s in all)", step.what, res.Copied.Messages,
 			res.CopyTook.Round(time.Millisecond), res.VerifyTook.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 	}
+}
+
+func storemigrateOpen(t *testing.T, url string) *storemigrate.Cassandra {
+	t.Helper()
+	cs, err := storemigrate.OpenCassandra(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/quillmail/quill/internal/cassandra"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -122,6 +123,9 @@ func CopyToCassandra(ctx context.Context, src Source, snap *Snapshot, dst *Cassa
 		if err := st.PutProfile(ctx, u.Profile); err != nil {
 			return sum, err
 		}
+		if err := prune(ctx, st, u); err != nil {
+			return sum, err
+		}
 		if u.Profile.Deleted {
 			sum.Deleted++
 			continue
@@ -172,6 +176,48 @@ func CopyToCassandra(ctx context.Context, src Source, snap *Snapshot, dst *Cassa
 		sum.Objects++
 	}
 	return sum, nil
+}
+
+// prune removes from Cassandra the mailboxes of a user that the source no
+// longer has (deleted since an earlier copy, or the user deleted): their
+// records, index and fence (cassandra.Store.DeleteMailbox, at the
+// profile's stamp: the delete came after every message in them), and the
+// bodies of their messages that no mailbox copied keeps.
+func prune(ctx context.Context, st *cassandra.Store, u *User) error {
+	user := u.Profile.Address
+	rows, err := st.Mailboxes(ctx, user)
+	if err != nil {
+		return err
+	}
+	keep := map[uint32]bool{}
+	ids := map[string]bool{}
+	for _, b := range u.Boxes {
+		keep[b.Mailbox.UIDValidity] = true
+		for _, m := range b.Messages {
+			ids[m.ID] = true
+		}
+	}
+	at := replica.Stamp{Clock: u.Profile.Version}
+	for _, row := range rows {
+		if keep[row.UIDValidity] {
+			continue
+		}
+		msgs, err := st.AllMessages(ctx, user, row.UIDValidity)
+		if err != nil {
+			return err
+		}
+		if err := st.DeleteMailbox(ctx, user, row.UIDValidity, at); err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if !ids[m.ID] {
+				if err := st.DeleteBody(ctx, user, m.ID); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // fence moves a mailbox's reserved ends in Cassandra past everything
