@@ -22,7 +22,7 @@ import pytest
 
 from conftest import REPO, QuillNode
 from dovecot import folders, messages, quote
-from mailutil import free_port, ok, send
+from mailutil import cluster_pair, free_port, ok, send
 
 DOMAIN = "example.org"
 USER = f"carol@{DOMAIN}"
@@ -95,9 +95,10 @@ def migrate(node, *args: str, check: bool = True) -> subprocess.CompletedProcess
     return r
 
 
-def test_migrate_to_cassandra_and_back(quill_factory, cassandra, tmp_path, request):
-    node = quill_factory()
-    node.add_user(USER, PW)
+def fill(node) -> None:
+    """Mail by SMTP, then IMAP changes: a folder with an appended message
+    and a copy, flags, an unsubscription, and an expunge as the last
+    change (UIDNEXT and HIGHESTMODSEQ then lie past every message left)."""
     for i in range(8):
         send(node, USER, f"Subject: delivered {i}\r\nMessage-ID: <m{i}@remote.test>\r\n\r\nbody {i} \xe9\r\n".encode("latin-1"))
     m = imap(node)
@@ -113,6 +114,12 @@ def test_migrate_to_cassandra_and_back(quill_factory, cassandra, tmp_path, reque
     ok(m.uid("STORE", "2,8", "+FLAGS", "(\\Deleted)"))
     ok(m.expunge())
     m.logout()
+
+
+def test_migrate_to_cassandra_and_back(quill_factory, cassandra, tmp_path, request):
+    node = quill_factory()
+    node.add_user(USER, PW)
+    fill(node)
     before = snapshot(node)
     assert len(before["INBOX"][0][1]) == 6 and len(before["Archive/2026"][0][1]) == 2
 
@@ -145,3 +152,24 @@ def test_migrate_to_cassandra_and_back(quill_factory, cassandra, tmp_path, reque
     uids = [int(u) for u in ok(m.uid("SEARCH", "ALL"))[0].split()]
     assert len(uids) == 7 and uids[-1] >= before["INBOX"][1][0], (uids, before["INBOX"][1])
     m.logout()
+
+
+def test_migrate_cluster(quill_factory, cassandra, tmp_path, request):
+    """A two-node cluster (every message and the profile on both nodes,
+    R=2), stopped, copied with both data directories into Cassandra (the
+    replicas merged), and back into one new node that serves it all."""
+    a, b = cluster_pair(quill_factory, USER, PW)
+    fill(a)
+    before = snapshot(b)
+    assert a.stop() == 0 and b.stop() == 0
+    url = f"cassandra://{cassandra}/quill_e2e_{random.randrange(1 << 30):x}"
+    r = migrate(a, "--from", f"{a.data_dir},{b.data_dir}", "--to", url)
+    assert "copied 1 users" in r.stdout and "8 messages" in r.stdout and "0 differences" in r.stdout, r.stdout
+
+    back = QuillNode(a.binary, tmp_path / "back", a.extra_args, name="back")
+    request.node._quill_nodes.append(back)
+    r = migrate(a, "--from", url, "--to", str(back.data_dir))
+    assert "0 differences" in r.stdout, r.stdout
+    back.start()
+    assert snapshot(back) == before
+
