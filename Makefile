@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large
+.PHONY: build run test deps unit e2e e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -116,6 +116,12 @@ cassandra-3-test:
 # A 100,000-message mailbox on one node the test starts (about 1 minute).
 cassandra-large:
 	QUILL_CASSANDRA_LARGE=1 $(GO) test -count=1 -timeout 20m -run 'TestLargeMailbox$$' -v ./internal/cassandra/
+
+# quill migrate of 10,000 messages into a Cassandra node the test starts,
+# again, and back (docs/benchmarks.md, "quill migrate"; about 3 minutes).
+MIGRATE_LARGE ?= 10000
+migrate-large:
+	QUILL_MIGRATE_LARGE=$(MIGRATE_LARGE) $(GO) test -count=1 -timeout 30m -run 'TestMigrateLarge$$' -v ./internal/cassandra/
 
 clean:
 	rm -rf bin

@@ -158,6 +158,30 @@ func (s *Store) List(prefix string) []Object {
 	return out
 }
 
+// UpdateOf returns the replication update that makes o the object's state
+// on targets, at o's own stamp: how quill migrate writes an object copied
+// from another store through this handler.
+func UpdateOf(o Object, targets []cluster.NodeID) (*replica.Update, error) {
+	b, err := encode(o)
+	if err != nil {
+		return nil, err
+	}
+	return &replica.Update{Object: objectName(o.Name), Stamp: o.Stamp, Targets: targets, Data: b}, nil
+}
+
+// All returns every object held here, tombstones included, sorted by
+// name: what quill migrate merges across nodes.
+func (s *Store) All() []Object {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Object, 0, len(s.objects))
+	for _, o := range s.objects {
+		out = append(out, o)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
 // Digest sums up what this node holds (names and stamps, tombstones
 // included) for gossip: equal digests mean nothing to push.
 func (s *Store) Digest() uint64 {

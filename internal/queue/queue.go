@@ -284,6 +284,31 @@ func (s *Store) adopt(e *Entry) error {
 	return nil
 }
 
+// UpdateOf returns the replication update that makes e (with its message
+// body) the entry's state on targets, at e's own stamp: how quill migrate
+// writes an entry copied from another store through this handler.
+func UpdateOf(e *Entry, body []byte, targets []cluster.NodeID) (*replica.Update, error) {
+	data, err := encode(e)
+	if err != nil {
+		return nil, err
+	}
+	return &replica.Update{Object: objectName(e.ID), Stamp: e.Stamp, Targets: targets, Data: data, Blob: body}, nil
+}
+
+// All returns copies of every entry held here, tombstones included, by
+// id: what quill migrate merges across nodes (a tombstone must win over an
+// older state another node still holds).
+func (s *Store) All() []*Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Entry, 0, len(s.entries))
+	for _, e := range s.entries {
+		out = append(out, e.Clone())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
 // Body returns the message of an entry held here.
 func (s *Store) Body(id string) ([]byte, error) {
 	v, c, err := s.db.Get(bodyKey(id))

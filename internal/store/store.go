@@ -22,11 +22,14 @@ package store
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
@@ -74,12 +77,32 @@ type DB struct {
 	res atomic.Pointer[reserve] // room kept back on the disk (reserve.go)
 }
 
+// ErrInUse says another process (or another Open in this one) holds the
+// database's lock: a running node.
+var ErrInUse = errors.New("in use by a running quill (stop it first)")
+
 // Open opens (creating if needed) the database under dir/store.
 func Open(dir string) (*DB, error) {
 	path := filepath.Join(dir, "store")
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
+	return open(path, false)
+}
+
+// OpenReadOnly opens an existing database under dir/store without writing
+// to it (Pebble's read-only mode: the log is replayed in memory): what
+// `quill migrate` reads a stopped node with. The lock is still taken, so a
+// running node's directory fails with ErrInUse.
+func OpenReadOnly(dir string) (*DB, error) {
+	path := filepath.Join(dir, "store")
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("store %s: %w", path, err)
+	}
+	return open(path, true)
+}
+
+func open(path string, readOnly bool) (*DB, error) {
 	opts := &pebble.Options{
 		// Bodies are written once and read a few times; a larger memtable
 		// keeps more of a burst of deliveries out of L0.
@@ -89,6 +112,7 @@ func Open(dir string) (*DB, error) {
 		// small ones behind a single huge write.
 		WALBytesPerSync: 512 << 10,
 		Logger:          quietLogger{},
+		ReadOnly:        readOnly,
 	}
 	// Bloom filters let a point read of a key that is not there (a UID
 	// checked before it is stored, a missing body) skip the table instead
@@ -100,12 +124,23 @@ func Open(dir string) (*DB, error) {
 	}
 	opts.EnsureDefaults()
 	db, err := pebble.Open(path, opts)
+	if lockHeld(err) {
+		return nil, fmt.Errorf("store %s: %w", path, ErrInUse)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
 	d := &DB{p: db, dir: path}
 	d.gate.init(path)
 	return d, nil
+}
+
+// lockHeld reports whether Pebble refused to open because its lock file is
+// held: by another process (fcntl's EAGAIN or EACCES), or by this one
+// (Pebble's own message, it has no error value for it).
+func lockHeld(err error) bool {
+	return err != nil && (errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
+		strings.Contains(err.Error(), "lock held by current process"))
 }
 
 // Close waits for the operations in progress (at most closeWait), refuses

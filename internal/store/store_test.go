@@ -103,3 +103,40 @@ func TestWritersRacingClose(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A database open in a node cannot be opened again (quill migrate reads a
+// stopped node's store): the error says it is in use; once closed, the
+// read-only open sees what was written and refuses writes.
+func TestOpenInUse(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Set([]byte("k"), []byte("v"), Sync); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenReadOnly(dir); !errors.Is(err, ErrInUse) {
+		t.Fatalf("read-only open of a database in use: %v, want ErrInUse", err)
+	}
+	if _, err := Open(dir); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second open: %v, want ErrInUse", err)
+	}
+	d.Close()
+	r, err := OpenReadOnly(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	v, c, err := r.Get([]byte("k"))
+	if err != nil || string(v) != "v" {
+		t.Fatalf("read-only get: %q, %v", v, err)
+	}
+	c.Close()
+	if err := r.Set([]byte("k"), []byte("w"), Sync); err == nil {
+		t.Fatal("a read-only store took a write")
+	}
+	if _, err := OpenReadOnly(t.TempDir()); err == nil {
+		t.Fatal("read-only open of an empty directory made a store")
+	}
+}
