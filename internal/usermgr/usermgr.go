@@ -208,7 +208,7 @@ func New(c Config) *Manager {
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	rand.Read(m.macKey[:])
 	m.dummyHash, _ = userdb.HashPassword("no such user")
-	m.writers = writer.New(c.Self, m, c.Boxes, c.Repl, c.Peers, c.Clock, c.Log)
+	m.writers = writer.New(c.Self, m, writer.NewNative(c.Self, m, c.Boxes, c.Repl, c.Peers, c.Log), c.Peers, c.Clock, c.Log)
 	c.Users.OnApply = m.profileApplied
 	return m
 }

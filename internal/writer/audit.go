@@ -79,8 +79,8 @@ func (r AuditRepairs) Total() int { return r.MailMap + r.Hidden + r.Stale + r.Ph
 
 // StartAudit runs the audit every interval until Close (0: never).
 func (m *Manager) StartAudit(interval time.Duration) {
-	if interval <= 0 {
-		return
+	if _, native := m.store.(*Native); interval <= 0 || !native {
+		return // only the native store has fragments and mail maps
 	}
 	m.audit.mu.Lock()
 	m.audit.stop = make(chan struct{})
@@ -125,6 +125,9 @@ type digest struct {
 // AuditOnce runs one round of the audit and returns what it repaired.
 func (m *Manager) AuditOnce(ctx context.Context) AuditRepairs {
 	var rep AuditRepairs
+	if _, native := m.store.(*Native); !native {
+		return rep // only the native store has fragments and mail maps
+	}
 	before := hlc.Timestamp(time.Now().Add(-auditSettle).UnixMilli()) << 16
 	buckets, views, allocs := m.auditSnapshot(before)
 	rep.Allocs = allocs
@@ -370,7 +373,7 @@ func (m *Manager) auditCheck(ctx context.Context, user string, v uint32) AuditRe
 	m.log.Warn("audit: a mailbox view differed from its fragments; loaded again", "user", user, "mailbox", def.Name,
 		"hidden", rep.Hidden, "stale", rep.Stale, "phantom", rep.Phantom, "unconfirmed", rep.Allocs, "hidden_on", uniq(hiddenOn))
 	b.loaded = false
-	if err := m.load(ctx, user, p, def, b); err != nil {
+	if err := m.load(ctx, w, user, p, def, b); err != nil {
 		m.log.Warn("audit: could not load the view again", "user", user, "mailbox", def.Name, "err", err)
 		b.reloadSoon()
 	}
@@ -378,9 +381,7 @@ func (m *Manager) auditCheck(ctx context.Context, user string, v uint32) AuditRe
 	return rep
 }
 
-// auditCall asks node n (this node directly) about its fragments.
+// auditCall asks node n about its fragments.
 func (m *Manager) auditCall(ctx context.Context, n cluster.NodeID, req *mailbox.AuditRequest, timeout time.Duration) (*mailbox.AuditReply, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return m.boxes.On(m.peers, n).Audit(cctx, req)
+	return m.store.(*Native).audit(ctx, n, req, timeout)
 }

@@ -89,10 +89,28 @@ func (m *Manager) openBox(ctx context.Context, w *userWriter, p *userdb.Profile,
 	}
 	b := w.counters(def)
 	b.expire(m.peers.Alive())
-	if err := m.load(ctx, p.Address, p, def, b); err != nil {
+	if err := m.load(ctx, w, p.Address, p, def, b); err != nil {
 		return nil, nil, err
 	}
 	return def, b, nil
+}
+
+// saveMailboxes writes a profile whose mailboxes changed, and the
+// mailboxes where the storage keeps them.
+func (m *Manager) saveMailboxes(ctx context.Context, p *userdb.Profile) error {
+	if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
+		return err
+	}
+	return m.store.SaveMailboxes(ctx, p)
+}
+
+// keepCounters records a mailbox's UIDNEXT and HIGHESTMODSEQ after a change
+// that left no message carrying them; a failure is logged (the view here
+// keeps them; a next writer may show a lower HIGHESTMODSEQ).
+func (m *Manager) keepCounters(ctx context.Context, user string, def *userdb.MailboxDef, b *boxView) {
+	if err := m.store.KeepCounters(ctx, user, def, b.used, b.usedMod); err != nil {
+		m.log.Warn("could not record a mailbox's UIDNEXT and HIGHESTMODSEQ", "user", user, "mailbox", def.Name, "err", err)
+	}
 }
 
 // mailboxes lists the user's mailboxes, sorted by name.
@@ -103,7 +121,7 @@ func (m *Manager) mailboxes(ctx context.Context, req *MailboxRequest) (*Mailboxe
 			def := &p.Mailboxes[i]
 			b := w.counters(def)
 			// UIDNEXT and HIGHESTMODSEQ come from the fragments.
-			if err := m.load(ctx, p.Address, p, def, b); err != nil {
+			if err := m.load(ctx, w, p.Address, p, def, b); err != nil {
 				return err
 			}
 			out.Mailboxes = append(out.Mailboxes, toMailbox(def, b))
@@ -155,7 +173,7 @@ func (m *Manager) create(ctx context.Context, req *MailboxRequest) (*mailbox.Mai
 		p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: name, UIDValidity: m.nextValidity(p),
 			Subscribed: takeSubscription(p, name), SpecialUse: req.SpecialUse})
 		def := &p.Mailboxes[len(p.Mailboxes)-1]
-		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
+		if err := m.saveMailboxes(ctx, p); err != nil {
 			return err
 		}
 		out = toMailbox(def, w.counters(def))
@@ -191,14 +209,8 @@ func (m *Manager) delete(ctx context.Context, req *MailboxRequest) error {
 			return err
 		}
 		delete(w.boxes, v)
-		mailMap, _ := m.mailMap(p.Address)
-		for _, n := range mailMap {
-			req := &mailbox.FragmentRequest{User: p.Address, UIDValidity: v}
-			if err := m.boxes.On(m.peers, n).Drop(ctx, req); err != nil {
-				// The node's fragment stays until it stores into a mailbox of
-				// that name again, which replaces it; it is never shown.
-				m.log.Warn("could not drop a deleted mailbox's fragment", "user", p.Address, "node", n, "err", err)
-			}
+		if err := m.store.DropMailbox(ctx, p.Address, v); err != nil {
+			m.log.Warn("could not drop a deleted mailbox's messages", "user", p.Address, "mailbox", def.Name, "err", err)
 		}
 		w.changed(m, p.Address, v)
 		return nil
@@ -245,7 +257,7 @@ func (m *Manager) rename(ctx context.Context, req *MailboxRequest) error {
 		if from == mailbox.Inbox {
 			p.Mailboxes = append(p.Mailboxes, userdb.MailboxDef{Name: mailbox.Inbox, UIDValidity: m.nextValidity(p), Subscribed: true})
 		}
-		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
+		if err := m.saveMailboxes(ctx, p); err != nil {
 			return err
 		}
 		w.changed(m, p.Address, 0)
@@ -271,7 +283,7 @@ func (m *Manager) subscribe(ctx context.Context, req *MailboxRequest) error {
 		} else if !takeSubscription(p, req.Name) {
 			return nil // RFC 9051 §6.3.8: not subscribed is not an error
 		}
-		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
+		if err := m.saveMailboxes(ctx, p); err != nil {
 			return err
 		}
 		w.changed(m, p.Address, 0)
@@ -306,10 +318,10 @@ func (m *Manager) storeFlags(ctx context.Context, req *FlagsRequest) (*FlagsRepl
 		if err != nil {
 			return err
 		}
-		if err := m.reserve(ctx, p, def, b, 0, len(req.UIDs)); err != nil {
+		if err := m.reserve(ctx, w, p, def, b, 0, len(req.UIDs)); err != nil {
 			return err
 		}
-		var changes []*change
+		var changes []*Change
 		var changed []*ViewMsg
 		for _, uid := range req.UIDs {
 			vm := b.msgs[uid]
@@ -328,13 +340,13 @@ func (m *Manager) storeFlags(ctx context.Context, req *FlagsRequest) (*FlagsRepl
 			b.modseq++
 			nv := *vm
 			nv.Flags, nv.ModSeq = nf, b.modseq
-			changes = append(changes, &change{obj: mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &nv.Message), holders: vm.Holders})
+			changes = append(changes, &Change{Obj: mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &nv.Message), Holders: vm.Holders, FlagsOnly: true})
 			changed = append(changed, &nv)
 		}
-		m.replicate(ctx, changes)
+		m.store.Write(ctx, changes)
 		var firstErr error
 		for i, nv := range changed {
-			if err := changes[i].err; err != nil {
+			if err := changes[i].Err; err != nil {
 				// The view stays as it was for this message; the session
 				// gets an error.
 				if firstErr == nil {
@@ -342,7 +354,7 @@ func (m *Manager) storeFlags(ctx context.Context, req *FlagsRequest) (*FlagsRepl
 				}
 				continue
 			}
-			nv.Replicas, nv.Version = changes[i].obj.Replicas, changes[i].stamp
+			nv.Replicas, nv.Version = changes[i].Obj.Replicas, changes[i].Stamp
 			b.msgs[nv.UID] = nv
 			b.markUsed(0, nv.ModSeq)
 			out.Updated = append(out.Updated, nv.Message)
@@ -384,26 +396,27 @@ func (m *Manager) expunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, e
 		if len(gone) == 0 {
 			return nil
 		}
-		if err := m.reserve(ctx, p, def, b, 0, 1); err != nil {
+		if err := m.reserve(ctx, w, p, def, b, 0, 1); err != nil {
 			return err
 		}
-		changes := make([]*change, len(gone))
+		changes := make([]*Change, len(gone))
 		for i, vm := range gone {
 			o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
 			o.Deleted, o.ModSeq = true, b.modseq+1
-			changes[i] = &change{obj: o, holders: vm.Holders}
+			changes[i] = &Change{Obj: o, Holders: vm.Holders}
 		}
-		m.replicate(ctx, changes)
+		m.store.Write(ctx, changes)
 		for i, vm := range gone {
-			if err := changes[i].err; err != nil {
+			if err := changes[i].Err; err != nil {
 				m.log.Warn("expunge not replicated", "user", p.Address, "uid", vm.UID, "err", err)
 				continue
 			}
-			b.remove(vm, changes[i].stamp)
+			b.remove(vm, changes[i].Stamp)
 			out.UIDs = append(out.UIDs, vm.UID)
 		}
 		b.modseq++
 		b.markUsed(0, b.modseq)
+		m.keepCounters(ctx, p.Address, def, b)
 		w.changed(m, p.Address, def.UIDValidity)
 		return nil
 	})
@@ -440,15 +453,15 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 		if err != nil {
 			return err
 		}
-		if err := m.reserve(ctx, p, dst, db, len(req.UIDs), len(req.UIDs)); err != nil {
+		if err := m.reserve(ctx, w, p, dst, db, len(req.UIDs), len(req.UIDs)); err != nil {
 			return err
 		}
 		if req.Move {
-			if err := m.reserve(ctx, p, src, sb, 0, 1); err != nil {
+			if err := m.reserve(ctx, w, p, src, sb, 0, 1); err != nil {
 				return err
 			}
 		}
-		var changes []*change
+		var changes []*Change
 		var srcs []*ViewMsg
 		for _, uid := range req.UIDs {
 			vm := sb.msgs[uid]
@@ -460,30 +473,33 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 			nv.UID, nv.ModSeq = db.uidNext, db.modseq
 			db.uidNext++
 			o := mailbox.ObjectFrom(p.Address, dst.Name, dst.UIDValidity, &nv.Message)
-			if !req.Move {
+			c := &Change{Obj: o, Holders: vm.Holders}
+			if req.Move {
+				c.Was = &Place{UIDValidity: src.UIDValidity, UID: vm.UID}
+			} else {
 				// A copy is a new object whose bytes are the source's,
 				// on the same replicas.
-				o.ID, o.BodyFrom = m.boxes.NewMessageID(), vm.ID
+				o.ID, o.BodyFrom = m.store.NewMessageID(), vm.ID
 			}
-			changes = append(changes, &change{obj: o, holders: vm.Holders})
+			changes = append(changes, c)
 			srcs = append(srcs, vm)
 		}
-		m.replicate(ctx, changes)
+		m.store.Write(ctx, changes)
 		var firstErr error
 		for i, vm := range srcs {
 			c := changes[i]
-			if c.err != nil {
+			if c.Err != nil {
 				if firstErr == nil {
-					firstErr = c.err
+					firstErr = c.Err
 				}
 				continue
 			}
 			nv := *vm
-			nv.UID, nv.ModSeq, nv.ID, nv.Replicas, nv.Version = c.obj.UID, c.obj.ModSeq, c.obj.ID, c.obj.Replicas, c.stamp
+			nv.UID, nv.ModSeq, nv.ID, nv.Replicas, nv.Version = c.Obj.UID, c.Obj.ModSeq, c.Obj.ID, c.Obj.Replicas, c.Stamp
 			db.msgs[nv.UID] = &nv
 			db.markUsed(nv.UID, nv.ModSeq)
 			if req.Move {
-				sb.remove(vm, c.stamp)
+				sb.remove(vm, c.Stamp)
 			}
 			out.SrcUIDs = append(out.SrcUIDs, vm.UID)
 			out.DstUIDs = append(out.DstUIDs, nv.UID)
@@ -494,6 +510,7 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 		if req.Move {
 			sb.modseq++
 			sb.markUsed(0, sb.modseq)
+			m.keepCounters(ctx, p.Address, src, sb)
 		}
 		out.Dest = toMailbox(dst, db)
 		w.changed(m, p.Address, dst.UIDValidity)

@@ -2,7 +2,6 @@ package writer
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -13,103 +12,9 @@ import (
 	"github.com/quillmail/quill/internal/userdb"
 )
 
-// The writer changes messages through the replication manager (Porcupine
-// §4.4: the retrieval agent's update is the deletion or modification of a
-// message): every flag change, expunge, copy, move and new replica set is a
-// new whole version of the message object, stamped by the writer's clock so
-// its changes to one object are ordered, and sent to one live replica that
-// coordinates it.
-
-// Replicator is the node's replication manager, as the writer uses it.
-type Replicator interface {
-	Write(ctx context.Context, req *replica.WriteRequest) (*replica.WriteReply, error)
-	// On returns node n's replication manager (this one, or a client).
-	On(n cluster.NodeID) replica.Service
-	Now() replica.Stamp
-	Observe(replica.Stamp)
-}
-
-// change is a new version of one message object decided by the writer.
-type change struct {
-	obj *mailbox.Object
-	// holders are the nodes known to hold the message's bytes: one of the
-	// live ones coordinates the update.
-	holders []cluster.NodeID
-	// leaving are replicas the object leaves: they get the update too, so
-	// they drop their copy when they come back.
-	leaving []cluster.NodeID
-	// stamp is the new version's, once written: the view records it, so
-	// the audit can tell a view that is behind its fragments.
-	stamp replica.Stamp
-	err   error
-}
-
-// replicate writes each change through a coordinator, grouping changes that
-// share coordinator and targets into one call, and sets each change's err.
-func (m *Manager) replicate(ctx context.Context, changes []*change) {
-	alive := map[cluster.NodeID]bool{}
-	for _, mi := range m.peers.Alive() {
-		alive[mi.ID] = true
-	}
-	type group struct {
-		coord   cluster.NodeID
-		targets []cluster.NodeID
-		members []*change
-	}
-	groups := map[string]*group{}
-	var order []string
-	for _, c := range changes {
-		if len(c.obj.Replicas) == 0 { // stored before replication
-			c.obj.Replicas = slices.Clone(c.holders)
-		}
-		targets := uniq(append(slices.Clone(c.obj.Replicas), c.leaving...))
-		coord := cluster.NodeID("")
-		for _, n := range c.holders {
-			if !alive[n] || !slices.Contains(targets, n) {
-				continue
-			}
-			if n == m.self {
-				coord = n
-				break
-			}
-			if coord == "" {
-				coord = n
-			}
-		}
-		if coord == "" {
-			c.err = fmt.Errorf("user %s message %s: no live replica (holders %v)", c.obj.User, c.obj.ID, c.holders)
-			continue
-		}
-		key := string(coord) + "|" + joinIDs(targets)
-		g := groups[key]
-		if g == nil {
-			g = &group{coord: coord, targets: targets}
-			groups[key] = g
-			order = append(order, key)
-		}
-		g.members = append(g.members, c)
-	}
-	for _, key := range order {
-		g := groups[key]
-		stamp := m.repl.Now()
-		req := &replica.WriteRequest{Policy: replica.One}
-		for _, c := range g.members {
-			c.stamp = stamp
-			u, err := c.obj.Update(stamp, g.targets, nil)
-			if err != nil {
-				c.err = err
-				continue
-			}
-			req.Updates = append(req.Updates, u)
-		}
-		_, err := m.repl.On(g.coord).Write(ctx, req)
-		for _, c := range g.members {
-			if c.err == nil && err != nil {
-				c.err = fmt.Errorf("user %s message %s: update through %s: %w", c.obj.User, c.obj.ID, g.coord, err)
-			}
-		}
-	}
-}
+// Repair's side of the writer (rehome), and the conflicts a replica
+// refuses (reload): both are the native store's; a message's writes go
+// through the writer's Storage (native.go).
 
 func uniq(ns []cluster.NodeID) []cluster.NodeID {
 	out := make([]cluster.NodeID, 0, len(ns))
@@ -148,7 +53,7 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 		}
 	}
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
-		var changes []*change
+		var changes []*Change
 		var views []*ViewMsg
 		find := func() error {
 			for i := range p.Mailboxes {
@@ -165,7 +70,7 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 					delete(want, vm.ID)
 					o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
 					o.Replicas = mv.Replicas
-					changes = append(changes, &change{obj: o, holders: vm.Holders, leaving: mv.Gone})
+					changes = append(changes, &Change{Obj: o, Holders: vm.Holders, Leaving: mv.Gone})
 					views = append(views, vm)
 				}
 			}
@@ -184,18 +89,18 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 				return err
 			}
 		}
-		m.replicate(ctx, changes)
+		m.store.Write(ctx, changes)
 		var firstErr error
 		for i, c := range changes {
-			if c.err != nil {
+			if c.Err != nil {
 				if firstErr == nil {
-					firstErr = c.err
+					firstErr = c.Err
 				}
 				continue
 			}
-			views[i].Replicas, views[i].Version = c.obj.Replicas, c.stamp
-			views[i].Holders = uniq(append(views[i].Holders, c.obj.Replicas...))
-			for _, n := range c.obj.Replicas {
+			views[i].Replicas, views[i].Version = c.Obj.Replicas, c.Stamp
+			views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
+			for _, n := range c.Obj.Replicas {
 				m.noteUser(p.Address, n)
 			}
 		}

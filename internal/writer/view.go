@@ -22,19 +22,24 @@ type fragment struct {
 	d    *mailbox.FragmentDigest
 }
 
-// merged is a mailbox view made from fragments.
-type merged struct {
-	msgs map[uint32]*ViewMsg
-	// clash are messages that claimed one UID with another message: all of
+// Contents are a mailbox's messages as a Storage read them (from the
+// fragments that answered, merged, for the native store).
+type Contents struct {
+	Msgs map[uint32]*ViewMsg
+	// Clash are messages that claimed one UID with another message: all of
 	// them get new UIDs, so a UID never names two messages (BLUEPRINT
 	// invariant 5).
-	clash []*ViewMsg
-	// uidNext and modseq are past everything the fragments used; used and
-	// usedMod are UIDNEXT and HIGHESTMODSEQ as the fragments show them.
-	uidNext uint32
-	modseq  uint64
-	used    uint32
-	usedMod uint64
+	Clash []*ViewMsg
+	// UIDNext and ModSeq are past everything the storage shows used; Used
+	// and UsedMod are UIDNEXT and HIGHESTMODSEQ as it shows them.
+	UIDNext uint32
+	ModSeq  uint64
+	Used    uint32
+	UsedMod uint64
+	// Partial says some of the mailbox could not be read (a fragment's
+	// node did not answer): its messages are hidden until the view loads
+	// again.
+	Partial bool
 }
 
 // merge makes a view from the fragments that answered. Replicas of one
@@ -44,18 +49,18 @@ type merged struct {
 // message, not two). Messages removed is true for (removed by this writer,
 // not yet applied by a replica) are left out. Then messages that claim one
 // UID with different ids all go to clash.
-func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) merged {
-	out := merged{msgs: map[uint32]*ViewMsg{}}
+func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) Contents {
+	out := Contents{Msgs: map[uint32]*ViewMsg{}}
 	byID := map[string]*ViewMsg{}
 	var order []string
 	for _, f := range frags {
 		d := f.d
-		out.uidNext = max(out.uidNext, d.UIDNext)
-		out.modseq = max(out.modseq, d.HighestModSeq)
+		out.UIDNext = max(out.UIDNext, d.UIDNext)
+		out.ModSeq = max(out.ModSeq, d.HighestModSeq)
 		if d.UIDNext > 0 {
-			out.used = max(out.used, d.UIDNext)
+			out.Used = max(out.Used, d.UIDNext)
 		}
-		out.usedMod = max(out.usedMod, d.HighestModSeq)
+		out.UsedMod = max(out.UsedMod, d.HighestModSeq)
 		for _, msg := range d.Messages {
 			if removed != nil && removed(msg.ID, msg.Version) {
 				continue
@@ -85,11 +90,11 @@ func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) merg
 	for _, uid := range uids {
 		vms := byUID[uid]
 		if len(vms) == 1 {
-			out.msgs[uid] = vms[0]
+			out.Msgs[uid] = vms[0]
 			continue
 		}
 		sort.Slice(vms, func(i, j int) bool { return vms[i].ID < vms[j].ID })
-		out.clash = append(out.clash, vms...)
+		out.Clash = append(out.Clash, vms...)
 	}
 	return out
 }

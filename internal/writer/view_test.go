@@ -47,14 +47,14 @@ func TestMergeRenumbersEveryMessageOfAThreeWayClash(t *testing.T) {
 		frag("b", msg("y", 7, 2)),
 		frag("c", msg("z", 7, 3), msg("w", 6, 3)),
 	}, nil)
-	if got := ids(mv.clash); !slices.Equal(got, []string{"x", "y", "z"}) {
+	if got := ids(mv.Clash); !slices.Equal(got, []string{"x", "y", "z"}) {
 		t.Fatalf("clash = %v, want x y z", got)
 	}
-	if _, ok := mv.msgs[7]; ok {
-		t.Fatalf("UID 7 still names %s", mv.msgs[7].ID)
+	if _, ok := mv.Msgs[7]; ok {
+		t.Fatalf("UID 7 still names %s", mv.Msgs[7].ID)
 	}
-	if mv.msgs[6] == nil || mv.msgs[6].ID != "w" {
-		t.Fatalf("UID 6 = %v, want w", mv.msgs[6])
+	if mv.Msgs[6] == nil || mv.Msgs[6].ID != "w" {
+		t.Fatalf("UID 6 = %v, want w", mv.Msgs[6])
 	}
 }
 
@@ -66,14 +66,14 @@ func TestMergeLaggingReplicaOfARenumberedMessage(t *testing.T) {
 		frag("a", msg("x", 9, 5), msg("y", 3, 1)),
 		frag("b", msg("x", 3, 1), msg("y", 3, 1)), // has not heard of x's new UID
 	}, nil)
-	if len(mv.clash) != 0 {
-		t.Fatalf("clash = %v, want none", ids(mv.clash))
+	if len(mv.Clash) != 0 {
+		t.Fatalf("clash = %v, want none", ids(mv.Clash))
 	}
-	if len(mv.msgs) != 2 || mv.msgs[9].ID != "x" || mv.msgs[3].ID != "y" {
-		t.Fatalf("view = %v, want x at 9 and y at 3", mv.msgs)
+	if len(mv.Msgs) != 2 || mv.Msgs[9].ID != "x" || mv.Msgs[3].ID != "y" {
+		t.Fatalf("view = %v, want x at 9 and y at 3", mv.Msgs)
 	}
-	if !slices.Equal(mv.msgs[9].Holders, []cluster.NodeID{"a", "b"}) {
-		t.Fatalf("x holders = %v, want a b (b holds an older version)", mv.msgs[9].Holders)
+	if !slices.Equal(mv.Msgs[9].Holders, []cluster.NodeID{"a", "b"}) {
+		t.Fatalf("x holders = %v, want a b (b holds an older version)", mv.Msgs[9].Holders)
 	}
 }
 
@@ -157,7 +157,7 @@ func mergeSeed(t *testing.T, seed uint64) {
 	mv := merge(frags, removed)
 
 	seen := map[string]*ViewMsg{}
-	for u, vm := range mv.msgs {
+	for u, vm := range mv.Msgs {
 		if vm.UID != u {
 			t.Fatalf("UID %d holds %s with UID %d", u, vm.ID, vm.UID)
 		}
@@ -167,7 +167,7 @@ func mergeSeed(t *testing.T, seed uint64) {
 		seen[vm.ID] = vm
 	}
 	clashed := map[string]bool{}
-	for _, vm := range mv.clash {
+	for _, vm := range mv.Clash {
 		if seen[vm.ID] != nil || clashed[vm.ID] {
 			t.Fatalf("%s twice (view and clash)", vm.ID)
 		}
@@ -185,7 +185,7 @@ func mergeSeed(t *testing.T, seed uint64) {
 		byUID[newest.UID] = append(byUID[newest.UID], id)
 		vm := seen[id]
 		if vm == nil {
-			for _, c := range mv.clash {
+			for _, c := range mv.Clash {
 				if c.ID == id {
 					vm = c
 				}
@@ -206,8 +206,8 @@ func mergeSeed(t *testing.T, seed uint64) {
 	}
 	for u, claim := range byUID {
 		if len(claim) > 1 {
-			if _, ok := mv.msgs[u]; ok {
-				t.Fatalf("UID %d claimed by %v still names %s", u, claim, mv.msgs[u].ID)
+			if _, ok := mv.Msgs[u]; ok {
+				t.Fatalf("UID %d claimed by %v still names %s", u, claim, mv.Msgs[u].ID)
 			}
 			for _, id := range claim {
 				if !clashed[id] {
@@ -217,8 +217,8 @@ func mergeSeed(t *testing.T, seed uint64) {
 		}
 	}
 	for _, f := range frags {
-		if mv.uidNext < f.d.UIDNext || mv.modseq < f.d.HighestModSeq {
-			t.Fatalf("counters %d/%d behind fragment %s's %d/%d", mv.uidNext, mv.modseq, f.node, f.d.UIDNext, f.d.HighestModSeq)
+		if mv.UIDNext < f.d.UIDNext || mv.ModSeq < f.d.HighestModSeq {
+			t.Fatalf("counters %d/%d behind fragment %s's %d/%d", mv.UIDNext, mv.ModSeq, f.node, f.d.UIDNext, f.d.HighestModSeq)
 		}
 	}
 }

@@ -15,6 +15,10 @@
 // those ends, past anything the old one handed out; one that takes a bucket
 // over in a handoff continues the old writer's block (handoff.go).
 //
+// Everything the writer reads and writes of hard state goes through a
+// Storage (storage.go): the native store (native.go) or Apache Cassandra
+// (cassandra.WriterStorage, where the reserved ends are fenced rows).
+//
 // The user manager (internal/usermgr, Porcupine §3.3) owns the buckets'
 // soft state and tells this package when a bucket is taken (Open), given
 // away (Drop, which fences and drains its writers), or rebuilt (Reset); the
@@ -103,8 +107,7 @@ type Peers interface {
 type Manager struct {
 	self  cluster.NodeID
 	users Users
-	boxes *mailbox.Manager
-	repl  Replicator
+	store Storage
 	peers Peers
 	clock *hlc.Clock
 	log   *slog.Logger
@@ -125,9 +128,9 @@ type Manager struct {
 	audit auditState
 }
 
-// New returns the node's writer.
-func New(self cluster.NodeID, users Users, boxes *mailbox.Manager, repl Replicator, peers Peers, clock *hlc.Clock, log *slog.Logger) *Manager {
-	m := &Manager{self: self, users: users, boxes: boxes, repl: repl, peers: peers, clock: clock, log: log}
+// New returns the node's writer, keeping its mailboxes in store.
+func New(self cluster.NodeID, users Users, store Storage, peers Peers, clock *hlc.Clock, log *slog.Logger) *Manager {
+	m := &Manager{self: self, users: users, store: store, peers: peers, clock: clock, log: log}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	return m
 }
@@ -361,9 +364,10 @@ func (w *userWriter) counters(def *userdb.MailboxDef) *boxView {
 	return b
 }
 
-// reserve makes sure n more UIDs and MODSEQs are covered by the profile's
-// reservations, writing the profile if not.
-func (m *Manager) reserve(ctx context.Context, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, uids int, modseqs int) error {
+// reserve makes sure n more UIDs and MODSEQs are covered by the
+// reservations, writing new ends to the storage if not. A storage that
+// fenced this writer out makes it forget the user's state (w.boxes).
+func (m *Manager) reserve(ctx context.Context, w *userWriter, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, uids int, modseqs int) error {
 	write, uidEnd, modEnd, exhausted := b.planReserve(def, uids, modseqs)
 	if exhausted {
 		return fmt.Errorf("user %s mailbox %q: UIDs exhausted", p.Address, def.Name)
@@ -371,9 +375,17 @@ func (m *Manager) reserve(ctx context.Context, p *userdb.Profile, def *userdb.Ma
 	if !write {
 		return nil
 	}
-	def.UIDReserved, def.ModSeqReserved = uidEnd, modEnd
 	b.mineUID, b.mineMod = uidEnd, modEnd
-	return m.saveProfile(ctx, p, 1)
+	err := m.store.Reserve(ctx, p, def, uidEnd, modEnd)
+	if errors.Is(err, ErrFenced) {
+		// Another writer holds the mailbox now and starts past every
+		// block this one reserved: nothing this writer knows of the user
+		// (counters, views, allocations) may be used again. The next
+		// operation loads afresh, past the other writer's reservations.
+		m.log.Warn("writer fenced out by another writer; its state of the user is dropped", "user", p.Address, "mailbox", def.Name, "err", err)
+		w.boxes = map[uint32]*boxView{}
+	}
+	return err
 }
 
 func (w *userWriter) changed(m *Manager, user string, v uint32) {
@@ -401,25 +413,28 @@ func (m *Manager) Release(ctx context.Context) {
 		it.w.mu.Lock()
 		p, err := m.profileOf(it.user)
 		if err == nil && !it.w.dead {
-			changed := false
+			var ends []Ends
 			for i := range p.Mailboxes {
 				def := &p.Mailboxes[i]
 				b := it.w.boxes[def.UIDValidity]
+				if b == nil || len(b.inflight) > 0 {
+					continue
+				}
+				if err := m.store.Reserved(ctx, it.user, def, false); err != nil {
+					continue
+				}
 				// Only this writer's own reservation is given back: one
 				// it has not absorbed is another writer's.
-				if b == nil || len(b.inflight) > 0 || def.UIDReserved != b.mineUID || def.ModSeqReserved != b.mineMod {
+				if def.UIDReserved != b.mineUID || def.ModSeqReserved != b.mineMod {
 					continue
 				}
 				if def.UIDReserved > b.uidNext || def.ModSeqReserved > b.modseq {
-					def.UIDReserved, def.ModSeqReserved = b.uidNext, b.modseq
+					ends = append(ends, Ends{Def: def, UIDNext: b.uidNext, ModSeq: b.modseq})
 					b.mineUID, b.mineMod = b.uidNext, b.modseq
-					changed = true
 				}
 			}
-			if changed {
-				if err := m.saveProfile(ctx, p, 1); err != nil {
-					m.log.Warn("could not release reserved UIDs", "user", it.user, "err", err)
-				}
+			if err := m.store.Release(ctx, p, ends); err != nil {
+				m.log.Warn("could not release reserved UIDs", "user", it.user, "err", err)
 			}
 		}
 		it.w.mu.Unlock()
@@ -472,10 +487,10 @@ func (m *Manager) alloc(ctx context.Context, req *AllocRequest) (*AllocReply, er
 		// the profile it sees. A view made stale by a membership change
 		// or a handoff is loaded again for the same reason.
 		b.expire(m.peers.Alive())
-		if err := m.load(ctx, p.Address, p, def, b); err != nil {
+		if err := m.load(ctx, w, p.Address, p, def, b); err != nil {
 			return err
 		}
-		if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
+		if err := m.reserve(ctx, w, p, def, b, 1, 1); err != nil {
 			return err
 		}
 		uid, modseq := b.take()
@@ -515,8 +530,8 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 			return err
 		}
 	}
-	if !req.Cancel && m.repl != nil {
-		m.repl.Observe(req.Message.Version)
+	if !req.Cancel {
+		m.store.Observe(req.Message.Version)
 	}
 	w, err := m.lockWriter(ctx, user)
 	if err != nil {
@@ -612,7 +627,10 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 				UIDValidity: m.nextValidity(np), Subscribed: true})
 		}
 		w.boxes = map[uint32]*boxView{}
-		return np, m.saveProfile(ctx, np, userdb.ProfileReplicas)
+		if err := m.saveProfile(ctx, np, userdb.ProfileReplicas); err != nil {
+			return np, err
+		}
+		return np, m.store.SaveMailboxes(ctx, np)
 	case "passwd":
 		if err != nil {
 			return nil, err
@@ -650,14 +668,12 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 		if err != nil {
 			return nil, err
 		}
-		mailMap, _ := m.mailMap(user)
+		drop := m.store.DropUser(ctx, user, p)
 		tomb := &userdb.Profile{Address: user, Created: p.Created, Deleted: true, LastUIDValidity: p.LastUIDValidity}
 		if err := m.saveProfile(ctx, tomb, userdb.ProfileReplicas); err != nil {
 			return nil, err
 		}
-		for _, n := range mailMap {
-			m.boxes.On(m.peers, n).DropUser(ctx, &mailbox.FragmentRequest{User: user})
-		}
+		drop(ctx)
 		w.boxes = map[uint32]*boxView{}
 		return tomb, nil
 	}
@@ -666,47 +682,29 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 
 // --- mailbox views
 
-// load fills the view of a mailbox from every live fragment in the mail
-// map. Two fragments that claim one UID for different messages (a writer
-// that could not see a node's reservation, after a partition) both get new
-// UIDs, so no UID ever names two messages.
-func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
+// load fills the view of a mailbox from the storage. Messages that claim
+// one UID (a writer that could not see a node's reservation, after a
+// partition) all get new UIDs, so no UID ever names two messages.
+func (m *Manager) load(ctx context.Context, w *userWriter, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
+	if err := m.store.Reserved(ctx, user, def, true); err != nil {
+		return err
+	}
 	b.absorb(def)
 	gen := m.viewGen(user)
 	if b.loaded && b.gen == gen && !(b.partial && time.Since(b.loadedAt) > partialRetry) {
 		return nil
 	}
-	partial := false
-	mailMap, err := m.mailMap(user)
+	mv, err := m.store.Load(ctx, user, def, b.removed)
 	if err != nil {
 		return err
 	}
-	var frags []fragment
-	for _, n := range mailMap {
-		fctx, cancel := context.WithTimeout(ctx, fragmentReadTimeout)
-		d, err := m.boxes.On(m.peers, n).Get(fctx, &mailbox.FragmentRequest{User: user, UIDValidity: def.UIDValidity})
-		cancel()
-		if err != nil {
-			m.log.Warn("fragment unavailable, its messages are hidden", "user", user, "mailbox", def.Name, "node", n, "err", err)
-			partial = true
-			continue
-		}
-		if m.repl != nil {
-			for i := range d.Messages {
-				m.repl.Observe(d.Messages[i].Version)
-			}
-		}
-		frags = append(frags, fragment{node: n, d: d})
+	b.follow(mv.UIDNext, mv.ModSeq)
+	if mv.Used > 0 {
+		b.markUsed(mv.Used-1, mv.UsedMod)
 	}
-	mv := merge(frags, b.removed)
-	b.follow(mv.uidNext, mv.modseq)
-	if mv.used > 0 {
-		b.markUsed(mv.used-1, mv.usedMod)
-	}
-	msgs, clash := mv.msgs, mv.clash
-	b.msgs, b.loaded, b.gen, b.partial, b.loadedAt = msgs, true, gen, partial, time.Now()
-	for _, vm := range clash {
-		if err := m.relocate(ctx, user, p, def, b, vm); err != nil {
+	b.msgs, b.loaded, b.gen, b.partial, b.loadedAt = mv.Msgs, true, gen, mv.Partial, time.Now()
+	for _, vm := range mv.Clash {
+		if err := m.relocate(ctx, w, user, p, def, b, vm); err != nil {
 			// Hidden for now, not for good: the view loads again soon
 			// and tries once more.
 			m.log.Warn("could not renumber a clashing message", "user", user, "mailbox", def.Name, "uid", vm.UID, "err", err)
@@ -720,18 +718,19 @@ func (m *Manager) load(ctx context.Context, user string, p *userdb.Profile, def 
 func (m *Manager) viewGen(user string) uint64 { return m.users.ViewGen(user) }
 
 // relocate gives a message a new UID in its own mailbox, on its node.
-func (m *Manager) relocate(ctx context.Context, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, vm *ViewMsg) error {
-	if err := m.reserve(ctx, p, def, b, 1, 1); err != nil {
+func (m *Manager) relocate(ctx context.Context, w *userWriter, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView, vm *ViewMsg) error {
+	if err := m.reserve(ctx, w, p, def, b, 1, 1); err != nil {
 		return err
 	}
 	nv := *vm
 	nv.UID, nv.ModSeq = b.take()
-	c := &change{obj: mailbox.ObjectFrom(user, def.Name, def.UIDValidity, &nv.Message), holders: vm.Holders}
-	m.replicate(ctx, []*change{c})
-	if c.err != nil {
-		return c.err
+	c := &Change{Obj: mailbox.ObjectFrom(user, def.Name, def.UIDValidity, &nv.Message), Holders: vm.Holders,
+		Was: &Place{UIDValidity: def.UIDValidity, UID: vm.UID}}
+	m.store.Write(ctx, []*Change{c})
+	if c.Err != nil {
+		return c.Err
 	}
-	nv.Replicas, nv.Version = c.obj.Replicas, c.stamp
+	nv.Replicas, nv.Version = c.Obj.Replicas, c.Stamp
 	b.msgs[nv.UID] = &nv
 	b.markUsed(nv.UID, nv.ModSeq)
 	return nil
