@@ -111,6 +111,21 @@ func (st *Store) reservedEnd(ctx context.Context, user string, v uint32) (uint32
 	return uint32(end), nil
 }
 
+// Holder reads who holds a mailbox's reservations (owner and epoch) at the
+// read consistency level: at QUORUM it sees every claim that completed, at
+// far less than a SERIAL read's cost.
+func (st *Store) Holder(ctx context.Context, user string, v uint32) (owner string, epoch int64, err error) {
+	user = userdb.Normalize(user)
+	err = st.read(ctx, `SELECT owner, epoch FROM reservations WHERE user = ? AND uidvalidity = ?`, user, int64(v)).Scan(&owner, &epoch)
+	if notFound(err) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("user %s mailbox %d: read reservations: %w", user, v, err)
+	}
+	return owner, epoch, nil
+}
+
 // unknownOutcome reports whether a conditional update timed out without
 // saying whether it applied: it may yet.
 func unknownOutcome(err error) bool {

@@ -276,3 +276,28 @@ func (st *Store) AllMessages(ctx context.Context, user string, v uint32) ([]mail
 	})
 	return out, err
 }
+
+// NameMailbox writes a mailbox's name, subscription and special use (a
+// rename, a SUBSCRIBE), leaving its counters and creation as they are.
+func (st *Store) NameMailbox(ctx context.Context, user string, mb *mailbox.Mailbox) error {
+	user = userdb.Normalize(user)
+	if err := mailbox.ValidateName(mb.Name); err != nil {
+		return fmt.Errorf("user %s: %w", user, err)
+	}
+	if err := st.write(ctx, `UPDATE mailboxes SET id = ?, name = ?, subscribed = ?, special_use = ? WHERE user = ? AND uidvalidity = ?`,
+		int64(mb.ID), mailbox.NormName(mb.Name), mb.Subscribed, mb.SpecialUse, user, int64(mb.UIDValidity)).Exec(); err != nil {
+		return fmt.Errorf("user %s mailbox %q: write: %w", user, mb.Name, err)
+	}
+	return nil
+}
+
+// SetMailboxCounters writes a mailbox's UIDNEXT and HIGHESTMODSEQ (its
+// writer's, after an expunge or a move out left no message carrying them).
+func (st *Store) SetMailboxCounters(ctx context.Context, user string, v uint32, uidNext uint32, modseq uint64) error {
+	user = userdb.Normalize(user)
+	if err := st.write(ctx, `UPDATE mailboxes SET uidnext = ?, highestmodseq = ? WHERE user = ? AND uidvalidity = ?`,
+		int64(uidNext), int64(modseq), user, int64(v)).Exec(); err != nil {
+		return fmt.Errorf("user %s mailbox %d: write counters: %w", user, v, err)
+	}
+	return nil
+}

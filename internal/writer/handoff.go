@@ -69,6 +69,7 @@ func (m *Manager) Open(b uint8, tenure uint64) {
 	defer m.mu.Unlock()
 	m.tenure[b] = tenure
 	m.writers[b] = map[string]*userWriter{}
+	m.store.Opened(b)
 }
 
 // Dropped are the writers of a bucket that moved away, to be drained.

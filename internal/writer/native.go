@@ -208,6 +208,9 @@ func (s *Native) Observe(st replica.Stamp) {
 	}
 }
 
+// Opened: the native store holds nothing per writer.
+func (s *Native) Opened(uint8) {}
+
 // audit asks node n (this node directly) about its fragments (audit.go).
 func (s *Native) audit(ctx context.Context, n cluster.NodeID, req *mailbox.AuditRequest, timeout time.Duration) (*mailbox.AuditReply, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)

@@ -26,7 +26,8 @@ type Storage interface {
 	// to where the storage keeps them, before the writer's counters look
 	// at them. claim says the writer is about to hand out UIDs in the
 	// mailbox: a storage that fences its writers takes the mailbox over
-	// then (the native store keeps the ends in the profile: nothing to do).
+	// then, or if it holds it, checks that no other writer took it since
+	// (ErrFenced); the native store keeps the ends in the profile.
 	Reserved(ctx context.Context, user string, def *userdb.MailboxDef, claim bool) error
 	// Load reads a mailbox's messages. removed says which messages the
 	// writer took out (at or after a version) that a store may still list.
@@ -60,6 +61,10 @@ type Storage interface {
 	NewMessageID() string
 	// Observe moves the node's clock past a stamp seen in a message.
 	Observe(replica.Stamp)
+	// Opened says the writers of bucket b start afresh (a new tenure): a
+	// storage that fences writers lets go of what it held of the bucket's
+	// users, so their first load claims them again.
+	Opened(b uint8)
 }
 
 // ErrFenced says a storage refused a writer's reservation because another

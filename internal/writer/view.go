@@ -36,9 +36,10 @@ type Contents struct {
 	ModSeq  uint64
 	Used    uint32
 	UsedMod uint64
-	// Partial says some of the mailbox could not be read (a fragment's
-	// node did not answer): its messages are hidden until the view loads
-	// again.
+	// Partial says the view must be read again soon: some of the mailbox
+	// could not be read (a fragment's node did not answer), or may still
+	// change below the writer's counters (another writer's deliveries in
+	// flight, after a takeover).
 	Partial bool
 }
 

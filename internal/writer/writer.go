@@ -376,13 +376,17 @@ func (m *Manager) reserve(ctx context.Context, w *userWriter, p *userdb.Profile,
 		return nil
 	}
 	b.mineUID, b.mineMod = uidEnd, modEnd
-	err := m.store.Reserve(ctx, p, def, uidEnd, modEnd)
+	return m.fencedOut(w, p.Address, def, m.store.Reserve(ctx, p, def, uidEnd, modEnd))
+}
+
+// fencedOut passes err on; if the storage says another writer took the
+// mailbox over (ErrFenced), that writer starts past every block this one
+// reserved, and nothing this writer knows of the user (counters, views,
+// allocations) may be used again: it is dropped, and the next operation
+// loads afresh.
+func (m *Manager) fencedOut(w *userWriter, user string, def *userdb.MailboxDef, err error) error {
 	if errors.Is(err, ErrFenced) {
-		// Another writer holds the mailbox now and starts past every
-		// block this one reserved: nothing this writer knows of the user
-		// (counters, views, allocations) may be used again. The next
-		// operation loads afresh, past the other writer's reservations.
-		m.log.Warn("writer fenced out by another writer; its state of the user is dropped", "user", p.Address, "mailbox", def.Name, "err", err)
+		m.log.Warn("writer fenced out by another writer; its state of the user is dropped", "user", user, "mailbox", def.Name, "err", err)
 		w.boxes = map[uint32]*boxView{}
 	}
 	return err
@@ -687,7 +691,7 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 // partition) all get new UIDs, so no UID ever names two messages.
 func (m *Manager) load(ctx context.Context, w *userWriter, user string, p *userdb.Profile, def *userdb.MailboxDef, b *boxView) error {
 	if err := m.store.Reserved(ctx, user, def, true); err != nil {
-		return err
+		return m.fencedOut(w, user, def, err)
 	}
 	b.absorb(def)
 	gen := m.viewGen(user)
