@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,18 +38,23 @@ import (
 	"github.com/quillmail/quill/internal/writer"
 )
 
-// openStore opens the test keyspace (the store's own tests use it too).
-func openStore(t *testing.T) *cassandra.Store {
-	t.Helper()
-	rs := os.Getenv("QUILL_CASSANDRA_RF")
-	if rs == "" {
-		rs = "1"
+// testRF is the test keyspaces' replication (QUILL_CASSANDRA_RF, 1 by
+// default).
+func testRF() string {
+	if rs := os.Getenv("QUILL_CASSANDRA_RF"); rs != "" {
+		return rs
 	}
-	r, err := cassandra.ParseReplication(rs)
+	return "1"
+}
+
+// openStore opens a keyspace (made if missing).
+func openStore(t *testing.T, keyspace string) *cassandra.Store {
+	t.Helper()
+	r, err := cassandra.ParseReplication(testRF())
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := cassandra.Open(context.Background(), cassandra.Config{Hosts: cassandratest.Hosts(t), Keyspace: "quill_test", Replication: r})
+	st, err := cassandra.Open(context.Background(), cassandra.Config{Hosts: cassandratest.Hosts(t), Keyspace: keyspace, Replication: r})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,8 +179,13 @@ func indexUIDs(t *testing.T, st *cassandra.Store, user string, v uint32) map[uin
 	return out
 }
 
+// TestWriterOnCassandra: a writer's every kind of change, in the keyspace
+// as quill migrate lays it out (the keyspace, a test's own, is migrated
+// into a native data directory at the end, verified, and served), then a
+// failover to a second writer and a clean handover to a third.
 func TestWriterOnCassandra(t *testing.T) {
-	st := openStore(t)
+	keyspace := "quill_writer_" + randomName()
+	st := openStore(t, keyspace)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	user := "writer-" + randomName() + "@example.org"
@@ -333,10 +344,38 @@ func TestWriterOnCassandra(t *testing.T) {
 	if err != nil || got.UID != next.UID+1 {
 		t.Fatalf("after a release at UID %d the next writer handed out %d (%v), want %d", next.UID, got.UID, err, next.UID+1)
 	}
+
+	// What the writers wrote is a keyspace quill migrate reads: copied
+	// into a new data directory with no difference, and served from it.
+	want, err := c.s.Messages(ctx, &writer.MailboxRequest{User: user, Name: "INBOX"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir() + "/native"
+	url := "cassandra://" + strings.Join(cassandratest.Hosts(t), ",") + "/" + keyspace + "?rf=" + testRF()
+	res, out, err := migrate(t, url, dir, false)
+	if err != nil || len(res.Differences) != 0 {
+		t.Fatalf("migrate the writers' keyspace: %v\n%s", err, out)
+	}
+	t.Logf("migrated: %d messages copied, %d verified", res.Copied.Messages, res.Verified)
+	nc, s := openNode(t, dir)
+	defer nc.Close()
+	nin := inboxOf(t, s, user, "INBOX")
+	if nin.UIDNext != want.Mailbox.UIDNext || nin.HighestModSeq < want.Mailbox.HighestModSeq {
+		t.Fatalf("served natively: UIDNEXT %d, HIGHESTMODSEQ %d; the writer showed %d, %d", nin.UIDNext, nin.HighestModSeq,
+			want.Mailbox.UIDNext, want.Mailbox.HighestModSeq)
+	}
+	var wantUIDs []uint32
+	for _, vm := range want.Messages {
+		wantUIDs = append(wantUIDs, vm.UID)
+	}
+	if got := uidsOf(t, s, user, nin); !slices.Equal(got, wantUIDs) {
+		t.Fatalf("served natively: UIDs %v, the writer showed %v", got, wantUIDs)
+	}
 }
 
 func TestWritersTakeOverOnCassandra(t *testing.T) {
-	st := openStore(t)
+	st := openStore(t, "quill_test")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	user := "takeover-" + randomName() + "@example.org"

@@ -61,6 +61,13 @@ func (c *Cassandra) Snapshot(ctx context.Context) (*Snapshot, error) {
 			if err != nil {
 				return nil, err
 			}
+			// A mailbox's record keeps UIDNEXT and HIGHESTMODSEQ as they
+			// were when no message carried them (a copy, an expunge); a
+			// message stored since carries its own (as a writer's view
+			// reads them: cassandra.WriterStorage.Load).
+			for _, m := range msgs {
+				mb.UIDNext, mb.HighestModSeq = max(mb.UIDNext, m.UID+1), max(mb.HighestModSeq, m.ModSeq)
+			}
 			u.Boxes = append(u.Boxes, &Box{Mailbox: mb, Messages: msgs, Reserved: Ends{UID: f.UIDReserved, ModSeq: f.ModSeqReserved}})
 		}
 	}
