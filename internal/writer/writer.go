@@ -376,7 +376,13 @@ func (m *Manager) reserve(ctx context.Context, w *userWriter, p *userdb.Profile,
 		return nil
 	}
 	b.mineUID, b.mineMod = uidEnd, modEnd
-	return m.fencedOut(w, p.Address, def, m.store.Reserve(ctx, p, def, uidEnd, modEnd))
+	err := m.store.Reserve(ctx, p, def, uidEnd, modEnd)
+	if err == nil {
+		// A storage may keep ends past those asked for (a fence never
+		// moves back): they are this writer's, absorb must not jump them.
+		b.mineUID, b.mineMod = def.UIDReserved, def.ModSeqReserved
+	}
+	return m.fencedOut(w, p.Address, def, err)
 }
 
 // fencedOut passes err on; if the storage says another writer took the
