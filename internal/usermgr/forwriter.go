@@ -51,6 +51,9 @@ func (m *Manager) SaveProfile(ctx context.Context, p *userdb.Profile, minAcks in
 
 // MailMap returns the nodes holding the user's mail (writer.Users).
 func (m *Manager) MailMap(ctx context.Context, user string) ([]cluster.NodeID, error) {
+	if m.shared != nil {
+		return nil, nil // the shared store holds every user's mail
+	}
 	rep, err := m.lookup(ctx, &LookupRequest{User: user})
 	if err != nil {
 		return nil, err
@@ -60,6 +63,9 @@ func (m *Manager) MailMap(ctx context.Context, user string) ([]cluster.NodeID, e
 
 // Note records that node n holds the user's mail (writer.Users).
 func (m *Manager) Note(ctx context.Context, user string, n cluster.NodeID) error {
+	if m.shared != nil {
+		return nil
+	}
 	return m.note(ctx, &NoteRequest{User: user, Node: n})
 }
 

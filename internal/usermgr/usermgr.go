@@ -84,8 +84,10 @@ type Manager struct {
 	self  cluster.NodeID
 	users *userdb.DB
 	boxes *mailbox.Manager
-	clock *hlc.Clock
-	peers Peers
+	// shared holds the profiles when set (Config.Shared).
+	shared SharedProfiles
+	clock  *hlc.Clock
+	peers  Peers
 	// parts and totals cache what domains' users take (domainusage.go).
 	parts, totals usageCache
 	log           *slog.Logger
@@ -197,19 +199,41 @@ type Config struct {
 	// manager; Peers reaches the other nodes.
 	Repl  Replicator
 	Peers Peers
+	// Shared, when set, is the store every node reaches (Cassandra,
+	// issue 15) that holds the profiles instead of Users: a bucket's soft
+	// state is rebuilt from it, profiles are written to it, and there is
+	// no mail map (every user's mail is in it). Storage is then the
+	// writers' storage over it. Nil for both: the native store.
+	Shared  SharedProfiles
+	Storage writer.Storage
+}
+
+// SharedProfiles is a profile store every node reads and writes
+// (cassandra.Store): it replicates by itself, so a profile is written
+// once, at its version, and a bucket's profiles are read from it alone.
+type SharedProfiles interface {
+	ScanProfiles(ctx context.Context, bucket int, fn func(*userdb.Profile) error) error
+	AllProfiles(ctx context.Context, fn func(*userdb.Profile) error) error
+	PutProfile(ctx context.Context, p *userdb.Profile) error
 }
 
 // New returns a user manager with no soft state, and its writers; the soft
 // state fills as the membership manager reports the user map (Reconcile).
 // Profiles the replication manager applies here reach the soft state.
 func New(c Config) *Manager {
-	m := &Manager{self: c.Self, users: c.Users, boxes: c.Boxes, clock: c.Clock, log: c.Log,
+	m := &Manager{self: c.Self, users: c.Users, boxes: c.Boxes, shared: c.Shared, clock: c.Clock, log: c.Log,
 		repl: c.Repl, peers: c.Peers, verified: map[string]verifiedPW{}}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	rand.Read(m.macKey[:])
 	m.dummyHash, _ = userdb.HashPassword("no such user")
-	m.writers = writer.New(c.Self, m, writer.NewNative(c.Self, m, c.Boxes, c.Repl, c.Peers, c.Log), c.Peers, c.Clock, c.Log)
-	c.Users.OnApply = m.profileApplied
+	storage := c.Storage
+	if storage == nil {
+		storage = writer.NewNative(c.Self, m, c.Boxes, c.Repl, c.Peers, c.Log)
+	}
+	m.writers = writer.New(c.Self, m, storage, c.Peers, c.Clock, c.Log)
+	if c.Users != nil {
+		c.Users.OnApply = m.profileApplied
+	}
 	return m
 }
 
@@ -444,6 +468,9 @@ func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
 	// came back with an empty disk, took a copy with it).
 	var repair []userdb.Profile
 	for u, p := range bk.profiles {
+		if m.shared != nil {
+			break // the shared store keeps its own copies
+		}
 		if len(bk.holders[u]) < min(ProfileReplicas, len(boot)) {
 			repair = append(repair, *p)
 		}
@@ -501,6 +528,17 @@ func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error
 	}
 	m.mu.RUnlock()
 	for _, b := range req.Buckets {
+		if m.shared != nil {
+			// Every node reads the same profiles from the shared store;
+			// it holds all mail, so there are no fragments to report.
+			if err := m.shared.ScanProfiles(ctx, int(b), func(p *userdb.Profile) error {
+				out.Profiles = append(out.Profiles, *p)
+				return nil
+			}); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if err := m.users.Scan(int(b), func(p *userdb.Profile) error {
 			out.Profiles = append(out.Profiles, *p)
 			return nil
@@ -932,12 +970,24 @@ func (m *Manager) LocalDomains() []string {
 		return m.domains
 	}
 	set := map[string]bool{}
-	m.users.Scan(-1, func(p *userdb.Profile) error {
+	note := func(p *userdb.Profile) error {
 		if !p.Deleted {
 			set[p.Domain()] = true
 		}
 		return nil
-	})
+	}
+	if m.shared != nil {
+		// Every node sees every profile of the shared store.
+		ctx, cancel := context.WithTimeout(m.ctx, sharedScanTimeout)
+		err := m.shared.AllProfiles(ctx, note)
+		cancel()
+		if err != nil {
+			m.log.Warn("domains of the shared store's profiles not read; the last ones are gossiped", "err", err)
+			return m.domains
+		}
+	} else {
+		m.users.Scan(-1, note)
+	}
 	m.domains = m.domains[:0]
 	for d := range set {
 		m.domains = append(m.domains, d)
@@ -1029,6 +1079,9 @@ func (m *Manager) writeProfile(ctx context.Context, p *userdb.Profile) error {
 // ranked highest for its bucket and fails unless at least minAcks of them
 // have it durably.
 func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAcks int) error {
+	if m.shared != nil {
+		return m.writeShared(ctx, p)
+	}
 	alive := m.peers.Alive()
 	members := make([]cluster.Member, len(alive))
 	for i, a := range alive {
@@ -1079,6 +1132,28 @@ func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAc
 	})
 	return err
 }
+
+// writeShared writes a profile version to the shared store (at its own
+// version, so the newest wins there as on native replicas) and tells the
+// bucket's manager, as writeProfileAcks does for the native store.
+func (m *Manager) writeShared(ctx context.Context, p *userdb.Profile) error {
+	if err := m.shared.PutProfile(ctx, p); err != nil {
+		return fmt.Errorf("user %s: store profile: %w", p.Address, err)
+	}
+	m.clock.Observe(p.Version)
+	m.domMu.Lock()
+	m.domainsGood = false
+	m.domMu.Unlock()
+	req := &UpdateRequest{Profile: *p}
+	_, err := onManager(ctx, m, p.Address, func(ctx context.Context, s Service) (struct{}, error) {
+		return struct{}{}, s.Update(ctx, req)
+	})
+	return err
+}
+
+// sharedScanTimeout bounds reading every profile of the shared store for
+// the domains this node gossips.
+const sharedScanTimeout = 30 * time.Second
 
 // profileApplied hears of a profile the replication manager wrote here.
 func (m *Manager) profileApplied(p *userdb.Profile) {
