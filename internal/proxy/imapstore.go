@@ -178,7 +178,7 @@ func (s *IMAPStore) Body(ctx context.Context, user, id string) ([]byte, error) {
 	s.mu.Lock()
 	n, ok := s.where[user][id]
 	s.mu.Unlock()
-	if ok {
+	if ok || s.P.Shared != nil {
 		return s.P.body(ctx, n, user, id)
 	}
 	// Not in a view this node has seen: ask the nodes of the mail map.
@@ -442,6 +442,11 @@ const textTimeout = 2 * time.Second
 // holding it says so (each replica indexes the same bytes); a node that
 // fails or is late says nothing, which costs only reading.
 func (s *IMAPStore) TextExcluded(ctx context.Context, user string, mbox uint64, queries []fts.Query) (*mailbox.TextAnswer, error) {
+	if s.P.Shared != nil {
+		// No text index on the shared store yet: nothing is excluded,
+		// SEARCH reads the bodies.
+		return unionAnswers(nil, len(queries)), nil
+	}
 	user = userdb.Normalize(user)
 	_, mailMap, err := s.P.Users.Lookup(ctx, user)
 	if err != nil {

@@ -7,9 +7,11 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -78,6 +80,11 @@ type Proxy struct {
 	Domains   domain.Tables
 	Separator string
 	Log       *slog.Logger // nil: slog's default
+	// Shared, when set, is the store every node reaches (Cassandra, issue
+	// 15) that holds every message: deliveries write there under the
+	// allocated UID instead of to a replica set, and bodies are read from
+	// it. Nil: the native store.
+	Shared Messages
 
 	// late are the holders that were slow to give a body lately
 	// (remote.go).
@@ -367,6 +374,16 @@ func (p *Proxy) DeliverJunk(ctx context.Context, rcpts []string, raw []byte) err
 	return nil
 }
 
+// Messages is a message store every node reads and writes
+// (cassandra.Store): it replicates by itself, at the consistency level it
+// was opened with, which stands for the native write policy.
+type Messages interface {
+	PutBody(ctx context.Context, user, id string, r io.Reader) (int64, error)
+	PutMessage(ctx context.Context, user string, v uint32, msg *mailbox.Message) error
+	OpenBody(ctx context.Context, user, id string) (io.Reader, int64, error)
+	Body(ctx context.Context, user, id string) ([]byte, error)
+}
+
 // place stores raw into mailbox name of every user (Porcupine §4.3): for
 // each user the writer allocates the UID, the balancer chooses the user's
 // replica set (R nodes), and one node of the set coordinates the update
@@ -386,6 +403,9 @@ func (p *Proxy) place(ctx context.Context, users []string, name string, flags []
 // MULTIAPPEND that fails removes those too).
 func (p *Proxy) placeTracked(ctx context.Context, users []string, name string, flags []string, raw []byte, date time.Time,
 	confirmed func(user string, m mailbox.Message)) (map[string]mailbox.Message, error) {
+	if p.Shared != nil {
+		return p.placeShared(ctx, users, name, flags, raw, date, confirmed)
+	}
 	pending := users
 	failed := map[cluster.NodeID]bool{}
 	stored := map[string]mailbox.Message{}
@@ -492,6 +512,54 @@ func (p *Proxy) placeTracked(ctx context.Context, users []string, name string, f
 					pending = append(pending, pl.User)
 				}
 			}
+		}
+	}
+	return stored, nil
+}
+
+// placeShared is placeTracked on a shared store: for each user the writer
+// allocates the UID, the bytes and then the index record under that UID
+// are written to the store (so a reader that finds the record finds the
+// bytes), stamped by this node's clock, and the writer is told. A user
+// whose write fails gets a new allocation and id, up to storeAttempts;
+// a failed write's record may still have been stored (a timeout), and the
+// writer, told of the cancel, reads the mailbox again and shows it.
+func (p *Proxy) placeShared(ctx context.Context, users []string, name string, flags []string, raw []byte, date time.Time,
+	confirmed func(user string, m mailbox.Message)) (map[string]mailbox.Message, error) {
+	stored := map[string]mailbox.Message{}
+	for _, u := range users {
+		var lastErr error
+		for attempt := 0; ; attempt++ {
+			if attempt == storeAttempts {
+				return nil, fmt.Errorf("deliver to %s: the store did not take the message after %d attempts: %w: %w", u, attempt, lastErr, ErrTryLater)
+			}
+			actx, cancel := context.WithTimeout(ctx, writerCallTimeout)
+			a, err := p.Writers.For(u).Alloc(actx, &writer.AllocRequest{User: u, Mailbox: name, From: p.member(p.Self)})
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			pl := a.Place
+			pl.Flags = flags
+			msg := mailbox.Message{UID: pl.UID, ID: p.Boxes.NewMessageID(), Size: int64(len(raw)), Date: date, Flags: flags,
+				ModSeq: pl.ModSeq, Version: p.Repl.Now()}
+			wctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+			_, err = p.Shared.PutBody(wctx, pl.User, msg.ID, bytes.NewReader(raw))
+			if err == nil {
+				err = p.Shared.PutMessage(wctx, pl.User, pl.UIDValidity, &msg)
+			}
+			cancel()
+			if err != nil {
+				lastErr = err
+				p.confirm(ctx, &writer.ConfirmRequest{Place: pl, Cancel: true})
+				continue
+			}
+			p.confirm(ctx, &writer.ConfirmRequest{Place: pl, Message: msg})
+			if confirmed != nil {
+				confirmed(pl.User, msg)
+			}
+			stored[pl.User] = msg
+			break
 		}
 	}
 	return stored, nil

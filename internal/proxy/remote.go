@@ -65,6 +65,9 @@ func (l *late) is(n cluster.NodeID, now time.Time) bool {
 // holder asked says so; a holder that could not answer makes it a
 // temporary failure, as does having no live holder at all.
 func (p *Proxy) body(ctx context.Context, nodes []cluster.NodeID, user, id string) ([]byte, error) {
+	if p.Shared != nil {
+		return p.Shared.Body(ctx, user, id)
+	}
 	// gone is the last holder's word that it does not have the message,
 	// failed the last holder's that could not answer.
 	var gone, failed error
@@ -169,6 +172,14 @@ func (p *Proxy) bodyOrder(nodes []cluster.NodeID, now time.Time) []cluster.NodeI
 }
 
 func (p *Proxy) openBody(ctx context.Context, nodes []cluster.NodeID, user, id string) (io.ReadCloser, error) {
+	if p.Shared != nil {
+		// Chunk by chunk: a large message is never held whole.
+		r, _, err := p.Shared.OpenBody(ctx, user, id)
+		if err != nil {
+			return nil, err
+		}
+		return io.NopCloser(r), nil
+	}
 	b, err := p.body(ctx, nodes, user, id)
 	if err != nil {
 		return nil, err
