@@ -23,6 +23,7 @@ import (
 
 	"github.com/quillmail/quill/internal/backup"
 	"github.com/quillmail/quill/internal/balance"
+	"github.com/quillmail/quill/internal/cassandra"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
 	"github.com/quillmail/quill/internal/hlc"
@@ -141,6 +142,9 @@ type Core struct {
 	// Queue is the outbound queue: its entries held here, and the runner
 	// the node starts (queue.Queue.Start).
 	Queue *queue.Queue
+	// Cass is the Cassandra store holding mail and profiles (Options.
+	// Cassandra), nil on the native store.
+	Cass *cassandra.Store
 	// Backup takes this node's backups (a Pebble checkpoint and the data
 	// directory's files) for the admin API and for other nodes' (RPC).
 	Backup *backup.Server
@@ -203,6 +207,14 @@ type Options struct {
 	// Register adds the node's own services (the SNS pools) to the RPC
 	// server before it serves.
 	Register func(grpc.ServiceRegistrar)
+	// Cassandra, when set, keeps mail and profiles in Apache Cassandra
+	// (issue 15, docs/cassandra.md) instead of the native store: the
+	// writers store through cassandra.WriterStorage, the user manager
+	// reads and writes profiles there, the proxies deliver to it and read
+	// bodies from it. The outbound queue and the clusterwide objects stay
+	// in the data directory, replicated among the nodes as on the native
+	// store.
+	Cassandra *cassandra.Config
 	// AuditInterval is how often the writers' anti-entropy audit runs
 	// (usermgr/audit.go); 0 is usermgr.DefaultAuditInterval, negative
 	// turns it off (tests of what it would hide).
@@ -212,6 +224,11 @@ type Options struct {
 // DefaultReplicas is how many copies of each message a cluster keeps unless
 // told otherwise (Porcupine's two-way replication).
 const DefaultReplicas = 2
+
+// cassandraOpenTimeout bounds opening the Cassandra store at start: its
+// connection and the keyspace's migrations, which wait up to a minute for
+// the schema to reach every node (cassandra.schemaAgreementWait).
+const cassandraOpenTimeout = 3 * time.Minute
 
 // New opens the data directory and starts the managers.
 func New(o Options) (*Core, error) {
@@ -281,14 +298,27 @@ func New(o Options) (*Core, error) {
 		return nil, err
 	}
 	c.Repl.Handle(queue.Kind, c.Queue.Store)
-	c.Users = usermgr.New(usermgr.Config{Self: id, Users: profiles, Boxes: c.Boxes, Clock: clock, Log: log,
-		Repl: c.Repl, Peers: c.Peers})
+	ucfg := usermgr.Config{Self: id, Users: profiles, Boxes: c.Boxes, Clock: clock, Log: log, Repl: c.Repl, Peers: c.Peers}
+	if o.Cassandra != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), cassandraOpenTimeout)
+		c.Cass, err = cassandra.Open(ctx, *o.Cassandra)
+		cancel()
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		ucfg.Shared, ucfg.Storage = c.Cass, cassandra.NewWriterStorage(c.Cass, id, clock, log)
+	}
+	c.Users = usermgr.New(ucfg)
 	c.Writers = c.Users.Writers()
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, balance.DefaultSpread)
 	c.Queue.Placer = c.Placer
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Writers: c.Writers, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
 		Placer: c.Placer, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy,
 		Domains: wideTables{c}, Separator: o.SubaddressSeparator, Log: log}
+	if c.Cass != nil {
+		c.Proxy.Shared = c.Cass
+	}
 	c.RPC = rpc.NewServer(func() rpc.Load { return rpc.Load{Pending: c.Boxes.Pending(), DiskFull: c.DiskFull()} })
 	c.Users.Register(c.RPC.Registrar())
 	c.Boxes.Register(c.RPC.Registrar())
@@ -387,14 +417,22 @@ func New(o Options) (*Core, error) {
 		}
 	}()
 	go c.watchStalls()
-	go c.sweepExpunged()
-	go c.Boxes.RunTextIndex(c.stop)
 	go c.syncWide()
-	if o.AuditInterval == 0 {
-		o.AuditInterval = writer.DefaultAuditInterval
+	store := "native"
+	if c.Cass == nil {
+		// The native store's own upkeep of mail: expunged bodies, the
+		// text index beside each fragment, the audit of the writers'
+		// views against the fragments. Cassandra holds no fragments.
+		go c.sweepExpunged()
+		go c.Boxes.RunTextIndex(c.stop)
+		if o.AuditInterval == 0 {
+			o.AuditInterval = writer.DefaultAuditInterval
+		}
+		c.Writers.StartAudit(o.AuditInterval)
+	} else {
+		store = "cassandra keyspace " + c.Cass.Keyspace()
 	}
-	c.Writers.StartAudit(o.AuditInterval)
-	log.Info("node started", "node", id, "boot", boot, "took", time.Since(t0).Round(time.Millisecond))
+	log.Info("node started", "node", id, "boot", boot, "store", store, "took", time.Since(t0).Round(time.Millisecond))
 	return c, nil
 }
 
@@ -576,6 +614,9 @@ func (c *Core) Close() error {
 		c.Members.Shutdown()
 	}
 	c.Peers.RPC.Close()
+	if c.Cass != nil {
+		c.Cass.Close()
+	}
 	return c.DB.Close()
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/quillmail/quill/internal/acmecert"
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/backup"
+	"github.com/quillmail/quill/internal/cassandra"
 	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
@@ -109,6 +110,14 @@ type Config struct {
 	// none.
 	Replicas    int    `flag:"replicas" help:"copies of each message, for users who set none"`
 	WritePolicy string `flag:"write-policy" help:"replicas that must hold a message before SMTP says 250, for users who set none: one, quorum or all"`
+	// Store says where the hard state of mail and users lives: the native
+	// Porcupine store, or Apache Cassandra (issue 15, docs/cassandra.md).
+	Store          string   `flag:"store" help:"where mail and profiles live: native (the nodes' data directories, replicated among them) or cassandra (the keyspace --keyspace of --cassandra)"`
+	Cassandra      []string `flag:"cassandra" help:"with --store cassandra: some of the Cassandra cluster's nodes (host[:port],...; port 9042)"`
+	Keyspace       string   `flag:"keyspace" help:"with --store cassandra: the keyspace of Quill's tables, made (and migrated) by Quill if missing"`
+	CassandraRF    string   `flag:"cassandra-rf" help:"with --store cassandra: the keyspace's replication when Quill makes it: a factor (3: SimpleStrategy) or data centres with factors (dc1:3,dc2:2)"`
+	CassandraRead  string   `flag:"cassandra-read" help:"with --store cassandra: consistency level of reads: ONE, QUORUM, ALL or LOCAL_QUORUM"`
+	CassandraWrite string   `flag:"cassandra-write" help:"with --store cassandra: consistency level of writes: ONE, QUORUM, ALL or LOCAL_QUORUM"`
 	// ReplaceAfter is how long a node may be away before its messages get
 	// replicas elsewhere; LogMaxAge how long the update log waits for an
 	// absent node.
@@ -174,6 +183,11 @@ func DefaultConfig() Config {
 		MinFree:             256 << 20,
 		Replicas:            core.DefaultReplicas,
 		WritePolicy:         string(replica.One),
+		Store:               "native",
+		Keyspace:            cassandra.DefaultKeyspace,
+		CassandraRF:         "1",
+		CassandraRead:       "QUORUM",
+		CassandraWrite:      "QUORUM",
 		ReplaceAfter:        replica.DefaultReplaceAfter,
 		LogMaxAge:           replica.DefaultMaxAge,
 		AuditInterval:       writer.DefaultAuditInterval,
@@ -192,6 +206,33 @@ func DefaultConfig() Config {
 		FilterWorkers:       2,
 		Logger:              slog.Default(),
 	}
+}
+
+// cassandraConfig reads the --store settings: nil for the native store.
+func cassandraConfig(cfg Config) (*cassandra.Config, error) {
+	switch cfg.Store {
+	case "", "native":
+		return nil, nil
+	case "cassandra":
+	default:
+		return nil, fmt.Errorf("--store %q: want native or cassandra", cfg.Store)
+	}
+	if len(cfg.Cassandra) == 0 {
+		return nil, errors.New("--store cassandra: give some of the cluster's nodes with --cassandra host[:port],...")
+	}
+	rf, err := cassandra.ParseReplication(cfg.CassandraRF)
+	if err != nil {
+		return nil, fmt.Errorf("--cassandra-rf: %w", err)
+	}
+	read, err := cassandra.ParseConsistency(cfg.CassandraRead)
+	if err != nil {
+		return nil, fmt.Errorf("--cassandra-read: %w", err)
+	}
+	write, err := cassandra.ParseConsistency(cfg.CassandraWrite)
+	if err != nil {
+		return nil, fmt.Errorf("--cassandra-write: %w", err)
+	}
+	return &cassandra.Config{Hosts: cfg.Cassandra, Keyspace: cfg.Keyspace, Replication: rf, Read: read, Write: write, Log: cfg.Logger}, nil
 }
 
 // Node is a running node.
@@ -246,6 +287,10 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	cass, err := cassandraConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	relaySvc := &sns.NodeService{}
 	var self *Node
 	reporter := newReporter(&self)
@@ -255,7 +300,7 @@ func Start(cfg Config) (*Node, error) {
 		Register: func(r grpc.ServiceRegistrar) {
 			relaySvc.Register(r)
 			reporter.Register(r)
-		}, SubaddressSeparator: cfg.SubaddressSeparator})
+		}, SubaddressSeparator: cfg.SubaddressSeparator, Cassandra: cass})
 	if err != nil {
 		return nil, err
 	}
