@@ -527,18 +527,12 @@ func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error
 		out.Ended = append(out.Ended, m.ended[b])
 	}
 	m.mu.RUnlock()
+	if m.shared != nil {
+		// Every node reads the same profiles from the shared store; it
+		// holds all mail, so there are no fragments to report.
+		return out, m.scanShared(ctx, req.Buckets, func(p *userdb.Profile) { out.Profiles = append(out.Profiles, *p) })
+	}
 	for _, b := range req.Buckets {
-		if m.shared != nil {
-			// Every node reads the same profiles from the shared store;
-			// it holds all mail, so there are no fragments to report.
-			if err := m.shared.ScanProfiles(ctx, int(b), func(p *userdb.Profile) error {
-				out.Profiles = append(out.Profiles, *p)
-				return nil
-			}); err != nil {
-				return nil, err
-			}
-			continue
-		}
 		if err := m.users.Scan(int(b), func(p *userdb.Profile) error {
 			out.Profiles = append(out.Profiles, *p)
 			return nil
@@ -555,6 +549,38 @@ func (m *Manager) Scan(ctx context.Context, req *ScanRequest) (*ScanReply, error
 		}
 	}
 	return out, nil
+}
+
+// sharedScanAllFrom is how many buckets a scan of the shared store must
+// ask for to read the whole users table in one paged scan rather than
+// each bucket's partitions (16 reads a bucket): a node that starts alone
+// asks for all 256 buckets, 4,096 reads one after the other, which took
+// longer than the soft state's readiness wait.
+const sharedScanAllFrom = 16
+
+// scanShared calls fn with the shared store's profiles of buckets.
+func (m *Manager) scanShared(ctx context.Context, buckets []uint8, fn func(*userdb.Profile)) error {
+	if len(buckets) >= sharedScanAllFrom {
+		want := map[uint8]bool{}
+		for _, b := range buckets {
+			want[b] = true
+		}
+		return m.shared.AllProfiles(ctx, func(p *userdb.Profile) error {
+			if want[cluster.Bucket(p.Address)] {
+				fn(p)
+			}
+			return nil
+		})
+	}
+	for _, b := range buckets {
+		if err := m.shared.ScanProfiles(ctx, int(b), func(p *userdb.Profile) error {
+			fn(p)
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (m *Manager) pull(gen uint64, n cluster.NodeID, boot uint64, buckets []uint8, alive map[cluster.NodeID]uint64) {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mailutil import AUTH_FAIL_DELAY  # noqa: E402
+from mailutil import AUTH_FAIL_DELAY, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,8 +62,10 @@ def quill_bin(tmp_path_factory) -> str:
 class QuillNode:
     """One `quill serve` process. Ports may change across restarts."""
 
-    def __init__(self, binary: str, workdir: Path, extra_args=(), name="node", env: dict | None = None):
+    def __init__(self, binary: str, workdir: Path, extra_args=(), name="node", env: dict | None = None,
+                 start_timeout: float = START_TIMEOUT):
         self.binary = binary
+        self.start_timeout = start_timeout
         self.env = env
         self.name = name
         self.workdir = Path(workdir)
@@ -112,12 +115,12 @@ class QuillNode:
 
         self.addrs = {}
         self.node_id = None
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill9()
-                raise RuntimeError(f"{self.name}: not ready after {START_TIMEOUT}s; "
+                raise RuntimeError(f"{self.name}: not ready after {self.start_timeout}s; "
                                    f"stdout so far: {self._stdout_lines}\n{self.stderr_tail()}")
             try:
                 line = lines.get(timeout=left)
@@ -304,3 +307,36 @@ def curl() -> str:
     if not path:
         pytest.fail("curl is required by the e2e tests (apt-get install curl)")
     return path
+
+
+# Apache Cassandra for the tests of the Cassandra store (issue 15).
+CASSANDRA_SCRIPT = REPO / "scripts" / "cassandra.sh"
+# A fetch of the jars (first run without the cache) takes about a
+# minute; a node's start about 10-30 s on two busy cores.
+CASSANDRA_FETCH_TIMEOUT = 600.0
+CASSANDRA_START_TIMEOUT = 180.0
+CASSANDRA_STOP_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def cassandra(tmp_path_factory) -> str:
+    """One Cassandra node on a loopback address of its own, for the module
+    that asks for it (tests use keyspaces of their own): host:port."""
+    if subprocess.run(["bash", str(CASSANDRA_SCRIPT), "java"], capture_output=True, timeout=30).returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no Java 17 for Cassandra (scripts/test-deps.sh installs it)")
+        pytest.skip("no Java 17 for Cassandra")
+    r = subprocess.run(["bash", str(CASSANDRA_SCRIPT), "fetch"], capture_output=True, text=True, timeout=CASSANDRA_FETCH_TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    # 127.0.0.100-249 is cassandratest's range; the Go tests and this
+    # module may run at once, so the ports are found free on the address.
+    addr = f"127.0.0.{random.randint(100, 249)}"
+    port, storage = free_port(addr), free_port(addr)
+    d = tmp_path_factory.mktemp("cassandra")
+    r = subprocess.run(["bash", str(CASSANDRA_SCRIPT), "start", "--dir", str(d), "--addr", addr, "--port", str(port),
+                        "--storage-port", str(storage), "--short-lived"],
+                       capture_output=True, text=True, timeout=CASSANDRA_START_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"Cassandra did not start:\n{r.stdout}\n{r.stderr}"
+    pid = int(r.stdout.split()[-1])
+    yield f"{addr}:{port}"
+    subprocess.run(["bash", str(CASSANDRA_SCRIPT), "stop", str(pid)], capture_output=True, timeout=CASSANDRA_STOP_TIMEOUT)

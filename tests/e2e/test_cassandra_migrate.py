@@ -2,7 +2,7 @@
 item 5), with real processes: a quill node gets mail by SMTP and IMAP
 changes, `quill migrate` refuses its data directory while it runs, the node
 is stopped by its PID, its mail is copied into a real Cassandra 5.0 node
-(scripts/cassandra.sh, started once for this module) and back into a new
+(scripts/cassandra.sh, the `cassandra` fixture of conftest.py: one per module) and back into a new
 data directory, and a quill started on that serves every folder, message,
 flag, internal date, UID, UIDVALIDITY, UIDNEXT and HIGHESTMODSEQ as
 before, with the same password.
@@ -13,7 +13,6 @@ the test is skipped, except under CI=true."""
 from __future__ import annotations
 
 import imaplib
-import os
 import random
 import re
 import subprocess
@@ -22,43 +21,14 @@ import pytest
 
 from conftest import REPO, QuillNode
 from dovecot import folders, messages, quote
-from mailutil import cluster_pair, free_port, ok, send
+from mailutil import cluster_pair, ok, send
 
 DOMAIN = "example.org"
 USER = f"carol@{DOMAIN}"
 PW = "migrate pass"
-SCRIPT = REPO / "scripts" / "cassandra.sh"
-# A fetch of the jars (first run without the cache) takes about a
-# minute; a node's start about 10-30 s on two busy cores.
-FETCH_TIMEOUT = 600.0
-START_TIMEOUT = 180.0
-STOP_TIMEOUT = 60.0
 # A migration of this test's few messages takes seconds; most of it is
 # Cassandra making the keyspace and its tables.
 MIGRATE_TIMEOUT = 300.0
-
-
-@pytest.fixture(scope="module")
-def cassandra(tmp_path_factory) -> str:
-    """One Cassandra node on a loopback address of its own: host:port."""
-    if subprocess.run(["bash", str(SCRIPT), "java"], capture_output=True, timeout=30).returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no Java 17 for Cassandra (scripts/test-deps.sh installs it)")
-        pytest.skip("no Java 17 for Cassandra")
-    r = subprocess.run(["bash", str(SCRIPT), "fetch"], capture_output=True, text=True, timeout=FETCH_TIMEOUT)
-    assert r.returncode == 0, r.stderr
-    # 127.0.0.100-249 is cassandratest's range; the Go tests and this
-    # module may run at once, so the ports are found free on the address.
-    addr = f"127.0.0.{random.randint(100, 249)}"
-    port, storage = free_port(addr), free_port(addr)
-    d = tmp_path_factory.mktemp("cassandra")
-    r = subprocess.run(["bash", str(SCRIPT), "start", "--dir", str(d), "--addr", addr, "--port", str(port),
-                        "--storage-port", str(storage), "--short-lived"],
-                       capture_output=True, text=True, timeout=START_TIMEOUT, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, f"Cassandra did not start:\n{r.stdout}\n{r.stderr}"
-    pid = int(r.stdout.split()[-1])
-    yield f"{addr}:{port}"
-    subprocess.run(["bash", str(SCRIPT), "stop", str(pid)], capture_output=True, timeout=STOP_TIMEOUT)
 
 
 def imap(node) -> imaplib.IMAP4:
