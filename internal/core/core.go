@@ -334,12 +334,12 @@ func New(o Options) (*Core, error) {
 	if clusterAddr != "" {
 		host, _, err := net.SplitHostPort(clusterAddr)
 		if err != nil {
-			db.Close()
+			c.closeStores()
 			return nil, fmt.Errorf("cluster address %q: %w", clusterAddr, err)
 		}
 		l, err := listenRPC(dataDir, host)
 		if err != nil {
-			db.Close()
+			c.closeStores()
 			return nil, err
 		}
 		c.rpcLn = l
@@ -614,6 +614,11 @@ func (c *Core) Close() error {
 		c.Members.Shutdown()
 	}
 	c.Peers.RPC.Close()
+	return c.closeStores()
+}
+
+// closeStores closes the Cassandra store, if any, and the data directory's.
+func (c *Core) closeStores() error {
 	if c.Cass != nil {
 		c.Cass.Close()
 	}
