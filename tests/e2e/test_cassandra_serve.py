@@ -5,7 +5,8 @@ and IMAP (FETCH, STORE, EXPUNGE, SEARCH), is killed with SIGKILL, its data
 directory deleted, and a new quill on the same keyspace serves every
 acknowledged message with the same UIDVALIDITY, UIDs, flags, bytes and
 UIDNEXT, logs the user in with the same password, and gives a new delivery
-a UID past every one handed out before.
+a UID past every one handed out before. Then two nodes of one cluster on one
+keyspace, one killed with SIGKILL and wiped while the other takes over.
 
 What this does not cover yet: the domain added before the wipe is a
 clusterwide object, kept in the data directory (not in Cassandra); the new
@@ -20,7 +21,7 @@ import shutil
 
 from conftest import QuillNode
 from dovecot import messages
-from mailutil import fetch_all, imap_login, ok, send
+from mailutil import fetch_all, free_port, imap_login, ok, send, wait_for
 
 DOMAIN = "example.org"
 USER = f"dora@{DOMAIN}"
@@ -106,3 +107,56 @@ def test_serve_on_cassandra_survives_wipe(quill_bin, cassandra, tmp_path):
         assert len(new) == 1 and new[0] >= uidnext, msgs2
     finally:
         node.stop(timeout=15)
+
+
+def test_two_nodes_on_cassandra_one_killed_and_wiped(quill_bin, cassandra, tmp_path):
+    """Two quill nodes of one cluster on one keyspace: mail delivered
+    through both is read through both with the same UIDs; one is killed
+    with SIGKILL and its data directory deleted, the other serves every
+    acknowledged message with the same UIDs and delivers past them; the
+    wiped node rejoins and serves them too."""
+    keyspace = f"quill_pair_{random.randrange(1 << 30):x}"
+    store = ["--store", "cassandra", "--cassandra", cassandra, "--keyspace", keyspace, "--cassandra-rf", "1",
+             "--smtps", "", "--pop3s", "", "--imaps", "", "--submission", ""]
+    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    a = QuillNode(quill_bin, tmp_path / "a", [*store, "--cluster", ga], name="a", start_timeout=START_TIMEOUT)
+    b = QuillNode(quill_bin, tmp_path / "b", [*store, "--cluster", gb, "--join", ga], name="b", start_timeout=START_TIMEOUT)
+    try:
+        a.start()
+        b.start()
+        a.add_user(USER, PW)
+        b.add_domain(DOMAIN)
+
+        def logs_in(n) -> bool:
+            try:
+                imap_login(n, USER, PW).logout()
+                return True
+            except (imaplib.IMAP4.error, OSError):
+                return False
+
+        wait_for("the user to log in through node b", lambda: logs_in(b), timeout=60)
+        for i in range(6):
+            refused = send(a if i % 2 else b, USER, f"Subject: pair {i}\r\n\r\npair body {i}\r\n".encode())
+            assert refused == {}, refused
+        before = snapshot(a)
+        assert len(before[0][1]) == 6, before
+        assert snapshot(b) == before
+
+        a.kill9()
+        shutil.rmtree(a.data_dir)
+        # b declares a dead and takes its buckets over (a few seconds).
+        wait_for("node b to serve the mailbox alone", lambda: logs_in(b) and snapshot(b)[0] == before[0], timeout=90)
+        assert snapshot(b)[1][0] == before[1][0]
+        refused = send(b, USER, b"Subject: pair after\r\n\r\nlater\r\n")
+        assert refused == {}, refused
+        (_, msgs), _ = snapshot(b)
+        old = {u for u, *_ in before[0][1]}
+        new = [u for u, *_ in msgs if u not in old]
+        assert len(msgs) == 7 and len(new) == 1 and new[0] >= before[1][0], msgs
+
+        a.start()
+        wait_for("the wiped node a to serve the mailbox", lambda: logs_in(a) and snapshot(a)[0] == (before[0][0], msgs),
+                 timeout=90)
+    finally:
+        for n in (b, a):
+            n.stop(timeout=15)
