@@ -127,8 +127,9 @@ cassandra-faults:
 
 # The CassMail experiments at the store level: messages of 2-20 KB and
 # 200 KB-2 MB written through the store by concurrent writers on one node
-# (RF 1) and on three (RF 1/2/3, ONE/QUORUM/ALL), 15 s a row (about 10
-# minutes; tests/cassandra). docs/benchmarks.md, "Cassandra store".
+# (RF 1) and on three (RF 1/2/3, ONE/QUORUM/ALL), 10 s a row, three rounds,
+# medians reported (about 20 minutes; tests/cassandra). docs/benchmarks.md,
+# "Cassandra store".
 cassandra-bench:
 	QUILL_CASSANDRA_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestStoreThroughput$$' -v ./tests/cassandra/
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,10 +29,13 @@ const (
 	benchWriters = 16
 	// benchSeconds is how long each row writes;
 	// QUILL_CASSANDRA_BENCH_SECONDS sets another.
-	benchSeconds = 15
+	benchSeconds = 10
 	// benchWarmup is written, unmeasured, when a cluster is new, so the
 	// JIT has compiled the write path before the first row.
 	benchWarmup = 10 * time.Second
+	// benchRounds is how many times each row runs (the median is
+	// reported); QUILL_CASSANDRA_BENCH_ROUNDS sets another.
+	benchRounds = 3
 	// benchUsers are the recipients the writers spread over.
 	benchUsers = 64
 )
@@ -61,7 +66,9 @@ var benchClusters = []struct {
 // messages/s and MB/s per cluster, replication factor, write consistency
 // level and size range. Each row writes into a keyspace of its own, made
 // before and dropped after it, so no row pays for the compactions of the
-// one before. A row is a subtest:
+// one before; the rows run in rounds (every row once, then again), and the
+// summary gives each row's median, so a burst of other work on the
+// machine moves one figure of a row rather than all. A row is a subtest:
 //
 //	go test -run 'TestStoreThroughput/nodes3/RF3-ALL/200KB-2MB$' ./tests/cassandra/
 func TestStoreThroughput(t *testing.T) {
@@ -70,11 +77,13 @@ func TestStoreThroughput(t *testing.T) {
 	}
 	writers := envInt(t, "QUILL_CASSANDRA_BENCH_WRITERS", benchWriters)
 	secs := envInt(t, "QUILL_CASSANDRA_BENCH_SECONDS", benchSeconds)
-	t.Logf("seed %d, %d writers, %d s a row, load average %s", benchSeed, writers, secs, loadavg())
+	rounds := envInt(t, "QUILL_CASSANDRA_BENCH_ROUNDS", benchRounds)
+	t.Logf("seed %d, %d writers, %d s a row, %d rounds, load average %s", benchSeed, writers, secs, rounds, loadavg())
 	var (
-		mu    sync.Mutex
-		lines []string
+		mu      sync.Mutex
+		results = map[string][]benchResult{}
 	)
+	sizeRanges := []sizeRange{smallMessages, largeMessages}
 	for _, bc := range benchClusters {
 		t.Run(fmt.Sprintf("nodes%d", bc.nodes), func(t *testing.T) {
 			began := time.Now()
@@ -87,50 +96,134 @@ func TestStoreThroughput(t *testing.T) {
 			}
 			defer c.Stop()
 			t.Logf("%d nodes up in %s (pids %s)", bc.nodes, time.Since(began).Round(time.Second), pids(c))
-			warm := false
-			for _, row := range bc.rows {
-				t.Run(row.name(), func(t *testing.T) {
-					for _, sizes := range []sizeRange{smallMessages, largeMessages} {
-						t.Run(sizes.name, func(t *testing.T) {
-							if !warm {
-								ks := "bench_warmup"
-								st := openStore(t, c.Hosts(), ks, 1, gocql.One, gocql.One)
-								benchWrite(t, st, writers, benchWarmup, smallMessages)
+			st := openStore(t, c.Hosts(), "bench_warmup", 1, gocql.One, gocql.One)
+			benchWrite(t, st, c, writers, benchWarmup, smallMessages)
+			st.Close()
+			dropKeyspace(t, c, "bench_warmup")
+			for round := range rounds {
+				for _, row := range bc.rows {
+					t.Run(row.name(), func(t *testing.T) {
+						for _, sizes := range sizeRanges {
+							t.Run(sizes.name, func(t *testing.T) {
+								ks := strings.ToLower(fmt.Sprintf("bench_%d_%s_%d", bc.nodes, row.name(), sizes.min))
+								ks = strings.ReplaceAll(ks, "-", "_")
+								st := openStore(t, c.Hosts(), ks, row.rf, gocql.One, row.write)
+								r := benchWrite(t, st, c, writers, time.Duration(secs)*time.Second, sizes)
 								st.Close()
 								dropKeyspace(t, c, ks)
-								warm = true
-							}
-							ks := strings.ToLower(fmt.Sprintf("bench_%d_%s_%d", bc.nodes, row.name(), sizes.min))
-							ks = strings.ReplaceAll(ks, "-", "_")
-							st := openStore(t, c.Hosts(), ks, row.rf, gocql.One, row.write)
-							load := loadavg()
-							r := benchWrite(t, st, writers, time.Duration(secs)*time.Second, sizes)
-							st.Close()
-							dropKeyspace(t, c, ks)
-							line := fmt.Sprintf("| %d | %d | %s | %s | %.0f | %.1f | %s | %s | %d | %s→%s |", bc.nodes, row.rf, row.write, sizes.name,
-								r.perSecond(), r.mbPerSecond(), r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.failed, load, loadavg())
-							t.Logf("%d messages (%.1f MB) in %s: %s", r.messages, float64(r.bytes)/1e6, r.took.Round(100*time.Millisecond), line)
-							if len(r.errKinds) > 0 {
-								t.Logf("failures: %v", r.errKinds)
-							}
-							mu.Lock()
-							lines = append(lines, line)
-							mu.Unlock()
-						})
-					}
-				})
+								t.Logf("round %d: %d messages (%.1f MB) in %s: %.0f messages/s, %.1f MB/s, p50 %s, p99 %s, %d failed, load %s→%s, cores %.0f%% busy, %.0f%% of it ours",
+									round+1, r.messages, float64(r.bytes)/1e6, r.took.Round(100*time.Millisecond), r.perSecond(), r.mbPerSecond(),
+									r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.failed, r.loadBefore, r.loadAfter, 100*r.busy, 100*r.share)
+								if len(r.errKinds) > 0 {
+									t.Logf("failures: %v", r.errKinds)
+								}
+								mu.Lock()
+								k := benchKey(bc.nodes, row, sizes)
+								results[k] = append(results[k], r)
+								mu.Unlock()
+							})
+						}
+					})
+				}
 			}
 		})
 	}
-	t.Logf("| nodes | RF | write | sizes | messages/s | MB/s | p50 | p99 | failed | load |\n%s", strings.Join(lines, "\n"))
+	t.Log(benchSummary(results, sizeRanges))
+}
+
+func benchKey(nodes int, row benchRow, sizes sizeRange) string {
+	return fmt.Sprintf("%d/%s/%s", nodes, row.name(), sizes.name)
+}
+
+// benchSummary is the table of docs/benchmarks.md: each row's median
+// round, the range over the rounds, and ALL against ONE per replication
+// factor and size range.
+func benchSummary(results map[string][]benchResult, sizeRanges []sizeRange) string {
+	var b strings.Builder
+	b.WriteString("| nodes | RF | write | sizes | messages/s (median; range) | MB/s (median) | p50 | p99 | failed | load | ours |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	median := map[string]benchResult{}
+	for _, bc := range benchClusters {
+		for _, row := range bc.rows {
+			for _, sizes := range sizeRanges {
+				rs := slices.Clone(results[benchKey(bc.nodes, row, sizes)])
+				if len(rs) == 0 {
+					continue
+				}
+				sort.Slice(rs, func(i, j int) bool { return rs[i].perSecond() < rs[j].perSecond() })
+				m := rs[len(rs)/2]
+				median[benchKey(bc.nodes, row, sizes)] = m
+				var failed int64
+				for _, r := range rs {
+					failed += r.failed
+				}
+				fmt.Fprintf(&b, "| %d | %d | %s | %s | %.0f (%.0f–%.0f) | %.1f | %s | %s | %d | %s–%s | %.0f%% |\n", bc.nodes, row.rf, row.write, sizes.name,
+					m.perSecond(), rs[0].perSecond(), rs[len(rs)-1].perSecond(), m.mbPerSecond(),
+					m.p50.Round(time.Millisecond), m.p99.Round(time.Millisecond), failed, m.loadBefore, m.loadAfter, 100*m.share)
+			}
+		}
+	}
+	for _, bc := range benchClusters {
+		for _, rf := range []int{2, 3} {
+			for _, sizes := range sizeRanges {
+				one, ok1 := median[benchKey(bc.nodes, benchRow{rf, gocql.One}, sizes)]
+				all, ok2 := median[benchKey(bc.nodes, benchRow{rf, gocql.All}, sizes)]
+				if ok1 && ok2 {
+					fmt.Fprintf(&b, "%d nodes, RF %d, %s: ALL/ONE %.2f (ALL costs %.0f%%)\n", bc.nodes, rf, sizes.name,
+						all.perSecond()/one.perSecond(), 100*(1-all.perSecond()/one.perSecond()))
+				}
+			}
+		}
+	}
+	return b.String()
 }
 
 func pids(c *cassandratest.Cluster) string {
 	var p []string
-	for _, n := range c.Nodes {
-		p = append(p, fmt.Sprint(n.PID))
+	for _, pid := range nodePIDs(c) {
+		p = append(p, fmt.Sprint(pid))
 	}
 	return strings.Join(p, ",")
+}
+
+func nodePIDs(c *cassandratest.Cluster) []int {
+	var p []int
+	for _, n := range c.Nodes {
+		p = append(p, n.PID)
+	}
+	return p
+}
+
+// cpuTicks reads the CPU time (user + system, clock ticks) the processes
+// pids have used, and the machine's busy and total CPU time (/proc/stat's
+// first line: busy is all but idle and iowait).
+func cpuTicks(pids []int) (ours, busy, total uint64) {
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which is in parentheses and may hold
+		// spaces): state is field 3, utime 14, stime 15.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 12 {
+			u, _ := strconv.ParseUint(f[11], 10, 64)
+			s, _ := strconv.ParseUint(f[12], 10, 64)
+			ours += u + s
+		}
+	}
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return ours, 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, v := range strings.Fields(line)[1:] {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		total += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return ours, busy, total
 }
 
 // benchResult is one row's figures.
@@ -138,6 +231,11 @@ type benchResult struct {
 	messages, bytes, failed int64
 	took, p50, p99          time.Duration
 	errKinds                map[string]int
+	loadBefore, loadAfter   string // the machine's load average around the row
+	// share is the part of the machine's busy CPU time during the row
+	// that went to this test and its Cassandra nodes (the rest was other
+	// work on the machine), and busy how busy its cores were.
+	share, busy float64
 }
 
 func (r benchResult) perSecond() float64   { return float64(r.messages) / r.took.Seconds() }
@@ -145,10 +243,12 @@ func (r benchResult) mbPerSecond() float64 { return float64(r.bytes) / 1e6 / r.t
 
 // benchWrite runs writers for d, each delivering messages of the given
 // sizes to users in turn, and returns what was acknowledged.
-func benchWrite(t *testing.T, st *cassandra.Store, writers int, d time.Duration, sizes sizeRange) benchResult {
+func benchWrite(t *testing.T, st *cassandra.Store, c *cassandratest.Cluster, writers int, d time.Duration, sizes sizeRange) benchResult {
 	t.Helper()
+	ours := append([]int{os.Getpid()}, nodePIDs(c)...)
+	cpu0, busy0, total0 := cpuTicks(ours)
 	var (
-		res       = benchResult{errKinds: map[string]int{}}
+		res       = benchResult{errKinds: map[string]int{}, loadBefore: loadavg()}
 		mu        sync.Mutex
 		latencies []time.Duration
 		uids      [benchUsers]atomic.Uint32
@@ -182,6 +282,13 @@ func benchWrite(t *testing.T, st *cassandra.Store, writers int, d time.Duration,
 	}
 	wg.Wait()
 	res.took = time.Since(began)
+	res.loadAfter = loadavg()
+	cpu1, busy1, total1 := cpuTicks(ours)
+	if busy1 > busy0 && total1 > total0 {
+		// min: the two counts are read a moment apart.
+		res.share = min(1, float64(cpu1-cpu0)/float64(busy1-busy0))
+		res.busy = float64(busy1-busy0) / float64(total1-total0)
+	}
 	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
 	if n := len(latencies); n > 0 {
 		res.p50, res.p99 = latencies[n/2], latencies[n*99/100]
