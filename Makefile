@@ -120,7 +120,7 @@ cassandra-large:
 # kill -9 of one Cassandra node of three (RF 3) under a stream of
 # deliveries to the store, at QUORUM/QUORUM, ONE/ONE and ONE/QUORUM; every
 # acknowledged message is read back with the node down, after its return
-# and after nodetool repair (tests/cassandra, about 6 minutes; the nodes
+# and after nodetool repair (tests/cassandra, about 9 minutes; the nodes
 # are started and stopped by the test). docs/cassandra.md, "Faults".
 cassandra-faults:
 	QUILL_CASSANDRA_FAULTS=1 $(GO) test -count=1 -timeout 40m -run 'TestCassandraFaults$$' -v ./tests/cassandra/
@@ -128,7 +128,7 @@ cassandra-faults:
 # The CassMail experiments at the store level: messages of 2-20 KB and
 # 200 KB-2 MB written through the store by concurrent writers on one node
 # (RF 1) and on three (RF 1/2/3, ONE/QUORUM/ALL), 10 s a row, three rounds,
-# medians reported (about 20 minutes; tests/cassandra). docs/benchmarks.md,
+# medians reported (about 27 minutes; tests/cassandra). docs/benchmarks.md,
 # "Cassandra store".
 cassandra-bench:
 	QUILL_CASSANDRA_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestStoreThroughput$$' -v ./tests/cassandra/
