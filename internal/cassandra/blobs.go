@@ -28,6 +28,15 @@ import (
 // protocol frame (16 MiB), and most mail (a few KB) in one row.
 const chunkSize = 1 << 20
 
+// sourceError is an error of the reader a blob is written from (a client
+// that hung up in the middle of a message, say): the caller's, never
+// Retryable, whatever it wraps (io.ErrUnexpectedEOF looks like a broken
+// connection to Cassandra otherwise).
+type sourceError struct{ err error }
+
+func (e sourceError) Error() string { return e.err.Error() }
+func (e sourceError) Unwrap() error { return e.err }
+
 // blobTables names a head table (size, chunks, data) and its chunk table,
 // and the key columns they share before the chunk number.
 type blobTables struct {
@@ -56,12 +65,12 @@ func (st *Store) putBlob(ctx context.Context, t blobTables, name string, key []a
 			return buf[:n], false, nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, err)
+			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, sourceError{err})
 		}
 		if _, err := br.Peek(1); err == io.EOF {
 			return buf, false, nil
 		} else if err != nil {
-			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, err)
+			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, sourceError{err})
 		}
 		return buf, true, nil
 	}

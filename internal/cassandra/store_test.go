@@ -10,10 +10,13 @@ import (
 	"io"
 	"math"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
@@ -791,6 +794,36 @@ func TestParse(t *testing.T) {
 	}
 	if tableID("mail", "users") == tableID("mail", "mailboxes") || tableID("a", "users") == tableID("b", "users") {
 		t.Error("table ids repeat")
+	}
+}
+
+// What Retryable says of the errors a write meets when its coordinator is
+// killed (seen in tests/cassandra's fault run), and of errors a retry
+// cannot mend.
+func TestRetryable(t *testing.T) {
+	lost := []error{
+		fmt.Errorf("message x of u: write: %w", fmt.Errorf("gocql: failed to read non self-contained frame: %w", io.EOF)),
+		fmt.Errorf("write: %w", gocql.ErrConnectionClosed),
+		fmt.Errorf("write: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}),
+		fmt.Errorf("write: %w", &gocql.RequestErrWriteTimeout{}),
+		fmt.Errorf("write: %w", gocql.ErrNoConnections),
+	}
+	for _, err := range lost {
+		if !Retryable(err) {
+			t.Errorf("Retryable(%v) = false", err)
+		}
+	}
+	// The message's source failing (its client's connection reset) is the
+	// caller's error, not a lost connection to Cassandra.
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	_, srcErr := open(t).PutBody(ctxT(t), user("retry"), "m1", iotest.ErrReader(reset))
+	if srcErr == nil {
+		t.Fatal("PutBody from a failing reader succeeded")
+	}
+	for _, err := range []error{errors.New("user bob: message without an id"), mailbox.ErrNoMessage, context.Canceled, srcErr} {
+		if Retryable(err) {
+			t.Errorf("Retryable(%v) = true", err)
+		}
 	}
 }
 
