@@ -56,11 +56,15 @@ var (
 
 // putBlob writes what r gives, chunk by chunk, and returns its size.
 func (st *Store) putBlob(ctx context.Context, t blobTables, name string, key []any, r io.Reader) (int64, error) {
-	br := bufio.NewReader(r)
+	br := bufio.NewReader(sourceReader{r})
 	// next reads up to a chunk, and whether more follows.
 	next := func() ([]byte, bool, error) {
 		buf := make([]byte, chunkSize)
 		n, err := io.ReadFull(br, buf)
+		var src sourceError
+		if errors.As(err, &src) {
+			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, err)
+		}
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			return buf[:n], false, nil
 		}
@@ -108,6 +112,21 @@ func (st *Store) putBlob(ctx context.Context, t blobTables, name string, key []a
 		return 0, fmt.Errorf("%s %s: write: %w", t.what, name, err)
 	}
 	return size, nil
+}
+
+// sourceReader marks every error of the message's source but its end as a
+// sourceError, so io.ReadFull's io.ErrUnexpectedEOF (a short last chunk)
+// is never confused with a source that itself failed with that error (a
+// client cut off in the middle of a message): a truncated message is
+// refused, not stored.
+type sourceReader struct{ r io.Reader }
+
+func (s sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = sourceError{err}
+	}
+	return n, err
 }
 
 // blobHead reads a blob's head row.

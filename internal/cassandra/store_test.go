@@ -820,6 +820,20 @@ func TestRetryable(t *testing.T) {
 	if srcErr == nil {
 		t.Fatal("PutBody from a failing reader succeeded")
 	}
+	// A source cut short that says so with io.ErrUnexpectedEOF (what a
+	// reader of a stream of known length does) is refused like any other
+	// failure, in the first chunk and after it, not stored as the message.
+	st := open(t)
+	for _, n := range []int{100, chunkSize + 100} {
+		cut := io.MultiReader(bytes.NewReader(bytes.Repeat([]byte("x"), n)), iotest.ErrReader(io.ErrUnexpectedEOF))
+		id := fmt.Sprintf("cut%d", n)
+		if _, err := st.PutBody(ctxT(t), user("retry"), id, cut); err == nil || Retryable(err) {
+			t.Errorf("PutBody of %d bytes then io.ErrUnexpectedEOF: %v, want a final error", n, err)
+		}
+		if _, err := st.Body(ctxT(t), user("retry"), id); !errors.Is(err, mailbox.ErrNoMessage) {
+			t.Errorf("a body cut short after %d bytes was stored: %v", n, err)
+		}
+	}
 	for _, err := range []error{errors.New("user bob: message without an id"), mailbox.ErrNoMessage, context.Canceled, srcErr} {
 		if Retryable(err) {
 			t.Errorf("Retryable(%v) = true", err)
