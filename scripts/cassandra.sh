@@ -13,8 +13,11 @@
 #       prints the Java 17 binary the nodes run on, or fails.
 #   scripts/cassandra.sh start --dir D [--addr A] [--port P] [--storage-port S]
 #                              [--seeds A1,A2] [--token T] [--wait SECONDS]
+#                              [--jmx-port J]
 #       writes D/conf/cassandra.yaml and logback.xml, starts a node in the
 #       background, waits until its CQL port answers and prints its PID.
+#       --jmx-port opens JMX on 127.0.0.1:J (Cassandra's local-only JMX),
+#       which nodetool needs; without it the node has no JMX.
 #   scripts/cassandra.sh run ...
 #       as start, in the foreground: the script becomes the JVM (exec), so
 #       the caller's process id is the node's (the Go test helper,
@@ -22,6 +25,9 @@
 #       for one test run (C1 compiler only, see jvm_flags).
 #   scripts/cassandra.sh stop PID [--wait SECONDS]
 #       SIGTERM (Cassandra drains its memtables), SIGKILL after the wait.
+#   scripts/cassandra.sh nodetool J ARGS...
+#       runs nodetool (from the same jars) against the node whose JMX port
+#       is J: nodetool J status, nodetool J repair KEYSPACE.
 #   scripts/cassandra.sh cluster-start --dir D [--nodes N]
 #   scripts/cassandra.sh cluster-stop --dir D
 #       N nodes (default 3) on 127.0.0.2 ... as one cluster, for the long
@@ -102,7 +108,7 @@ free_port() {
 # answers reports whether something accepts connections on $1:$2.
 answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
-dir="" addr="127.0.0.1" port="" sport="" seeds="" token="" wait="$startWait" nodes=3 shortlived=""
+dir="" addr="127.0.0.1" port="" sport="" seeds="" token="" wait="$startWait" nodes=3 shortlived="" jmxport=""
 
 parse() {
   while [ $# -gt 0 ]; do
@@ -116,6 +122,7 @@ parse() {
       --wait) wait="$2"; shift 2 ;;
       --nodes) nodes="$2"; shift 2 ;;
       --short-lived) shortlived=1; shift ;;
+      --jmx-port) jmxport="$2"; shift 2 ;;
       *) die "unknown argument $1" ;;
     esac
   done
@@ -253,6 +260,9 @@ EOF
   # node starts (12 s to CQL instead of 19 s here), and a short run never
   # repays them.
   [ -z "$shortlived" ] || echo "-XX:TieredStopAtLevel=1"
+  # JMX on the loopback only (what cassandra-env.sh's LOCAL_JMX does), for
+  # nodetool; each node of a machine needs its own port.
+  [ -z "$jmxport" ] || echo "-Dcassandra.jmx.local.port=$jmxport"
   # Extra flags for an experiment or a test (QUILL_CASSANDRA_JVM_OPTS).
   local f
   for f in ${QUILL_CASSANDRA_JVM_OPTS:-}; do echo "$f"; done
@@ -277,7 +287,7 @@ start() {
   # setsid: the node outlives this script and the caller's terminal; stop
   # it by the PID printed.
   setsid "${BASH_SOURCE[0]}" run --dir "$dir" --addr "$addr" --port "$port" --storage-port "$sport" \
-    --seeds "$seeds" ${token:+--token "$token"} ${shortlived:+--short-lived} </dev/null >"$dir/logs/stdout.log" 2>&1 &
+    --seeds "$seeds" ${token:+--token "$token"} ${shortlived:+--short-lived} ${jmxport:+--jmx-port "$jmxport"} </dev/null >"$dir/logs/stdout.log" 2>&1 &
   local pid=$! i
   for i in $(seq 1 "$wait"); do
     if ! kill -0 "$pid" 2>/dev/null; then
@@ -307,6 +317,32 @@ stop() {
     sleep 1
   done
   kill -KILL "$pid" 2>/dev/null || true
+}
+
+# nodetool runs Cassandra's nodetool from the jars against the JMX port $1
+# of a node: with the server's JPMS flags (its FileUtils reaches into
+# sun.nio.ch) and a logback configuration that keeps the tool's own debug
+# logging off the terminal.
+nodetool() {
+  local jport="${1:-}"
+  [ -n "$jport" ] || die "nodetool needs the node's JMX port"
+  shift
+  local j
+  j="$(java17)"
+  fetch >/dev/null
+  local lb="$cache/logback-tools.xml"
+  cat >"$lb" <<EOF
+<configuration scan="false">
+  <appender name="STDERR" class="ch.qos.logback.core.ConsoleAppender">
+    <target>System.err</target>
+    <encoder><pattern>%-5level %msg%n</pattern></encoder>
+  </appender>
+  <root level="WARN"><appender-ref ref="STDERR"/></root>
+</configuration>
+EOF
+  mapfile -t opens < <(dir=/nonexistent jvm_flags | grep -- '^--add-')
+  "$j" -Xmx256M "${opens[@]}" -Dlogback.configurationFile="file://$lb" -cp "$lib/*" \
+    org.apache.cassandra.tools.NodeTool -h 127.0.0.1 -p "$jport" "$@"
 }
 
 # tokens prints n evenly spaced Murmur3 tokens (the ring is -2^63 .. 2^63-1),
@@ -365,5 +401,6 @@ case "$cmd" in
   stop) stop "$@" ;;
   cluster-start) cluster_start "$@" ;;
   cluster-stop) cluster_stop "$@" ;;
-  *) die "usage: cassandra.sh fetch|java|start|run|stop|cluster-start|cluster-stop (see the header)" ;;
+  nodetool) nodetool "$@" ;;
+  *) die "usage: cassandra.sh fetch|java|start|run|stop|nodetool|cluster-start|cluster-stop (see the header)" ;;
 esac

@@ -28,6 +28,15 @@ import (
 // protocol frame (16 MiB), and most mail (a few KB) in one row.
 const chunkSize = 1 << 20
 
+// sourceError is an error of the reader a blob is written from (a client
+// that hung up in the middle of a message, say): the caller's, never
+// Retryable, whatever it wraps (io.ErrUnexpectedEOF looks like a broken
+// connection to Cassandra otherwise).
+type sourceError struct{ err error }
+
+func (e sourceError) Error() string { return e.err.Error() }
+func (e sourceError) Unwrap() error { return e.err }
+
 // blobTables names a head table (size, chunks, data) and its chunk table,
 // and the key columns they share before the chunk number.
 type blobTables struct {
@@ -47,21 +56,25 @@ var (
 
 // putBlob writes what r gives, chunk by chunk, and returns its size.
 func (st *Store) putBlob(ctx context.Context, t blobTables, name string, key []any, r io.Reader) (int64, error) {
-	br := bufio.NewReader(r)
+	br := bufio.NewReader(sourceReader{r})
 	// next reads up to a chunk, and whether more follows.
 	next := func() ([]byte, bool, error) {
 		buf := make([]byte, chunkSize)
 		n, err := io.ReadFull(br, buf)
+		var src sourceError
+		if errors.As(err, &src) {
+			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, err)
+		}
 		if err == io.EOF || err == io.ErrUnexpectedEOF {
 			return buf[:n], false, nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, err)
+			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, sourceError{err})
 		}
 		if _, err := br.Peek(1); err == io.EOF {
 			return buf, false, nil
 		} else if err != nil {
-			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, err)
+			return nil, false, fmt.Errorf("%s %s: read: %w", t.what, name, sourceError{err})
 		}
 		return buf, true, nil
 	}
@@ -99,6 +112,21 @@ func (st *Store) putBlob(ctx context.Context, t blobTables, name string, key []a
 		return 0, fmt.Errorf("%s %s: write: %w", t.what, name, err)
 	}
 	return size, nil
+}
+
+// sourceReader marks every error of the message's source but its end as a
+// sourceError, so io.ReadFull's io.ErrUnexpectedEOF (a short last chunk)
+// is never confused with a source that itself failed with that error (a
+// client cut off in the middle of a message): a truncated message is
+// refused, not stored.
+type sourceReader struct{ r io.Reader }
+
+func (s sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = sourceError{err}
+	}
+	return n, err
 }
 
 // blobHead reads a blob's head row.

@@ -32,12 +32,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
@@ -318,7 +320,12 @@ func stamped(what string, clock uint64) (int64, error) {
 // a little later: a timeout, a conditional update whose outcome is unknown,
 // too few replicas alive for the consistency level, an overloaded node, a
 // replica that failed the request (one that has not yet applied a schema
-// change, say).
+// change, say), or the connection to the coordinator lost while the
+// request was in flight (the node died: kill -9 in tests/cassandra gives
+// "gocql: failed to read ...: EOF" and connection resets). Like a timeout,
+// a lost connection leaves the outcome unknown; the store's writes are
+// idempotent (a body is the same bytes under its id, a record is written
+// at its stamp), so trying again is safe.
 func Retryable(err error) bool {
 	var (
 		wt *gocql.RequestErrWriteTimeout
@@ -331,7 +338,18 @@ func Retryable(err error) bool {
 	)
 	return errors.As(err, &wt) || errors.As(err, &rt) || errors.As(err, &cu) || errors.As(err, &un) || errors.As(err, &ov) ||
 		errors.As(err, &wf) || errors.As(err, &rf) ||
-		errors.Is(err, gocql.ErrTimeoutNoResponse) || errors.Is(err, gocql.ErrNoConnections)
+		errors.Is(err, gocql.ErrTimeoutNoResponse) || errors.Is(err, gocql.ErrNoConnections) || connectionLost(err)
+}
+
+// connectionLost reports whether err is a connection to a node that broke
+// under a request: closed while waiting, ended (EOF) or reset by the peer.
+func connectionLost(err error) bool {
+	var src sourceError
+	if errors.As(err, &src) {
+		return false
+	}
+	return errors.Is(err, gocql.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // notFound reports whether a read found no row.

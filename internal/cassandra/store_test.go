@@ -10,10 +10,13 @@ import (
 	"io"
 	"math"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	gocql "github.com/apache/cassandra-gocql-driver/v2"
@@ -791,6 +794,50 @@ func TestParse(t *testing.T) {
 	}
 	if tableID("mail", "users") == tableID("mail", "mailboxes") || tableID("a", "users") == tableID("b", "users") {
 		t.Error("table ids repeat")
+	}
+}
+
+// What Retryable says of the errors a write meets when its coordinator is
+// killed (seen in tests/cassandra's fault run), and of errors a retry
+// cannot mend.
+func TestRetryable(t *testing.T) {
+	lost := []error{
+		fmt.Errorf("message x of u: write: %w", fmt.Errorf("gocql: failed to read non self-contained frame: %w", io.EOF)),
+		fmt.Errorf("write: %w", gocql.ErrConnectionClosed),
+		fmt.Errorf("write: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}),
+		fmt.Errorf("write: %w", &gocql.RequestErrWriteTimeout{}),
+		fmt.Errorf("write: %w", gocql.ErrNoConnections),
+	}
+	for _, err := range lost {
+		if !Retryable(err) {
+			t.Errorf("Retryable(%v) = false", err)
+		}
+	}
+	// The message's source failing (its client's connection reset) is the
+	// caller's error, not a lost connection to Cassandra.
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	_, srcErr := open(t).PutBody(ctxT(t), user("retry"), "m1", iotest.ErrReader(reset))
+	if srcErr == nil {
+		t.Fatal("PutBody from a failing reader succeeded")
+	}
+	// A source cut short that says so with io.ErrUnexpectedEOF (what a
+	// reader of a stream of known length does) is refused like any other
+	// failure, in the first chunk and after it, not stored as the message.
+	st := open(t)
+	for _, n := range []int{100, chunkSize + 100} {
+		cut := io.MultiReader(bytes.NewReader(bytes.Repeat([]byte("x"), n)), iotest.ErrReader(io.ErrUnexpectedEOF))
+		id := fmt.Sprintf("cut%d", n)
+		if _, err := st.PutBody(ctxT(t), user("retry"), id, cut); err == nil || Retryable(err) {
+			t.Errorf("PutBody of %d bytes then io.ErrUnexpectedEOF: %v, want a final error", n, err)
+		}
+		if _, err := st.Body(ctxT(t), user("retry"), id); !errors.Is(err, mailbox.ErrNoMessage) {
+			t.Errorf("a body cut short after %d bytes was stored: %v", n, err)
+		}
+	}
+	for _, err := range []error{errors.New("user bob: message without an id"), mailbox.ErrNoMessage, context.Canceled, srcErr} {
+		if Retryable(err) {
+			t.Errorf("Retryable(%v) = true", err)
+		}
 	}
 }
 

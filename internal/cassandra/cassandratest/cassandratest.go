@@ -57,8 +57,39 @@ type Node struct {
 	// Took is how long the start took, until CQL answered.
 	Took time.Duration
 
+	spec   nodeSpec
+	sh     string
 	cmd    *exec.Cmd
 	exited chan struct{}
+}
+
+// nodeSpec is how a node is started (again, for a restart): the arguments
+// of scripts/cassandra.sh run.
+type nodeSpec struct {
+	addr          string
+	port, storage int
+	dir           string
+	seeds, token  string
+	jmxPort       int  // 0: no JMX
+	shortLived    bool // C1 only (scripts/cassandra.sh --short-lived)
+}
+
+func (s nodeSpec) args() []string {
+	a := []string{"run", "--dir", s.dir, "--addr", s.addr, "--port", strconv.Itoa(s.port),
+		"--storage-port", strconv.Itoa(s.storage)}
+	if s.seeds != "" {
+		a = append(a, "--seeds", s.seeds)
+	}
+	if s.token != "" {
+		a = append(a, "--token", s.token)
+	}
+	if s.jmxPort != 0 {
+		a = append(a, "--jmx-port", strconv.Itoa(s.jmxPort))
+	}
+	if s.shortLived {
+		a = append(a, "--short-lived")
+	}
+	return a
 }
 
 // Hosts returns the node's address for the driver.
@@ -137,44 +168,54 @@ func start(sh string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
+	n := &Node{Addr: addr, Port: port, Dir: dir, sh: sh,
+		spec: nodeSpec{addr: addr, port: port, storage: storage, dir: dir, shortLived: true}}
+	if err := n.launch(); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
-	out, err := os.Create(filepath.Join(dir, "logs", "stdout.log"))
+	return n, nil
+}
+
+// launch starts the node's JVM and waits until CQL answers; on failure
+// the process is gone (its directory stays).
+func (n *Node) launch() error {
+	if err := os.MkdirAll(filepath.Join(n.Dir, "logs"), 0o755); err != nil {
+		return err
+	}
+	// Appended: a restarted node's log follows the one before.
+	out, err := os.OpenFile(filepath.Join(n.Dir, "logs", "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer out.Close()
 	began := time.Now()
-	cmd := exec.Command("bash", sh, "run", "--dir", dir, "--addr", addr, "--port", strconv.Itoa(port),
-		"--storage-port", strconv.Itoa(storage), "--short-lived")
+	cmd := exec.Command("bash", append([]string{n.sh}, n.spec.args()...)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	// The script execs the JVM, so this is the node's PID, and the node
 	// dies with the test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start Cassandra: %w", err)
+		return fmt.Errorf("start Cassandra: %w", err)
 	}
-	n := &Node{Addr: addr, Port: port, PID: cmd.Process.Pid, Dir: dir, cmd: cmd, exited: make(chan struct{})}
-	go func() { cmd.Wait(); close(n.exited) }()
+	n.cmd, n.PID, n.exited = cmd, cmd.Process.Pid, make(chan struct{})
+	exited := n.exited
+	go func() { cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(startTimeout)
 	for {
 		select {
-		case <-n.exited:
-			err := fmt.Errorf("Cassandra on %s:%d exited during its start:\n%s", addr, port, n.logTail())
-			os.RemoveAll(dir)
-			return nil, err
+		case <-exited:
+			return fmt.Errorf("Cassandra on %s:%d exited during its start:\n%s", n.Addr, n.Port, n.logTail())
 		case <-time.After(pollEvery):
 		}
 		if v, err := n.answer(); err == nil {
 			n.Version, n.Took = v, time.Since(began)
-			return n, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			err := fmt.Errorf("Cassandra on %s:%d: CQL did not answer within %s:\n%s", addr, port, startTimeout, n.logTail())
-			n.Stop()
-			return nil, err
+			err := fmt.Errorf("Cassandra on %s:%d: CQL did not answer within %s:\n%s", n.Addr, n.Port, startTimeout, n.logTail())
+			n.Kill()
+			return err
 		}
 	}
 }
@@ -219,10 +260,25 @@ func lastLines(b []byte, n int) string {
 // Stop kills the node by its PID and removes its directory: its data is
 // the test's and nothing needs a drain.
 func (n *Node) Stop() {
-	syscall.Kill(n.PID, syscall.SIGKILL)
-	<-n.exited
+	n.Kill()
 	os.RemoveAll(n.Dir)
 }
+
+// Kill sends SIGKILL to the node's PID (kill -9: no drain, no flush) and
+// waits until it is gone; its directory stays for a Restart.
+func (n *Node) Kill() {
+	select {
+	case <-n.exited: // gone already: its PID may be another process's now
+		return
+	default:
+	}
+	syscall.Kill(n.PID, syscall.SIGKILL)
+	<-n.exited
+}
+
+// Restart starts a killed node again on its directory, addresses and
+// token, and returns once CQL answers.
+func (n *Node) Restart() error { return n.launch() }
 
 // The package's node, set by Main.
 var (
