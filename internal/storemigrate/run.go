@@ -9,6 +9,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/quillmail/quill/internal/config"
 )
 
 // Options of a migration.
@@ -129,7 +131,7 @@ func copyStep(ctx context.Context, o Options, res *Result, snap *Snapshot, copy 
 	finish(p)
 	res.Copied, res.CopyTook = sum, time.Since(start)
 	fmt.Fprintf(o.Out, "copied %d users (%d deleted users' tombstones), %d mailboxes, %d messages (%s), %d expunged records deleted, %d queue entries, %d clusterwide objects in %s\n",
-		sum.Users, sum.Deleted, sum.Mailboxes, sum.Messages, humanBytes(sum.Bytes), sum.Expunged, sum.Queue, sum.Objects,
+		sum.Users, sum.Deleted, sum.Mailboxes, sum.Messages, config.FormatSize(sum.Bytes), sum.Expunged, sum.Queue, sum.Objects,
 		res.CopyTook.Round(time.Millisecond))
 	return err
 }
@@ -184,17 +186,4 @@ func finish(p Bar) {
 	if p != nil {
 		p.Finish()
 	}
-}
-
-// humanBytes writes a byte count for people.
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
