@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"strings"
 
+	gocql "github.com/apache/cassandra-gocql-driver/v2"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/userdb"
 )
@@ -100,22 +101,9 @@ func (st *Store) ScanProfiles(ctx context.Context, bucket int, fn func(*userdb.P
 		return fmt.Errorf("bucket %d: want 0 to %d", bucket, cluster.Buckets-1)
 	}
 	for sh := int16(0); sh < userShards; sh++ {
-		it := st.read(ctx, `SELECT address, profile FROM users WHERE bucket = ? AND shard = ?`, int16(bucket), sh).Iter()
-		var addr string
-		var data []byte
-		for it.Scan(&addr, &data) {
-			p, err := userdb.Decode(data)
-			if err != nil {
-				it.Close()
-				return fmt.Errorf("user %s: corrupt profile: %w", addr, err)
-			}
-			if err := fn(p); err != nil {
-				it.Close()
-				return err
-			}
-		}
-		if err := it.Close(); err != nil {
-			return fmt.Errorf("bucket %d: scan profiles: %w", bucket, err)
+		q := st.read(ctx, `SELECT address, profile FROM users WHERE bucket = ? AND shard = ?`, int16(bucket), sh)
+		if err := eachProfile(q, fmt.Sprintf("bucket %d", bucket), fn); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -126,7 +114,13 @@ func (st *Store) ScanProfiles(ctx context.Context, bucket int, fn func(*userdb.P
 // table, where reading bucket by bucket would be 4,096 partition reads
 // (quill migrate, which reads everything).
 func (st *Store) AllProfiles(ctx context.Context, fn func(*userdb.Profile) error) error {
-	it := st.read(ctx, `SELECT address, profile FROM users`).Iter()
+	return eachProfile(st.read(ctx, `SELECT address, profile FROM users`), "all users", fn)
+}
+
+// eachProfile decodes the profiles q's rows (address, profile) hold and
+// calls fn for each, page by page; what names the scan in errors.
+func eachProfile(q *gocql.Query, what string, fn func(*userdb.Profile) error) error {
+	it := q.Iter()
 	var addr string
 	var data []byte
 	for it.Scan(&addr, &data) {
@@ -141,7 +135,7 @@ func (st *Store) AllProfiles(ctx context.Context, fn func(*userdb.Profile) error
 		}
 	}
 	if err := it.Close(); err != nil {
-		return fmt.Errorf("scan profiles: %w", err)
+		return fmt.Errorf("%s: scan profiles: %w", what, err)
 	}
 	return nil
 }
