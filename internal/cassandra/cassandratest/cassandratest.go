@@ -133,20 +133,30 @@ func freeAddr() (addr string, port, storage int, err error) {
 	return addr, ports[0], ports[1], nil
 }
 
-// Start fetches the jars if needed and starts a node in a new temporary
-// directory; it returns once CQL answers.
-func Start() (*Node, error) {
+// prepare finds scripts/cassandra.sh, checks for a Java 17 and fetches
+// Cassandra's jars if they are not cached yet.
+func prepare() (string, error) {
 	sh, err := script()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if out, err := exec.Command("bash", sh, "java").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrNoJava, bytes.TrimSpace(out))
+		return "", fmt.Errorf("%w: %s", ErrNoJava, bytes.TrimSpace(out))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, "bash", sh, "fetch").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("fetch Cassandra's jars: %v: %s", err, lastLines(out, 20))
+		return "", fmt.Errorf("fetch Cassandra's jars: %v: %s", err, lastLines(out, 20))
+	}
+	return sh, nil
+}
+
+// Start fetches the jars if needed and starts a node in a new temporary
+// directory; it returns once CQL answers.
+func Start() (*Node, error) {
+	sh, err := prepare()
+	if err != nil {
+		return nil, err
 	}
 	var last error
 	for range startAttempts {

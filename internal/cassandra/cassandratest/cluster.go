@@ -1,7 +1,6 @@
 package cassandratest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,17 +43,9 @@ type ClusterOptions struct {
 // nodetool. The nodes share their CQL and storage ports, found free on
 // every address.
 func StartCluster(opt ClusterOptions) (*Cluster, error) {
-	sh, err := script()
+	sh, err := prepare()
 	if err != nil {
 		return nil, err
-	}
-	if out, err := exec.Command("bash", sh, "java").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrNoJava, bytes.TrimSpace(out))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "bash", sh, "fetch").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("fetch Cassandra's jars: %v: %s", err, lastLines(out, 20))
 	}
 	n := max(opt.Nodes, 1)
 	base := 10 + rand.IntN(90-n)
