@@ -174,9 +174,8 @@ def test_kill9_during_delivery_stream_on_cassandra(quill_bin, cassandra, tmp_pat
     with its bytes (issue 15: a front end killed mid-delivery loses
     nothing acknowledged)."""
     import os
-    import time
 
-    from test_crash import PW as CRASH_PW, USERS as CRASH_USERS, Stream, check_mailboxes
+    from test_crash import PW as CRASH_PW, USERS as CRASH_USERS, kill9_rounds
 
     seed = int(os.environ.get("QUILL_CRASH_SEED") or random.randrange(1 << 30))
     print(f"crash test seed {seed} (rerun with QUILL_CRASH_SEED={seed})")
@@ -189,25 +188,7 @@ def test_kill9_during_delivery_stream_on_cassandra(quill_bin, cassandra, tmp_pat
         node.start()
         for u in CRASH_USERS:
             node.add_user(u, CRASH_PW)
-        acked: set[int] = set()
-        next_seq = 0
-        for round_no in (1, 2):
-            stream = Stream(node, next_seq)
-            stream.start()
-            delay = rnd.uniform(0.5, 2.0)
-            time.sleep(delay)
-            acked_before_kill = len(stream.acked)
-            node.kill9()
-            stream.join()
-            next_seq = stream.next
-            acked |= stream.acked
-            print(f"round {round_no}: killed after {delay:.2f}s; sent {stream.next - stream.first}, "
-                  f"acked {len(stream.acked)} ({acked_before_kill} before the kill)")
-            assert acked_before_kill > 0, "no message acknowledged before the kill: stream too slow"
-            shutil.rmtree(node.data_dir)
-            node.start()
-            counts = check_mailboxes(node, acked, next_seq, round_no)
-            print(f"round {round_no}: stored per user {counts}")
+        kill9_rounds(node, rnd, 2, before_restart=lambda: shutil.rmtree(node.data_dir))
     finally:
         node.stop(timeout=15)
 

@@ -138,18 +138,14 @@ def check_mailboxes(node, acked: set[int], attempted: int, round_no: int) -> dic
     return counts
 
 
-def test_kill9_during_delivery_stream(quill_factory):
-    seed = int(os.environ.get("QUILL_CRASH_SEED") or random.randrange(1 << 30))
-    print(f"crash test seed {seed} (rerun with QUILL_CRASH_SEED={seed})")
-    rnd = random.Random(seed)
-    node = quill_factory()
-    for u in USERS:
-        node.add_user(u, PW)
-
+def kill9_rounds(node, rnd: random.Random, rounds: int, before_restart=lambda: None) -> tuple[set[int], int]:
+    """rounds times: a delivery stream, node killed with SIGKILL after a
+    random delay, before_restart() (a wipe, for a node whose mail is kept
+    elsewhere), node started again, every acknowledged message checked.
+    Returns the acknowledged seqs and the next seq."""
     acked: set[int] = set()
     next_seq = 0
-    t_start = time.monotonic()
-    for round_no in range(1, ROUNDS + 1):
+    for round_no in range(1, rounds + 1):
         stream = Stream(node, next_seq)
         stream.start()
         delay = rnd.uniform(0.5, 2.0)
@@ -164,9 +160,23 @@ def test_kill9_during_delivery_stream(quill_factory):
               f"sender endings: {sorted(set(e.split(':')[0] for e in stream.errors))}")
         assert acked_before_kill > 0, "no message acknowledged before the kill: stream too slow"
 
+        before_restart()
         node.start()
         counts = check_mailboxes(node, acked, next_seq, round_no)
         print(f"round {round_no}: stored per user {counts}")
+    return acked, next_seq
+
+
+def test_kill9_during_delivery_stream(quill_factory):
+    seed = int(os.environ.get("QUILL_CRASH_SEED") or random.randrange(1 << 30))
+    print(f"crash test seed {seed} (rerun with QUILL_CRASH_SEED={seed})")
+    rnd = random.Random(seed)
+    node = quill_factory()
+    for u in USERS:
+        node.add_user(u, PW)
+
+    t_start = time.monotonic()
+    acked, next_seq = kill9_rounds(node, rnd, ROUNDS)
 
     # The node is healthy after all that: a new message, then a clean stop.
     probe = make_message(next_seq)
