@@ -14,6 +14,14 @@
 // the newer stamp wins, so two nodes that each changed something converge
 // on the union. Nothing here is written by hand that a library does: the
 // transport, log and gossip are Quill's own managers.
+//
+// On Cassandra (issue 15, docs/cassandra.md) the objects live in the
+// keyspace instead, so a front end keeps none of them in its data
+// directory: Shared (shared.go) writes a change there before it is
+// acknowledged and re-reads the table when a peer gossips another digest.
+// Both are an Objects, the seam the rest of the node uses; each keeps the
+// whole set in memory (view), so a RCPT or a TLS handshake reads it
+// without I/O.
 package clusterwide
 
 import (
@@ -61,10 +69,30 @@ type Writer interface {
 	Now() replica.Stamp
 }
 
-// Store is this node's replica of the clusterwide objects. It implements
-// replica.Handler for Kind.
-type Store struct {
-	db  *store.DB
+// Objects is a node's clusterwide objects as the rest of the node sees
+// them: read from memory, changed by Put, tended by a round every few
+// seconds. Store (the native replicas) and Shared (Cassandra) implement it.
+type Objects interface {
+	// Get returns an object that is not deleted.
+	Get(name string) (Object, bool)
+	// List returns the live objects whose names start with prefix, by name.
+	List(prefix string) []Object
+	// Put makes a new version of an object (deleted: its tombstone),
+	// stamped by w's clock, and returns once it is durable as policy asks,
+	// with the nodes that acknowledged it.
+	Put(ctx context.Context, w Writer, alive []cluster.NodeID, name string, data []byte, deleted bool, policy replica.Policy) ([]cluster.NodeID, error)
+	// SetOnChange sets what hears of every object applied here.
+	SetOnChange(f func(Object))
+	// Digest sums up the objects held here, for gossip.
+	Digest() uint64
+	// Tend is one round of upkeep, given the live peers' gossiped digests:
+	// old tombstones swept, and the objects brought level with the peers'.
+	Tend(ctx context.Context, w Writer, self cluster.NodeID, peers []Peer, sweepBefore time.Time)
+}
+
+// view is the objects held in memory, the same on both stores: what Get,
+// List and Digest read, and what hears of each change.
+type view struct {
 	log *slog.Logger
 	// onChange hears of every object applied here (from this node or a
 	// peer), outside the store's lock (SetOnChange).
@@ -72,17 +100,29 @@ type Store struct {
 
 	mu      sync.Mutex
 	objects map[string]Object
+}
+
+func newView(log *slog.Logger) view {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return view{log: log, objects: map[string]Object{}}
+}
+
+// Store is this node's replica of the clusterwide objects. It implements
+// replica.Handler for Kind.
+type Store struct {
+	view
+	db *store.DB
 	// pushed remembers, per peer, the digests (ours, theirs) of the last
 	// anti-entropy push, so a difference is pushed once, not every round.
+	// Guarded by mu.
 	pushed map[cluster.NodeID][2]uint64
 }
 
 // Open loads the objects this node holds.
 func Open(db *store.DB, log *slog.Logger) (*Store, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	s := &Store{db: db, log: log, objects: map[string]Object{}, pushed: map[cluster.NodeID][2]uint64{}}
+	s := &Store{view: newView(log), db: db, pushed: map[cluster.NodeID][2]uint64{}}
 	it, err := db.PrefixIter(nil, store.KindPrefix(store.KindWide))
 	if err != nil {
 		return nil, err
@@ -133,10 +173,10 @@ func ValidName(name string) error {
 
 // SetOnChange sets what hears of every object applied here. It may be
 // set while peers already push: applying reads it atomically.
-func (s *Store) SetOnChange(f func(Object)) { s.onChange.Store(&f) }
+func (s *view) SetOnChange(f func(Object)) { s.onChange.Store(&f) }
 
 // Get returns an object that is not deleted.
-func (s *Store) Get(name string) (Object, bool) {
+func (s *view) Get(name string) (Object, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o, ok := s.objects[name]
@@ -145,7 +185,7 @@ func (s *Store) Get(name string) (Object, bool) {
 
 // List returns the objects whose names start with prefix, deleted ones
 // left out, sorted by name.
-func (s *Store) List(prefix string) []Object {
+func (s *view) List(prefix string) []Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Object
@@ -171,7 +211,7 @@ func UpdateOf(o Object, targets []cluster.NodeID) (*replica.Update, error) {
 
 // All returns every object held here, tombstones included, sorted by
 // name: what quill migrate merges across nodes.
-func (s *Store) All() []Object {
+func (s *view) All() []Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Object, 0, len(s.objects))
@@ -184,13 +224,13 @@ func (s *Store) All() []Object {
 
 // Digest sums up what this node holds (names and stamps, tombstones
 // included) for gossip: equal digests mean nothing to push.
-func (s *Store) Digest() uint64 {
+func (s *view) Digest() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.digestLocked()
 }
 
-func (s *Store) digestLocked() uint64 {
+func (s *view) digestLocked() uint64 {
 	if len(s.objects) == 0 {
 		return 0
 	}
@@ -213,17 +253,9 @@ func (s *Store) digestLocked() uint64 {
 // acknowledge in time get it from the update log or, if they were not
 // named, from anti-entropy.
 func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name string, data []byte, deleted bool, policy replica.Policy) (acked []cluster.NodeID, err error) {
-	if err := ValidName(name); err != nil {
+	data, err = s.checkPut(name, data, deleted)
+	if err != nil {
 		return nil, err
-	}
-	if len(data) > maxObjectBytes {
-		return nil, fmt.Errorf("clusterwide object %s: %d bytes, over the %d-byte limit", name, len(data), maxObjectBytes)
-	}
-	if deleted {
-		if _, ok := s.Get(name); !ok {
-			return nil, fmt.Errorf("clusterwide object %s: %w", name, ErrNotFound)
-		}
-		data = nil
 	}
 	o := Object{Name: name, Stamp: w.Now(), Deleted: deleted, Data: data}
 	b, err := encode(o)
@@ -239,6 +271,60 @@ func (s *Store) Put(ctx context.Context, w Writer, alive []cluster.NodeID, name 
 		return acked, fmt.Errorf("clusterwide object %s: %w", name, err)
 	}
 	return acked, nil
+}
+
+// checkPut checks a change before it is made: a valid name, a bounded
+// size, and for a delete an object to delete. It returns the data to store
+// (none for a tombstone).
+func (s *view) checkPut(name string, data []byte, deleted bool) ([]byte, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	if len(data) > maxObjectBytes {
+		return nil, fmt.Errorf("clusterwide object %s: %d bytes, over the %d-byte limit", name, len(data), maxObjectBytes)
+	}
+	if deleted {
+		if _, ok := s.Get(name); !ok {
+			return nil, fmt.Errorf("clusterwide object %s: %w", name, ErrNotFound)
+		}
+		return nil, nil
+	}
+	return data, nil
+}
+
+// fire tells the change handler of objects applied here, outside the lock.
+func (s *view) fire(applied []Object) {
+	on := s.onChange.Load()
+	for _, o := range applied {
+		s.log.Info("clusterwide object applied", "name", o.Name, "deleted", o.Deleted, "origin", o.Stamp.Node)
+		if on != nil {
+			(*on)(o)
+		}
+	}
+}
+
+// oldTombstones lists the tombstones stamped before before.
+func (s *view) oldTombstones(before time.Time) []Object {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var gone []Object
+	for _, o := range s.objects {
+		if o.Deleted && o.Stamp.Clock.Wall().Before(before) {
+			gone = append(gone, o)
+		}
+	}
+	return gone
+}
+
+// Tend implements Objects: the tombstones older than sweepBefore are
+// swept, and the peers whose digest differs are caught up (Sync).
+func (s *Store) Tend(ctx context.Context, w Writer, self cluster.NodeID, peers []Peer, sweepBefore time.Time) {
+	if n, err := s.Sweep(sweepBefore); err != nil {
+		s.log.Warn("clusterwide: sweeping old tombstones failed", "err", err)
+	} else if n > 0 {
+		s.log.Info("clusterwide: old tombstones swept", "count", n)
+	}
+	s.Sync(ctx, w, self, peers)
 }
 
 // Sweep forgets the tombstones older than before (the update log's
@@ -318,13 +404,7 @@ func (s *Store) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []re
 		s.objects[n] = o
 	}
 	s.mu.Unlock()
-	on := s.onChange.Load()
-	for _, o := range applied {
-		s.log.Info("clusterwide object applied", "name", o.Name, "deleted", o.Deleted, "origin", o.Stamp.Node)
-		if on != nil {
-			(*on)(o)
-		}
-	}
+	s.fire(applied)
 	return outs, nil
 }
 
@@ -340,9 +420,20 @@ type Peer struct {
 // NeedPush decides, without I/O, which peers to push everything to: those
 // whose digest differs from ours and differed differently at the last push.
 func NeedPush(self cluster.NodeID, mine uint64, peers []Peer, pushed map[cluster.NodeID][2]uint64) []cluster.NodeID {
+	if mine == 0 {
+		return nil
+	}
+	return Differing(self, mine, peers, pushed)
+}
+
+// Differing decides, without I/O, which peers hold something else than
+// this node (another digest) and held something else at the last catch-up
+// with them (done: the digests, ours and theirs, after it), so one
+// difference is acted on once, not every round.
+func Differing(self cluster.NodeID, mine uint64, peers []Peer, done map[cluster.NodeID][2]uint64) []cluster.NodeID {
 	var out []cluster.NodeID
 	for _, p := range peers {
-		if p.ID == self || mine == 0 || p.Digest == mine || pushed[p.ID] == [2]uint64{mine, p.Digest} {
+		if p.ID == self || p.Digest == mine || done[p.ID] == [2]uint64{mine, p.Digest} {
 			continue
 		}
 		out = append(out, p.ID)

@@ -104,6 +104,19 @@ func TestNeedPush(t *testing.T) {
 	}
 }
 
+// TestDiffering: a node holding nothing (a front end on Cassandra that
+// has not read the table yet, or an empty table) still reads again for a
+// peer that holds something, once per difference.
+func TestDiffering(t *testing.T) {
+	peers := []Peer{{ID: "a", Digest: 5}, {ID: "b", Digest: 0}, {ID: "self", Digest: 9}}
+	if got := Differing("self", 0, peers, nil); !slices.Equal(got, []cluster.NodeID{"a"}) {
+		t.Errorf("Differing with nothing held = %v, want [a]", got)
+	}
+	if got := Differing("self", 0, peers, map[cluster.NodeID][2]uint64{"a": {0, 5}}); got != nil {
+		t.Errorf("a difference already acted on: %v", got)
+	}
+}
+
 func TestValidName(t *testing.T) {
 	for _, ok := range []string{"tls/mail.example.org", "domain/example.org"} {
 		if ValidName(ok) != nil {

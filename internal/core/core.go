@@ -136,9 +136,10 @@ type Core struct {
 	// notice handles the short messages other nodes broadcast
 	// (SetNoticeHandler).
 	notice atomic.Pointer[func([]byte)]
-	// Wide holds the objects every node keeps (the cluster's TLS
-	// certificates).
-	Wide *clusterwide.Store
+	// Wide holds the objects every node keeps (TLS certificates, DKIM
+	// keys, inbound policies, domains, aliases): replicas in the data
+	// directory, or on Cassandra the keyspace's table (clusterwide.Shared).
+	Wide clusterwide.Objects
 	// Queue is the outbound queue: its entries held here, and the runner
 	// the node starts (queue.Queue.Start).
 	Queue *queue.Queue
@@ -211,9 +212,9 @@ type Options struct {
 	// (issue 15, docs/cassandra.md) instead of the native store: the
 	// writers store through cassandra.WriterStorage, the user manager
 	// reads and writes profiles there, the proxies deliver to it and read
-	// bodies from it. The outbound queue and the clusterwide objects stay
-	// in the data directory, replicated among the nodes as on the native
-	// store.
+	// bodies from it, the clusterwide objects are its table
+	// (clusterwide.Shared). The outbound queue stays in the data
+	// directory, replicated among the nodes as on the native store.
 	Cassandra *cassandra.Config
 	// AuditInterval is how often the writers' anti-entropy audit runs
 	// (usermgr/audit.go); 0 is usermgr.DefaultAuditInterval, negative
@@ -227,7 +228,8 @@ const DefaultReplicas = 2
 
 // cassandraOpenTimeout bounds opening the Cassandra store at start: its
 // connection and the keyspace's migrations, which wait up to a minute for
-// the schema to reach every node (cassandra.schemaAgreementWait).
+// the schema to reach every node (cassandra.schemaAgreementWait), and
+// reading the clusterwide objects.
 const cassandraOpenTimeout = 3 * time.Minute
 
 // New opens the data directory and starts the managers.
@@ -286,11 +288,15 @@ func New(o Options) (*Core, error) {
 	c.Repl.Handle(mailbox.ObjectKind, c.Boxes)
 	profiles := userdb.New(db)
 	c.Repl.Handle(userdb.ProfileKind, profiles)
-	if c.Wide, err = clusterwide.Open(db, log); err != nil {
-		db.Close()
-		return nil, err
+	if o.Cassandra == nil {
+		wide, err := clusterwide.Open(db, log)
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		c.Wide = wide
+		c.Repl.Handle(clusterwide.Kind, wide)
 	}
-	c.Repl.Handle(clusterwide.Kind, c.Wide)
 	c.Queue = &queue.Queue{Self: id, Repl: c.Repl, Peers: c.Peers, Log: log, Alive: c.AliveIDs,
 		Cfg: queue.Config{Replicas: o.Replicas, Policy: o.WritePolicy, TombstoneAge: o.LogMaxAge}}
 	if c.Queue.Store, err = queue.Open(id, db, log); err != nil {
@@ -302,6 +308,12 @@ func New(o Options) (*Core, error) {
 	if o.Cassandra != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cassandraOpenTimeout)
 		c.Cass, err = cassandra.Open(ctx, *o.Cassandra)
+		if err == nil {
+			// Every object is loaded before the node serves.
+			if c.Wide, err = clusterwide.OpenShared(ctx, c.Cass, log); err != nil {
+				c.Cass.Close()
+			}
+		}
 		cancel()
 		if err != nil {
 			db.Close()
@@ -458,7 +470,8 @@ func (c *Core) sweepExpunged() {
 }
 
 // wideSyncInterval is how often the node compares its clusterwide objects
-// with the digests its peers gossip, and catches up those that differ.
+// with the digests its peers gossip, and catches up those that differ (on
+// Cassandra: reads the table again).
 const wideSyncInterval = 3 * time.Second
 
 // syncWide runs the clusterwide objects' anti-entropy until the node stops.
@@ -477,16 +490,11 @@ func (c *Core) syncWide() {
 			return
 		case <-t.C:
 		}
-		if n, err := c.Wide.Sweep(time.Now().Add(-c.Opts.LogMaxAge)); err != nil {
-			c.log.Warn("clusterwide: sweeping old tombstones failed", "err", err)
-		} else if n > 0 {
-			c.log.Info("clusterwide: old tombstones swept", "count", n)
-		}
 		var peers []clusterwide.Peer
 		for _, mi := range c.Members.Alive() {
 			peers = append(peers, clusterwide.Peer{ID: mi.ID, Digest: mi.Wide})
 		}
-		c.Wide.Sync(ctx, c.Repl, c.ID, peers)
+		c.Wide.Tend(ctx, c.Repl, c.ID, peers, time.Now().Add(-c.Opts.LogMaxAge))
 	}
 }
 

@@ -5,16 +5,18 @@ and IMAP (FETCH, STORE, EXPUNGE, SEARCH), is killed with SIGKILL, its data
 directory deleted, and a new quill on the same keyspace serves every
 acknowledged message with the same UIDVALIDITY, UIDs, flags, bytes and
 UIDNEXT, logs the user in with the same password, and gives a new delivery
-a UID past every one handed out before. Then two nodes of one cluster on one
-keyspace, one killed with SIGKILL and wiped while the other takes over.
+a UID past every one handed out before; the clusterwide objects set before
+the kill (an alias, DKIM keys, an inbound policy, a TLS certificate) are
+there too and work: mail to the alias arrives, it is ARC-sealed with the
+same key, STARTTLS serves the same certificate. Then two nodes of one
+cluster on one keyspace, one killed with SIGKILL and wiped while the other
+takes over; an alias and a domain added through one work through the
+other within WIDE_BOUND.
 Then test_crash.py's delivery stream with a SIGKILL and a wipe in each
 round: no acknowledged message lost, duplicated or torn; and a SIGKILL and
 a wipe in the middle of an IMAP session's STOREs and EXPUNGEs: every
 acknowledged change kept.
-
-What this does not cover yet: the domain added before the wipe is a
-clusterwide object, kept in the data directory (not in Cassandra); the new
-node serves the domain because a user's profile names it."""
+"""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ import imaplib
 import random
 import re
 import shutil
+import smtplib
+import socket
+import time
 
 from conftest import QuillNode
 from dovecot import messages
@@ -33,6 +38,11 @@ PW = "cassandra pass"
 # The first start makes the keyspace and its tables: a schema change that
 # Cassandra takes seconds to tens of seconds to agree on two busy cores.
 START_TIMEOUT = 180.0
+# How soon a clusterwide object written through one node works through
+# another: the writer's gossiped digest changes within the membership's
+# meta interval (2 s), the other reads the table at its next round (3 s);
+# about 6 s, and twice that for two loaded cores.
+WIDE_BOUND = 15.0
 
 
 def status(m: imaplib.IMAP4) -> tuple[int, int]:
@@ -90,6 +100,7 @@ def test_serve_on_cassandra_survives_wipe(quill_bin, cassandra, tmp_path):
         assert [u for u, *_ in msgs] == sorted(uid_of[i] for i in (0, 2, 3, 5)), (msgs, uid_of)
         assert dict((u, f) for u, _, f, _ in msgs)[uid_of[0]] == frozenset({"\\Seen", "$Label1"}), msgs
         assert uidnext > max(uid_of.values())
+        wide = set_clusterwide_objects(node, tmp_path)
 
         # A crash and a lost disk: nothing of the node is left but its
         # keyspace.
@@ -109,6 +120,7 @@ def test_serve_on_cassandra_survives_wipe(quill_bin, cassandra, tmp_path):
         # The new writer claimed the mailbox's fence: its UIDs start past
         # the old writer's reserved block, never below UIDNEXT.
         assert len(new) == 1 and new[0] >= uidnext, msgs2
+        check_clusterwide_objects(node, wide)
     finally:
         node.stop(timeout=15)
 
@@ -161,6 +173,20 @@ def test_two_nodes_on_cassandra_one_killed_and_wiped(quill_bin, cassandra, tmp_p
         a.start()
         wait_for("the wiped node a to serve the mailbox", lambda: logs_in(a) and snapshot(a)[0] == (before[0][0], msgs),
                  timeout=90)
+
+        # A domain and an alias added through b work through a, and the
+        # other way round, within WIDE_BOUND.
+        for via, other, dom in ((b, a, "example.net"), (a, b, "example.com")):
+            via.add_domain(dom)
+            via.cli("alias", "set", f"team@{dom}", USER)
+            t0 = time.monotonic()
+            wait_for(f"team@{dom}, set through node {via.name}, taken by node {other.name}",
+                     lambda: takes(other, f"team@{dom}"), timeout=WIDE_BOUND)
+            print(f"alias set through {via.name} taken by {other.name} after {time.monotonic() - t0:.1f}s")
+            assert dom in other.cli("domain", "list").stdout
+            wait_for(f"mail to team@{dom} through node {other.name}", lambda: delivered(other, f"team@{dom}"), timeout=60)
+        wait_for("the mail to both aliases in the INBOX", lambda: {f"to team@{d}" for d in ("example.net", "example.com")}
+                 <= {subject for _, subject in inbox_subjects(a)}, timeout=30)
     finally:
         for n in (b, a):
             n.stop(timeout=15)
@@ -265,3 +291,128 @@ def test_kill9_during_imap_changes_on_cassandra(quill_bin, cassandra, tmp_path):
         assert not unflagged, f"acknowledged keywords missing (UID, pass): {unflagged[:20]}"
     finally:
         node.stop(timeout=15)
+
+
+# ---- the clusterwide objects (issue 15 item 4: front ends keep none) --------
+
+ALIAS = f"info@{DOMAIN}"
+CERT_NAME = "mail.wide.test"
+
+
+def set_clusterwide_objects(node, tmp_path) -> dict:
+    """An alias, DKIM keys, an inbound policy and a TLS certificate set
+    through node; returns what check_clusterwide_objects compares."""
+    from test_tls import issue, make_ca
+
+    node.cli("alias", "set", ALIAS, USER)
+    out = node.cli("domain", "dkim", DOMAIN, "--selector", "wide").stdout
+    zone = {}
+    for line in out.splitlines():
+        if "._domainkey." in line:
+            name, rec = line.split('. IN TXT "', 1)
+            zone[name] = rec.rstrip('"')
+    assert len(zone) == 2, out
+    node.cli("domain", "policy", DOMAIN, "--dmarc", "accept", "--trust-arc", "lists.example.net")
+    ca = make_ca(tmp_path / "pki")
+    cert, key = issue(tmp_path / "pki", "wide", CERT_NAME)
+    node.cli("tls", "set", "--cert", str(cert), "--key", str(key))
+    served = starttls_cert(node, ca)
+    assert served == ssl_der(cert), "the certificate set is not the one STARTTLS serves"
+    return {"ca": ca, "cert": served, "zone": zone, "policies": node.cli("domain", "policies").stdout,
+            "dkim": node.cli("dkim", "list").stdout, "aliases": node.cli("alias", "list").stdout}
+
+
+def check_clusterwide_objects(node, wide: dict) -> None:
+    """What set_clusterwide_objects set is there and works on node."""
+    import dkim  # dkimpy (scripts/test-deps.sh)
+
+    assert node.cli("alias", "list").stdout == wide["aliases"]
+    assert node.cli("dkim", "list").stdout == wide["dkim"]
+    assert node.cli("domain", "policies").stdout == wide["policies"]
+    assert starttls_cert(node, wide["ca"]) == wide["cert"], "STARTTLS serves another certificate"
+    assert send(node, ALIAS, b"Subject: to the alias\r\nFrom: sender@remote.test\r\n\r\nvia the alias\r\n") == {}
+    m = imap_login(node, USER, PW)
+    try:
+        ok(m.select("INBOX", readonly=True))
+        typ, data = m.uid("SEARCH", "SUBJECT", '"to the alias"')
+        assert typ == "OK" and len(data[0].split()) == 1, data
+        typ, data = m.uid("FETCH", data[0].split()[0].decode(), "(BODY.PEEK[])")
+        raw = data[0][1]
+    finally:
+        m.logout()
+    # The node sealed the message (ARC) with the domain's RSA key: dkimpy
+    # checks the seal against the record published before the wipe.
+    assert b"ARC-Seal: i=1; a=rsa-sha256; " in raw and b"s=wider" in raw, raw[:800]
+
+    def dnsfunc(name, timeout=5):
+        return wide["zone"].get(name.decode().rstrip("."), "").encode()
+
+    cv, sets, why = dkim.arc_verify(raw, dnsfunc=dnsfunc)
+    assert cv == b"pass" and sets[0]["ams-valid"] and sets[0]["as-valid"], (cv, sets, why)
+
+
+def starttls_cert(node, ca) -> bytes:
+    """The certificate node's SMTP STARTTLS serves for CERT_NAME (DER),
+    verified against the test's CA. (smtplib sends no SNI to an IP
+    address, so the dialogue is spoken here.)"""
+    from test_tls import ctx
+
+    with socket.create_connection(node.addrs["smtp"], timeout=30) as raw:
+        f = raw.makefile("rb")
+
+        def reply() -> bytes:
+            while (line := f.readline())[3:4] == b"-":
+                pass
+            return line
+
+        assert reply().startswith(b"220")
+        raw.sendall(b"EHLO wide.test\r\n")
+        assert reply().startswith(b"250")
+        raw.sendall(b"STARTTLS\r\n")
+        assert reply().startswith(b"220")
+        with ctx(ca).wrap_socket(raw, server_hostname=CERT_NAME) as s:
+            return s.getpeercert(binary_form=True)
+
+
+def ssl_der(pem_path) -> bytes:
+    import ssl
+
+    return ssl.PEM_cert_to_DER_cert(pem_path.read_text())
+
+
+def takes(node, rcpt: str) -> bool:
+    """Whether node's SMTP takes RCPT TO rcpt (nothing is sent)."""
+    host, port = node.addrs["smtp"]
+    with smtplib.SMTP(host, port, timeout=30) as s:
+        s.ehlo("wide.test")
+        s.mail("sender@remote.test")
+        code, _ = s.rcpt(rcpt)
+        s.rset()
+        return code == 250
+
+
+def delivered(node, rcpt: str) -> bool:
+    """Sends node a message for rcpt; False on a temporary refusal (451
+    while a bucket moves between nodes: a sender tries again)."""
+    try:
+        return send(node, rcpt, f"Subject: to {rcpt}\r\n\r\nhello\r\n".encode()) == {}
+    except smtplib.SMTPDataError as e:
+        if 400 <= e.smtp_code < 500:
+            return False
+        raise
+
+
+def inbox_subjects(node) -> list[tuple[int, str]]:
+    m = imap_login(node, USER, PW)
+    try:
+        ok(m.select("INBOX", readonly=True))
+        typ, data = m.uid("FETCH", "1:*", "(UID BODY.PEEK[HEADER.FIELDS (SUBJECT)])")
+        assert typ == "OK", data
+        out = []
+        for item in data:
+            if isinstance(item, tuple):
+                uid = int(re.search(rb"UID (\d+)", item[0]).group(1))
+                out.append((uid, item[1].decode().split(":", 1)[1].strip()))
+        return out
+    finally:
+        m.logout()
