@@ -120,6 +120,9 @@ func (q *Queue) Act(ctx context.Context, id, action string) (*Entry, error) {
 		return nil, fmt.Errorf("queue action %q: want retry or delete", action)
 	}
 	l := q.ListAll(ctx, id)
+	if l.Unavailable != "" {
+		return nil, fmt.Errorf("queue entry %s: %s", id, l.Unavailable)
+	}
 	if len(l.Entries) == 0 {
 		return nil, fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
 	}
