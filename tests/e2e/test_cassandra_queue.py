@@ -20,11 +20,10 @@ import time
 import pytest
 
 from conftest import QuillNode
-from mailutil import free_port, wait_for
+from mailutil import wait_for
+from test_cassandra_serve import START_TIMEOUT, two_nodes
 from test_outbound import ALICE, BOB, PW, peer, queue_list, submit  # noqa: F401 - peer is a fixture
 
-# The first start makes the keyspace and its tables (test_cassandra_serve.py).
-START_TIMEOUT = 180.0
 # A dead node's buckets go to the others after the failure detector's few
 # seconds, and their entries run after queue.bucketSettle (10 s): a minute
 # leaves room for two busy cores.
@@ -86,10 +85,7 @@ def test_queue_on_cassandra_taken_over_by_the_other_node(quill_bin, cassandra, p
     peer["start_dns"]()
     peer["stop"]()
     keyspace = f"quill_queuepair_{random.randrange(1 << 30):x}"
-    args = store_args(cassandra, keyspace, peer)
-    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    a = QuillNode(quill_bin, tmp_path / "a", [*args, "--cluster", ga], name="a", start_timeout=START_TIMEOUT)
-    b = QuillNode(quill_bin, tmp_path / "b", [*args, "--cluster", gb, "--join", ga], name="b", start_timeout=START_TIMEOUT)
+    a, b = two_nodes(quill_bin, tmp_path, store_args(cassandra, keyspace, peer))
     try:
         a.start()
         b.start()
