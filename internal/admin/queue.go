@@ -19,7 +19,12 @@ type Queue interface {
 }
 
 func (s *Server) listQueue(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.Queue.ListAll(r.Context(), ""))
+	l := s.Queue.ListAll(r.Context(), "")
+	if l.Unavailable != "" {
+		writeError(w, http.StatusServiceUnavailable, errors.New("outbound queue: "+l.Unavailable))
+		return
+	}
+	writeJSON(w, http.StatusOK, l)
 }
 
 func (s *Server) showQueued(w http.ResponseWriter, r *http.Request) {
@@ -29,6 +34,10 @@ func (s *Server) showQueued(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l := s.Queue.ListAll(r.Context(), id)
+	if l.Unavailable != "" {
+		writeError(w, http.StatusServiceUnavailable, errors.New("queue entry "+id+": "+l.Unavailable))
+		return
+	}
 	if len(l.Entries) == 0 {
 		writeError(w, http.StatusNotFound, errors.New("queue entry "+id+": "+queue.ErrNotFound.Error()))
 		return

@@ -384,9 +384,9 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if !c2.HasDomain(kept) || c2.HasDomain(dropped) {
 		t.Fatalf("domains after the round trip: %s %v, %s (deleted) %v", kept, c2.HasDomain(kept), dropped, c2.HasDomain(dropped))
 	}
-	if e, ok := c2.Queue.Store.Get(qid); !ok || e.From != alice || len(e.Recipients) != 1 {
-		t.Fatalf("queue entry %s after the round trip: %+v %v", qid, e, ok)
-	} else if b, err := c2.Queue.Store.Body(qid); err != nil || !bytes.Equal(b, queued) {
+	if e, ok, err := c2.Queue.Storage.Lookup(ctx, qid); !ok || err != nil || e.Deleted || e.From != alice || len(e.Recipients) != 1 {
+		t.Fatalf("queue entry %s after the round trip: %+v %v %v", qid, e, ok, err)
+	} else if b, err := c2.Queue.Storage.Body(ctx, qid); err != nil || !bytes.Equal(b, queued) {
 		t.Fatalf("queued message after the round trip: %d bytes, %v", len(b), err)
 	}
 	// A new delivery takes a UID past every migrated one.

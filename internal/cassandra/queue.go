@@ -120,6 +120,12 @@ func (st *Store) QueueMessage(ctx context.Context, id string) ([]byte, error) {
 	return st.readBlob(ctx, queueMessageTables, id, []any{id})
 }
 
+// DeleteQueueMessage removes the message of a finished queue entry (its
+// tombstone stays until swept).
+func (st *Store) DeleteQueueMessage(ctx context.Context, id string) error {
+	return st.deleteBlob(ctx, queueMessageTables, id, []any{id})
+}
+
 // PutObject writes a clusterwide object at its stamp: the newest stamp
 // wins, a deleted object is a tombstone (Deleted), as clusterwide's
 // replicas keep them.
@@ -207,3 +213,7 @@ func (st *Store) DeleteObject(ctx context.Context, fullName string, stamp replic
 	}
 	return nil
 }
+
+// The queue's storage on Cassandra (queue.Shared) is over these
+// operations.
+var _ queue.SharedStore = (*Store)(nil)

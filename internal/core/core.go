@@ -213,8 +213,8 @@ type Options struct {
 	// writers store through cassandra.WriterStorage, the user manager
 	// reads and writes profiles there, the proxies deliver to it and read
 	// bodies from it, the clusterwide objects are its table
-	// (clusterwide.Shared). The outbound queue stays in the data
-	// directory, replicated among the nodes as on the native store.
+	// (clusterwide.Shared) and the outbound queue is kept there
+	// (queue.Shared): nothing hard stays in the data directory.
 	Cassandra *cassandra.Config
 	// AuditInterval is how often the writers' anti-entropy audit runs
 	// (usermgr/audit.go); 0 is usermgr.DefaultAuditInterval, negative
@@ -297,13 +297,18 @@ func New(o Options) (*Core, error) {
 		c.Wide = wide
 		c.Repl.Handle(clusterwide.Kind, wide)
 	}
-	c.Queue = &queue.Queue{Self: id, Repl: c.Repl, Peers: c.Peers, Log: log, Alive: c.AliveIDs,
+	c.Queue = &queue.Queue{Self: id, Peers: c.Peers, Log: log, Alive: c.AliveIDs,
 		Cfg: queue.Config{Replicas: o.Replicas, Policy: o.WritePolicy, TombstoneAge: o.LogMaxAge}}
-	if c.Queue.Store, err = queue.Open(id, db, log); err != nil {
-		db.Close()
-		return nil, err
+	var nativeQueue *queue.Replicated
+	if o.Cassandra == nil {
+		nativeQueue = &queue.Replicated{Self: id, Repl: c.Repl, Peers: c.Peers, Alive: c.AliveIDs, Log: log}
+		if nativeQueue.Store, err = queue.Open(id, db, log); err != nil {
+			db.Close()
+			return nil, err
+		}
+		c.Repl.Handle(queue.Kind, nativeQueue.Store)
+		c.Queue.Storage = nativeQueue
 	}
-	c.Repl.Handle(queue.Kind, c.Queue.Store)
 	ucfg := usermgr.Config{Self: id, Users: profiles, Boxes: c.Boxes, Clock: clock, Log: log, Repl: c.Repl, Peers: c.Peers}
 	if o.Cassandra != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cassandraOpenTimeout)
@@ -320,11 +325,16 @@ func New(o Options) (*Core, error) {
 			return nil, err
 		}
 		ucfg.Shared, ucfg.Storage = c.Cass, cassandra.NewWriterStorage(c.Cass, id, clock, log)
+		// The outbound queue is in the keyspace too, each entry run by
+		// its bucket's manager (queue.Shared).
+		c.Queue.Storage = queue.NewShared(c.Cass, id, c.Repl, c.userMap, log)
 	}
 	c.Users = usermgr.New(ucfg)
 	c.Writers = c.Users.Writers()
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, balance.DefaultSpread)
-	c.Queue.Placer = c.Placer
+	if nativeQueue != nil {
+		nativeQueue.Placer = c.Placer
+	}
 	c.Proxy = &proxy.Proxy{Self: id, Users: c.Users, Writers: c.Writers, Boxes: c.Boxes, Peers: c.Peers, Loads: c.Loads,
 		Placer: c.Placer, Repl: c.Repl, Replicas: o.Replicas, Policy: o.WritePolicy,
 		Domains: wideTables{c}, Separator: o.SubaddressSeparator, Log: log}
@@ -524,6 +534,14 @@ func (w ownWriters) Rehome(ctx context.Context, user string, moves []replica.Mov
 		return w.Manager.Rehome(ctx, user, mail)
 	}
 	return nil
+}
+
+// userMap returns the current user map (none before membership starts).
+func (c *Core) userMap() cluster.UserMap {
+	if c.Members == nil {
+		return cluster.UserMap{}
+	}
+	return c.Members.UserMap()
 }
 
 // SetNoticeHandler sets what hears the messages other nodes broadcast

@@ -58,7 +58,7 @@ var (
 		Name: "quill_queue_attempts_total", Help: "Outbound delivery attempts per recipient, by outcome (delivered, deferred, failed)."},
 		[]string{"outcome"})
 	QueueEntries = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "quill_queue_entries", Help: "Outbound queue entries this node holds a replica of."})
+		Name: "quill_queue_entries", Help: "Outbound queue entries this node holds a replica of (on Cassandra: those it runs)."})
 	// TextExcluded counts the messages this node's text index ruled out
 	// of searches (asked by any node's IMAP session): what a search did
 	// not have to read.

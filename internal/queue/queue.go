@@ -20,6 +20,12 @@
 // to try becomes a tombstone, swept after the update log's maximum age as
 // clusterwide's are.
 //
+// That is the native store (Replicated, replicated.go). Where entries live
+// is a seam (Storage, storage.go): with `quill serve --store cassandra`
+// they and their messages are in the keyspace only (Shared, shared.go),
+// each run by the manager of its id's bucket in the user map, so a node
+// keeps no queue state of its own.
+//
 // What is written by hand here and why: the queue's state machine and its
 // place in the replication manager are Quill's own (no library keeps a
 // queue in a Porcupine cluster). SMTP on the wire is github.com/emersion/

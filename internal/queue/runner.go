@@ -17,7 +17,6 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/metrics"
-	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/userdb"
 )
@@ -98,14 +97,15 @@ type Config struct {
 	TombstoneAge time.Duration
 }
 
-// Queue is a node's part of the outbound queue: its replica of entries
-// (Store) and the runner that delivers those it leads.
+// Queue is a node's part of the outbound queue: the entries as its
+// Storage keeps them (Replicated on the native store, Shared on
+// Cassandra) and the runner that delivers those it leads.
 type Queue struct {
-	Self   cluster.NodeID
-	Store  *Store
-	Repl   Writer
-	Placer Placer
-	Peers  cluster.Conns
+	Self    cluster.NodeID
+	Storage Storage
+	// Peers reaches the other nodes, to route an operator's action to an
+	// entry's leader.
+	Peers cluster.Conns
 	// Alive lists the live nodes, this one included.
 	Alive  func() []cluster.NodeID
 	Local  Local
@@ -120,9 +120,6 @@ type Queue struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	inflight map[string]bool
-	// lists keeps each node's last answer to the cluster-wide listing
-	// (ListAll), which stands in for a node that is late.
-	lists cluster.Recall[[]*Entry]
 }
 
 // Start runs the runner until Close.
@@ -147,7 +144,7 @@ func (q *Queue) Start() {
 	q.stop = make(chan struct{})
 	q.inflight = map[string]bool{}
 	q.ctx, q.cancel = context.WithCancel(context.Background())
-	q.Store.SetOnChange(q.Kick)
+	q.Storage.SetOnChange(q.Kick)
 	q.wg.Add(1)
 	go q.loop()
 }
@@ -195,7 +192,7 @@ func (q *Queue) loop() {
 			return
 		case <-sweep.C:
 			if q.Cfg.TombstoneAge > 0 {
-				if n, err := q.Store.Sweep(time.Now().Add(-q.Cfg.TombstoneAge)); err != nil {
+				if n, err := q.Storage.Sweep(q.ctx, time.Now().Add(-q.Cfg.TombstoneAge)); err != nil {
 					q.Log.Warn("queue: sweeping old tombstones failed", "err", err)
 				} else if n > 0 {
 					q.Log.Info("queue: old tombstones swept", "count", n)
@@ -225,10 +222,7 @@ func (q *Queue) dispatch() {
 	alive := q.aliveSet()
 	now := time.Now()
 	var running int
-	ids, held := q.Store.Due(func(e *Entry) bool {
-		if Leader(e.Replicas, alive) != q.Self {
-			return false
-		}
+	ids, held := q.Storage.Due(q.ctx, alive, func(e *Entry) bool {
 		due, ok := Due(e)
 		return !ok || !due.After(now)
 	})
@@ -265,15 +259,10 @@ func (q *Queue) Add(ctx context.Context, user, from string, rcpts []string, raw 
 	if policy == "" {
 		policy = q.Cfg.Policy
 	}
-	set := []cluster.NodeID{q.Self}
-	if want > 1 && q.Placer != nil {
-		set = append(set, q.Placer.Replicas(set, want-1)...)
+	set, err := q.Storage.Place(user, want, policy)
+	if err != nil {
+		return "", err
 	}
-	if len(set) < policy.Need(want) {
-		return "", fmt.Errorf("queue for %s: write policy %s needs %d of %d replicas, %d live nodes to choose from: %w",
-			user, policy, policy.Need(want), want, len(set), proxy.ErrTryLater)
-	}
-	slices.Sort(set)
 	now := time.Now()
 	e := &Entry{ID: NewID(), User: user, From: from, Replicas: set, Want: want, Created: now, Size: int64(len(raw))}
 	seen := map[string]bool{}
@@ -283,7 +272,7 @@ func (q *Queue) Add(ctx context.Context, user, from string, rcpts []string, raw 
 			e.Recipients = append(e.Recipients, Recipient{Address: r, State: Queued, NextTry: now})
 		}
 	}
-	if err := write(ctx, q.Repl, e, raw, set, policy); err != nil {
+	if err := q.Storage.Write(ctx, e, raw, policy); err != nil {
 		return "", err
 	}
 	q.Log.Info("queued", "id", e.ID, "user", user, "from", from, "rcpts", len(e.Recipients), "size", len(raw), "replicas", set)
@@ -294,22 +283,29 @@ func (q *Queue) Add(ctx context.Context, user, from string, rcpts []string, raw 
 
 // attempt tries an entry's due recipients once and records the outcome.
 func (q *Queue) attempt(id string) {
-	begun, ok := q.Store.Get(id)
-	if !ok {
-		return
-	}
 	ctx, cancel := context.WithTimeout(q.ctx, attemptTimeout)
 	defer cancel()
-	if q.freshen(ctx, begun, q.aliveSet()) {
+	begun, err := q.get(ctx, id)
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			q.Log.Warn("queue: entry not read; trying again", "id", id, "err", err)
+		}
+		return
+	}
+	if q.Storage.Fresh(ctx, begun, q.aliveSet()) {
 		return // the next round works from the newer state
 	}
-	e := begun.Clone()
 	now := time.Now()
-	body, err := q.Store.Body(id)
+	if due, ok := Due(begun); ok && due.After(now) {
+		return // another node's attempt moved it on (a shared store's state is read fresh)
+	}
+	e := begun.Clone()
+	body, err := q.Storage.Body(ctx, id)
 	if err != nil {
-		// The entry is here, its message is not: the update log brings
-		// it (NeedContent). Try again later.
-		q.Log.Warn("queue: message of an entry missing here; waiting for its replica", "id", id, "err", err)
+		// The entry is here, its message is not (the update log brings
+		// it: NeedContent), or a shared store did not answer. Try again
+		// later.
+		q.Log.Warn("queue: message of an entry not readable here; trying again", "id", id, "err", err)
 		return
 	}
 	if !Expire(e, now, q.Cfg.Lifetime) {
@@ -397,9 +393,18 @@ func (q *Queue) report(ctx context.Context, e *Entry, body []byte, now time.Time
 // replicas, merged with what an operator changed meanwhile; an entry with
 // nothing left becomes a tombstone.
 func (q *Queue) save(done, begun *Entry) {
-	cur, ok := q.Store.Get(done.ID)
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	cur, held, err := q.Storage.Lookup(ctx, done.ID)
+	if err != nil {
+		// The outcome goes onto the state the attempt began from: an
+		// operator's change meanwhile may be lost, a delivery is not.
+		q.Log.Warn("queue: entry's state not read before saving an attempt; saving onto the one it began from", "id", done.ID, "err", err)
+		cur, held = begun, true
+	}
+	ok := held && !cur.Deleted
 	if !ok {
-		t, held := q.Store.lookup(done.ID)
+		t := cur
 		if !held || len(t.Replicas) == 0 || slices.Contains(t.Replicas, q.Self) {
 			return // done or deleted meanwhile
 		}
@@ -425,9 +430,7 @@ func (q *Queue) save(done, begun *Entry) {
 		e.Deleted = true
 		q.Log.Info("queue entry done", "id", e.ID)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-	defer cancel()
-	if err := write(ctx, q.Repl, e, body, e.Replicas, replica.One); err != nil {
+	if err := q.Storage.Write(ctx, e, body, replica.One); err != nil {
 		// Not even this node took it: the attempt is made again (the
 		// remote may get the message twice, never zero times).
 		q.Log.Warn("queue: state after an attempt not saved", "id", e.ID, "err", err)
@@ -485,9 +488,9 @@ func (q *Queue) deliverLocal(ctx context.Context, from string, rcpts []string, b
 
 // Retry makes every queued recipient of an entry held here due now.
 func (q *Queue) Retry(ctx context.Context, id string) (*Entry, error) {
-	e, ok := q.Store.Get(id)
-	if !ok {
-		return nil, fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
+	e, err := q.get(ctx, id)
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	for i := range e.Recipients {
@@ -495,7 +498,7 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Entry, error) {
 			e.Recipients[i].NextTry = now
 		}
 	}
-	if err := write(ctx, q.Repl, e, nil, e.Replicas, replica.One); err != nil {
+	if err := q.Storage.Write(ctx, e, nil, replica.One); err != nil {
 		return nil, err
 	}
 	q.Kick()
@@ -504,39 +507,38 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Entry, error) {
 
 // Delete removes an entry held here without telling its sender.
 func (q *Queue) Delete(ctx context.Context, id string) error {
-	e, ok := q.Store.Get(id)
-	if !ok {
-		return fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
+	e, err := q.get(ctx, id)
+	if err != nil {
+		return err
 	}
 	e.Deleted = true
-	if err := write(ctx, q.Repl, e, nil, e.Replicas, replica.One); err != nil {
+	if err := q.Storage.Write(ctx, e, nil, replica.One); err != nil {
 		return err
 	}
 	q.Log.Info("queue entry deleted by an operator", "id", id, "from", e.From, "rcpts", len(e.Recipients))
 	return nil
 }
 
-// Rehome gives entries held here new replica sets (the repair found them
-// short of replicas): a new state of each goes to the new set with its
-// message, and to the replicas it leaves, which drop their copy.
-func (q *Queue) Rehome(ctx context.Context, moves []replica.Move) error {
-	for _, mv := range moves {
-		id, _ := IDOf(mv.Object)
-		e, ok := q.Store.Get(id)
-		if !ok {
-			continue // done or deleted meanwhile
-		}
-		body, err := q.Store.Body(id)
-		if err != nil {
-			return err
-		}
-		e.Replicas = slices.Clone(mv.Replicas)
-		slices.Sort(e.Replicas)
-		targets := append(slices.Clone(e.Replicas), mv.Gone...)
-		if err := write(ctx, q.Repl, e, body, targets, replica.One); err != nil {
-			return err
-		}
-		q.Log.Info("queue entry re-homed", "id", id, "replicas", e.Replicas, "gone", mv.Gone)
+// get returns an entry's state (not a tombstone), or an error wrapping
+// ErrNotFound.
+func (q *Queue) get(ctx context.Context, id string) (*Entry, error) {
+	e, ok, err := q.Storage.Lookup(ctx, id)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if !ok || e.Deleted {
+		return nil, fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
+	}
+	return e, nil
+}
+
+// Rehome gives entries held here new replica sets (the repair found them
+// short of replicas): on the native store only, whose replicas the repair
+// mends.
+func (q *Queue) Rehome(ctx context.Context, moves []replica.Move) error {
+	r, ok := q.Storage.(*Replicated)
+	if !ok {
+		return nil
+	}
+	return r.Rehome(ctx, moves)
 }

@@ -61,6 +61,14 @@ def snapshot(node) -> tuple:
         m.logout()
 
 
+def two_nodes(quill_bin, tmp_path, args: list[str]) -> tuple[QuillNode, QuillNode]:
+    """Nodes a and b of one cluster (b joins a) with args, not started yet."""
+    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    a = QuillNode(quill_bin, tmp_path / "a", [*args, "--cluster", ga], name="a", start_timeout=START_TIMEOUT)
+    b = QuillNode(quill_bin, tmp_path / "b", [*args, "--cluster", gb, "--join", ga], name="b", start_timeout=START_TIMEOUT)
+    return a, b
+
+
 def test_serve_on_cassandra_survives_wipe(quill_bin, cassandra, tmp_path):
     keyspace = f"quill_serve_{random.randrange(1 << 30):x}"
     args = ["--store", "cassandra", "--cassandra", cassandra, "--keyspace", keyspace, "--cassandra-rf", "1",
@@ -134,9 +142,7 @@ def test_two_nodes_on_cassandra_one_killed_and_wiped(quill_bin, cassandra, tmp_p
     keyspace = f"quill_pair_{random.randrange(1 << 30):x}"
     store = ["--store", "cassandra", "--cassandra", cassandra, "--keyspace", keyspace, "--cassandra-rf", "1",
              "--smtps", "", "--pop3s", "", "--imaps", "", "--submission", ""]
-    ga, gb = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    a = QuillNode(quill_bin, tmp_path / "a", [*store, "--cluster", ga], name="a", start_timeout=START_TIMEOUT)
-    b = QuillNode(quill_bin, tmp_path / "b", [*store, "--cluster", gb, "--join", ga], name="b", start_timeout=START_TIMEOUT)
+    a, b = two_nodes(quill_bin, tmp_path, store)
     try:
         a.start()
         b.start()

@@ -106,12 +106,39 @@ smtpd_tls_received_header = yes
                 "virtual unix - n n - - virtual", "anvil unix - - n - 1 anvil", "scache unix - - n - 1 scache",
                 "tlsmgr unix - - n 1000? 1 tlsmgr", "postlog unix-dgram n - n - 1 postlogd"]
     (conf / "master.cf").write_text(f"127.0.0.2:{port} inet n - n - - smtpd\n" + "\n".join(services) + "\n")
-    # Postfix says why it refuses a configuration on a terminal only.
-    for step in ("check", "start"):
+    def postfix(step: str) -> None:
+        # Postfix says why it refuses a configuration on a terminal only.
         r = subprocess.run(["script", "-qec", f"postfix -c {conf} {step}", "/dev/null"], capture_output=True, text=True)
         assert r.returncode == 0, f"postfix {step}: {r.stdout}{r.stderr}"
+
     pidfile = spool / "pid" / "master.pid"
-    pf_pid = int(wait_for("Postfix's master pid", lambda: pidfile.exists() and pidfile.read_text().strip(), 15))
+
+    def master_pid(not_pid: int = 0) -> int:
+        return int(wait_for("Postfix's master pid",
+                            lambda: pidfile.exists() and pidfile.read_text().strip() not in ("", str(not_pid))
+                            and pidfile.read_text().strip(), 15))
+
+    for step in ("check", "start"):
+        postfix(step)
+    pf_pid = master_pid()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def stop_mta() -> None:
+        """Stops Postfix (the destination is down: nothing listens)."""
+        postfix("stop")
+        wait_for("Postfix to stop", lambda: not alive(pf_pid), 30)
+
+    def start_mta() -> None:
+        """Starts Postfix again on the same configuration and Maildir."""
+        nonlocal pf_pid
+        postfix("start")
+        pf_pid = master_pid(pf_pid)
 
     dns_port = free_port("127.0.0.1", socket.SOCK_DGRAM)
     procs = []
@@ -131,16 +158,15 @@ smtpd_tls_received_header = yes
 
     try:
         yield {"port": port, "dns": f"127.0.0.1:{dns_port}", "start_dns": start_dns,
-               "maildir": vmail / REMOTE / "bob" / "new", "conf": conf}
+               "maildir": vmail / REMOTE / "bob" / "new", "conf": conf, "stop": stop_mta, "start": start_mta}
     finally:
         for p in procs:
             p.terminate()
             p.wait(10)
-        os.kill(pf_pid, signal.SIGTERM)  # the master stops its children
+        if alive(pf_pid):
+            os.kill(pf_pid, signal.SIGTERM)  # the master stops its children
         for _ in range(50):
-            try:
-                os.kill(pf_pid, 0)
-            except ProcessLookupError:
+            if not alive(pf_pid):
                 break
             time.sleep(0.1)
         shutil.rmtree(base, ignore_errors=True)
