@@ -65,10 +65,13 @@ fuzz:
 # The long fault runs under a delivery stream: SIGKILL and SIGSTOP of random
 # nodes on loopback; then (as root, else skipped) kill -9, SIGSTOP, network
 # partitions, full disks and wiped nodes of nodes in network namespaces. Each
-# ends with a check that no acknowledged message is missing.
+# ends with a check that no acknowledged message is missing. Then 50 clean
+# restarts under load (CI runs 20: docs/reliability.md).
 FAULTS ?= 40
+TERM_RESTARTS ?= 50
 faults:
 	QUILL_FAULTS=$(FAULTS) $(GO) test -count=1 -timeout 60m -run 'TestFaults(LoseNoAcknowledgedMail|Netns)$$' -v ./tests/cluster/
+	QUILL_TERM_RESTARTS=$(TERM_RESTARTS) $(GO) test -count=1 -timeout 30m -run 'TestCleanRestartsUnderLoad$$' -v ./tests/cluster/
 
 # The long run (about two hours, root): 1,000 faults of every kind (kill -9,
 # SIGSTOP, clean restarts, bursts of them, partitions, full disks, wipes) on
