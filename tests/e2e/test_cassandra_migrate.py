@@ -19,6 +19,10 @@ import subprocess
 
 import pytest
 
+# The source nodes are native on purpose: the test moves their mail into a
+# keyspace and back.
+pytestmark = [pytest.mark.cassandra, pytest.mark.native_store]
+
 from conftest import REPO, QuillNode
 from dovecot import folders, messages, quote
 from mailutil import cluster_pair, ok, send

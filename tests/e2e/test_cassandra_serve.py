@@ -23,9 +23,12 @@ import random
 import re
 import shutil
 
+import pytest
 from conftest import QuillNode
 from dovecot import messages
 from mailutil import fetch_all, free_port, imap_login, ok, send, wait_for
+
+pytestmark = pytest.mark.cassandra
 
 DOMAIN = "example.org"
 USER = f"dora@{DOMAIN}"
