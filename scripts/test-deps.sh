@@ -3,7 +3,7 @@
 # Perl TLS modules it only recommends, so --tls works under --no-install-recommends), openssl,
 # fetchmail, Postfix, dnsmasq, neomutt, rspamd, Chromium, Dovecot (the migration tests' source) and
 # prometheus (for promtool, which checks /metrics; its service is not started in a container without
-# systemd) from Debian, pytest, scramp (SCRAM client) and Playwright (which drives that Chromium in
+# systemd) from Debian, pytest (and pytest-xdist, its workers), scramp (SCRAM client) and Playwright (which drives that Chromium in
 # the console test) from PyPI, and the Go modules; protoc
 # (Debian protobuf-compiler) and its pinned Go plugins, for the check that
 # internal/nodepb is what proto/ generates (scripts/proto.sh); Pebble, the
@@ -26,6 +26,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install -q pytest
+# pytest-xdist: `make e2e` runs the suite in several workers.
+python3 -c 'import xdist' >/dev/null 2>&1 || python3 -m pip install -q 'pytest-xdist>=3.5,<4'
 python3 -c 'import scramp' >/dev/null 2>&1 || python3 -m pip install -q 'scramp>=1.4,<2'
 # dkimpy (with pynacl for ed25519): an independent DKIM and ARC implementation
 # the e2e tests check Quill's signatures and seals with (test_outbound.py).

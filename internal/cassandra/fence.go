@@ -44,6 +44,14 @@ var ErrFenced = errors.New("reservations claimed by another writer")
 // reservation of the previous owner: each loser reads again and retries.
 var claimRetry = retry.Policy{Attempts: 20, Base: 10 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 2}
 
+// endsRetry: a conditional update of the ends whose outcome is unknown (a
+// timeout: "CAS operation timed out", seen in the end-to-end suite on two
+// cores that five test runs kept busy, where one failed a delivery) is
+// made again. It sets the same ends under the same epoch, so one that
+// applied after all applies again unchanged, and one the epoch no longer
+// allows is refused as any stale update is (ErrFenced).
+var endsRetry = retry.Policy{Attempts: 3, Base: 50 * time.Millisecond, Max: 500 * time.Millisecond, Factor: 4}
+
 // Fence is a writer's hold on a mailbox's reservations.
 type Fence struct {
 	User        string
@@ -200,9 +208,15 @@ func (st *Store) claimOnce(ctx context.Context, user string, v uint32, owner str
 
 // setEnds writes new reserved ends under the fence's epoch.
 func (st *Store) setEnds(ctx context.Context, f Fence, uidEnd uint32, modEnd uint64, verb string) (Fence, error) {
-	cur := map[string]any{}
-	applied, err := st.cas(ctx, `UPDATE reservations SET uid_reserved = ?, modseq_reserved = ? WHERE user = ? AND uidvalidity = ?
-		IF epoch = ?`, int64(uidEnd), int64(modEnd), f.User, int64(f.UIDValidity), f.Epoch).MapScanCASContext(ctx, cur)
+	var cur map[string]any
+	var applied bool
+	err := retry.Do(ctx, endsRetry, Retryable, func(ctx context.Context) error {
+		var err error
+		cur = map[string]any{}
+		applied, err = st.cas(ctx, `UPDATE reservations SET uid_reserved = ?, modseq_reserved = ? WHERE user = ? AND uidvalidity = ?
+			IF epoch = ?`, int64(uidEnd), int64(modEnd), f.User, int64(f.UIDValidity), f.Epoch).MapScanCASContext(ctx, cur)
+		return err
+	})
 	if err != nil {
 		// Unknown or failed: the caller must not use the new ends. If the
 		// update applies after all, the ends only cover more than what

@@ -4,6 +4,13 @@ A QuillNode is one `quill serve` process on free loopback ports (every
 listener is bound to 127.0.0.1:0 and the ports are read back from the
 "listening on" lines the server prints on stdout). Its stderr goes to a log
 file that is attached to the report of a failing test.
+
+With QUILL_E2E_STORE=cassandra (`make e2e-cassandra`) every node quill_factory
+starts is `quill serve --store cassandra` on one Cassandra node started once
+for the run (pytest_configure, below; or QUILL_CASSANDRA_HOSTS): the nodes of
+one cluster share a keyspace, and no two tests share one (keyspaces come
+clean from tests/e2e/keyspacepool). Tests about the native store's own files
+are marked native_only and skipped there.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -32,6 +40,14 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0  # from exec to the "ready" line
 STOP_TIMEOUT = 40.0  # SIGTERM drain is 30 s in the server
 CLI_TIMEOUT = 30.0
+
+
+# Which store the nodes of quill_factory use: "native" (the default) or
+# "cassandra" (`make e2e-cassandra`). Not QUILL_STORE: quill reads that as
+# its own --store.
+STORE = os.environ.get("QUILL_E2E_STORE", "native")
+if STORE not in ("native", "cassandra"):
+    raise RuntimeError(f"QUILL_E2E_STORE={STORE}: want native or cassandra")
 
 
 _LISTEN_RE = re.compile(r"^quill: (SMTPS?|POP3S?|IMAPS?|SUBMISSION|HTTP) listening on (\S+)\s*$")
@@ -267,11 +283,42 @@ def pytest_runtest_makereport(item, call):
             rep.sections.append((f"quill {node.name} stderr", node.stderr_tail()))
 
 
+def _flag(args, name: str) -> str | None:
+    """The value of `--name value` in a serve command line, else None."""
+    args = list(args)
+    return args[args.index(name) + 1] if name in args[:-1] else None
+
+
 @pytest.fixture
 def quill_factory(quill_bin, tmp_path, request):
-    """Starts nodes with extra `serve` flags; stops all of them at teardown."""
+    """Starts nodes with extra `serve` flags; stops all of them at teardown.
+
+    On the Cassandra store (QUILL_E2E_STORE=cassandra) each node gets
+    `--store cassandra` and a keyspace from the pool: a node that joins
+    (`--join ADDR`) the keyspace of the node it joins, any other a keyspace
+    of its own, given back (emptied) after the test's nodes are stopped.
+    A test marked native_store keeps native nodes (it moves mail between
+    the stores itself)."""
     nodes: list[QuillNode] = []
     request.node._quill_nodes = nodes
+    on_cassandra = STORE == "cassandra" and request.node.get_closest_marker("native_store") is None
+    taken: list[str] = []
+    by_gossip: dict[str, str] = {}  # --cluster address -> keyspace
+    pools = []
+
+    def store_args(extra_args) -> list[str]:
+        if not on_cassandra or "--store" in extra_args:
+            return []
+        if not pools:
+            pools.append(request.getfixturevalue("keyspace_pool"))
+        pool = pools[0]
+        keyspace = by_gossip.get(_flag(extra_args, "--join") or "")
+        if keyspace is None:
+            keyspace = pool.take()
+            taken.append(keyspace)
+        if gossip := _flag(extra_args, "--cluster"):
+            by_gossip[gossip] = keyspace
+        return ["--store", "cassandra", "--cassandra", pool.hosts, "--keyspace", keyspace, "--cassandra-rf", "1"]
 
     def make(*extra_args: str, auth_fail_delay: float = AUTH_FAIL_DELAY, env: dict | None = None) -> QuillNode:
         name = f"node{len(nodes)}"
@@ -279,8 +326,9 @@ def quill_factory(quill_bin, tmp_path, request):
         # purpose keep their timing; test_abuse.py sets its own.
         delay = f"{int(auth_fail_delay * 1000)}ms"
         args = ["--auth-fail-delay", delay, "--auth-max-delay", delay, "--auth-lockout-after", "100000",
-                *extra_args]
-        node = QuillNode(quill_bin, tmp_path / name, args, name=name, env=env)
+                *store_args(extra_args), *extra_args]
+        node = QuillNode(quill_bin, tmp_path / name, args, name=name, env=env,
+                         start_timeout=CASSANDRA_QUILL_START_TIMEOUT if on_cassandra else START_TIMEOUT)
         nodes.append(node)
         return node.start()
 
@@ -293,6 +341,50 @@ def quill_factory(quill_bin, tmp_path, request):
         except Exception as e:  # noqa: BLE001 - teardown must reach every node
             print(f"teardown of {node.name}: {e}", file=sys.stderr)
             node.kill9()
+    # Only once no node of the test runs may its keyspaces be emptied.
+    for keyspace in taken:
+        pools[0].give(keyspace)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "native_only(reason): tests the native store's own files; "
+                            "skipped on the Cassandra store (QUILL_E2E_STORE=cassandra), the reason says why")
+    config.addinivalue_line("markers", "native_store: quill_factory starts native nodes even with "
+                            "QUILL_E2E_STORE=cassandra (the test moves mail between the stores itself)")
+    config.addinivalue_line("markers", "cassandra: needs a Cassandra node (the `cassandra` fixture); "
+                            "`make e2e` leaves these to `make e2e-cassandra`")
+    # One Cassandra node for the whole run, started by the main process
+    # (with pytest-xdist the controller, before its workers start: they
+    # inherit QUILL_CASSANDRA_HOSTS) and stopped in pytest_unconfigure.
+    if STORE == "cassandra" and not hasattr(config, "workerinput") and not os.environ.get("QUILL_CASSANDRA_HOSTS"):
+        if not _have_java():
+            raise pytest.UsageError("QUILL_E2E_STORE=cassandra: no Java 17 for Cassandra (scripts/test-deps.sh installs it)")
+        d = Path(tempfile.mkdtemp(prefix="quill-e2e-cassandra-"))
+        try:
+            hosts, pid = _start_cassandra(d)
+        except RuntimeError as e:
+            raise pytest.UsageError(f"QUILL_E2E_STORE=cassandra: {e}") from e
+        config._quill_cassandra = (pid, d)
+        os.environ["QUILL_CASSANDRA_HOSTS"] = hosts
+        os.environ["QUILL_E2E_OWN_CASSANDRA"] = "1"
+
+
+def pytest_unconfigure(config):
+    started = getattr(config, "_quill_cassandra", None)
+    if started is not None:
+        pid, d = started
+        _stop_cassandra(pid)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    if STORE != "cassandra":
+        return
+    for item in items:
+        m = item.get_closest_marker("native_only")
+        if m is not None:
+            reason = m.kwargs.get("reason") or (m.args[0] if m.args else "tests the native store")
+            item.add_marker(pytest.mark.skip(reason=f"native store only: {reason}"))
 
 
 @pytest.fixture
@@ -316,27 +408,105 @@ CASSANDRA_SCRIPT = REPO / "scripts" / "cassandra.sh"
 CASSANDRA_FETCH_TIMEOUT = 600.0
 CASSANDRA_START_TIMEOUT = 180.0
 CASSANDRA_STOP_TIMEOUT = 60.0
+# A quill on Cassandra opens the keyspace before it is ready: a second on
+# a made keyspace, more while Cassandra is busy with other tests' writes.
+CASSANDRA_QUILL_START_TIMEOUT = 90.0
+# Building the keyspace pool (tests/e2e/keyspacepool), once per process.
+POOL_BUILD_TIMEOUT = 600.0
 
 
-@pytest.fixture(scope="module")
-def cassandra(tmp_path_factory) -> str:
-    """One Cassandra node on a loopback address of its own, for the module
-    that asks for it (tests use keyspaces of their own): host:port."""
-    if subprocess.run(["bash", str(CASSANDRA_SCRIPT), "java"], capture_output=True, timeout=30).returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no Java 17 for Cassandra (scripts/test-deps.sh installs it)")
-        pytest.skip("no Java 17 for Cassandra")
+def _have_java() -> bool:
+    return subprocess.run(["bash", str(CASSANDRA_SCRIPT), "java"], capture_output=True, timeout=30).returncode == 0
+
+
+def _start_cassandra(d: Path) -> tuple[str, int]:
+    """Starts one Cassandra node on a loopback address of its own, its
+    files in d: (host:port, pid)."""
     r = subprocess.run(["bash", str(CASSANDRA_SCRIPT), "fetch"], capture_output=True, text=True, timeout=CASSANDRA_FETCH_TIMEOUT)
-    assert r.returncode == 0, r.stderr
+    if r.returncode != 0:
+        raise RuntimeError(f"scripts/cassandra.sh fetch failed:\n{r.stderr}")
     # 127.0.0.100-249 is cassandratest's range; the Go tests and this
-    # module may run at once, so the ports are found free on the address.
+    # suite may run at once, so the ports are found free on the address.
     addr = f"127.0.0.{random.randint(100, 249)}"
     port, storage = free_port(addr), free_port(addr)
-    d = tmp_path_factory.mktemp("cassandra")
     r = subprocess.run(["bash", str(CASSANDRA_SCRIPT), "start", "--dir", str(d), "--addr", addr, "--port", str(port),
                         "--storage-port", str(storage), "--short-lived"],
                        capture_output=True, text=True, timeout=CASSANDRA_START_TIMEOUT, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, f"Cassandra did not start:\n{r.stdout}\n{r.stderr}"
-    pid = int(r.stdout.split()[-1])
-    yield f"{addr}:{port}"
+    if r.returncode != 0:
+        raise RuntimeError(f"Cassandra did not start:\n{r.stdout}\n{r.stderr}")
+    return f"{addr}:{port}", int(r.stdout.split()[-1])
+
+
+def _stop_cassandra(pid: int) -> None:
     subprocess.run(["bash", str(CASSANDRA_SCRIPT), "stop", str(pid)], capture_output=True, timeout=CASSANDRA_STOP_TIMEOUT)
+
+
+@pytest.fixture(scope="session")
+def cassandra(tmp_path_factory) -> str:
+    """A Cassandra node for the run (tests use keyspaces of their own):
+    host:port. QUILL_CASSANDRA_HOSTS (set by pytest_configure on the
+    Cassandra store, or by hand for a running cluster) names it; otherwise
+    one is started for this process and stopped at its end."""
+    hosts = os.environ.get("QUILL_CASSANDRA_HOSTS")
+    if hosts:
+        yield hosts
+        return
+    if not _have_java():
+        if os.environ.get("CI") == "true":
+            pytest.fail("no Java 17 for Cassandra (scripts/test-deps.sh installs it)")
+        pytest.skip("no Java 17 for Cassandra")
+    hosts, pid = _start_cassandra(tmp_path_factory.mktemp("cassandra"))
+    yield hosts
+    _stop_cassandra(pid)
+
+
+class KeyspacePool:
+    """Client of tests/e2e/keyspacepool: clean keyspaces, one per take."""
+
+    def __init__(self, binary: str, hosts: str, prefix: str, drop: bool, log: Path):
+        self.hosts = hosts
+        with open(log, "ab") as f:  # what it made and emptied, with timings
+            self.proc = subprocess.Popen([binary, "--cassandra", hosts, "--prefix", prefix, *(["--drop"] if drop else [])],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f, text=True, bufsize=1)
+
+    def _ask(self, line: str) -> str:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(line + "\n")
+        answer = self.proc.stdout.readline().strip()
+        if not answer or answer.startswith("error "):
+            raise RuntimeError(f"keyspace pool: {line}: {answer or 'exited'}")
+        return answer
+
+    def take(self) -> str:
+        return self._ask("take")
+
+    def give(self, keyspace: str) -> None:
+        self._ask("give " + keyspace)
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=CASSANDRA_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def keyspace_pool(cassandra, tmp_path_factory):
+    """Clean keyspaces for the tests' nodes on the Cassandra store. Names
+    carry a random run id and the pytest-xdist worker, so runs and workers
+    sharing a cluster never meet; a cluster this run did not start gets its
+    keyspaces dropped at the end."""
+    d = tmp_path_factory.mktemp("keyspacepool")
+    binary = d / "keyspacepool"
+    r = subprocess.run(["go", "build", "-o", str(binary), "./tests/e2e/keyspacepool"], cwd=REPO,
+                       capture_output=True, text=True, timeout=POOL_BUILD_TIMEOUT)
+    assert r.returncode == 0, f"go build ./tests/e2e/keyspacepool failed:\n{r.stdout}\n{r.stderr}"
+    run = f"{random.randrange(1 << 24):06x}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    pool = KeyspacePool(str(binary), cassandra, f"e2e_{run}_{worker}",
+                        drop=os.environ.get("QUILL_E2E_OWN_CASSANDRA") != "1", log=d / "pool.log")
+    yield pool
+    pool.close()

@@ -2,7 +2,7 @@
 item 5), with real processes: a quill node gets mail by SMTP and IMAP
 changes, `quill migrate` refuses its data directory while it runs, the node
 is stopped by its PID, its mail is copied into a real Cassandra 5.0 node
-(scripts/cassandra.sh, the `cassandra` fixture of conftest.py: one per module) and back into a new
+(scripts/cassandra.sh, the `cassandra` fixture of conftest.py: one for the run) and back into a new
 data directory, and a quill started on that serves every folder, message,
 flag, internal date, UID, UIDVALIDITY, UIDNEXT and HIGHESTMODSEQ as
 before, with the same password.
@@ -18,6 +18,10 @@ import re
 import subprocess
 
 import pytest
+
+# The source nodes are native on purpose: the test moves their mail into a
+# keyspace and back.
+pytestmark = [pytest.mark.cassandra, pytest.mark.native_store]
 
 from conftest import REPO, QuillNode
 from dovecot import folders, messages, quote

@@ -29,8 +29,8 @@ from test_outbound import ALICE, BOB, PW, peer, queue_list, submit  # noqa: F401
 # leaves room for two busy cores.
 TAKEOVER = 90.0
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("postfix") or not shutil.which("dnsmasq"),
-                                reason="needs root, Postfix and dnsmasq (scripts/test-deps.sh installs them)")
+pytestmark = [pytest.mark.cassandra, pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("postfix") or not shutil.which("dnsmasq"),
+                                                         reason="needs root, Postfix and dnsmasq (scripts/test-deps.sh installs them)")]
 
 
 def store_args(cassandra: str, keyspace: str, peer) -> list[str]:

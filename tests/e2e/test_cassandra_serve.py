@@ -28,9 +28,12 @@ import smtplib
 import socket
 import time
 
+import pytest
 from conftest import QuillNode
 from dovecot import messages
 from mailutil import fetch_all, free_port, imap_login, ok, send, wait_for
+
+pytestmark = pytest.mark.cassandra
 
 DOMAIN = "example.org"
 USER = f"dora@{DOMAIN}"

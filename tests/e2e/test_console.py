@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from conftest import STORE
 from mailutil import free_port, send, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,9 +135,13 @@ def test_console_in_a_real_browser(trio):
             for i in range(4):
                 refused = send(b, SALES, f"From: x@remote.test\r\nTo: {SALES}\r\nSubject: console {i}\r\n\r\nhello {i}\r\n".encode())
                 assert not refused
-            # Each message is kept on two nodes (the default R).
-            wait_for("the page to count the new copies",
-                     lambda: int(page.locator("#message-count").inner_text()) >= before + 8, timeout=COUNTS_WITHIN)
+            # Each message is kept on two nodes (the default R). On the
+            # Cassandra store the nodes hold no copies (Cassandra does), so
+            # the page's count of them does not move; the user's own count
+            # below is checked on both stores.
+            if STORE == "native":
+                wait_for("the page to count the new copies",
+                         lambda: int(page.locator("#message-count").inner_text()) >= before + 8, timeout=COUNTS_WITHIN)
             shot(page, "overview")
 
             # The user becomes an administrator and signs in with their

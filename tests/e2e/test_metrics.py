@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import STORE
 from mailutil import SOCK_TIMEOUT, cluster_pair, imap_login, ok, send, wait_for
 
 DOMAIN = "quill.test"
@@ -181,7 +182,9 @@ def test_metrics_pass_promtool_move_and_match_the_dashboard(pair):
         assert value(text, "quill_node_info", node=node.node_id) == 1, node.name
     managed = value(ta, "quill_buckets_managed") + value(tb, "quill_buckets_managed")
     assert managed == 256, f"buckets managed by A and B: {managed}"
-    assert value(ta, "quill_repair_objects") + value(tb, "quill_repair_objects") >= 3
+    if STORE == "native":
+        # On the Cassandra store the nodes hold no replicas: Cassandra does.
+        assert value(ta, "quill_repair_objects") + value(tb, "quill_repair_objects") >= 3
     assert value(ta, "quill_pebble_wal_written_bytes_total") > 0
     assert value(ta, "quill_softstate_rebuild_seconds_count") + value(tb, "quill_softstate_rebuild_seconds_count") >= 1
 
