@@ -131,6 +131,7 @@ func casNodeKilled(t *testing.T, c *cassandratest.Cluster, lv casLevel, seed uin
 	r.progress("everything up", casBeforeKill)
 	v.Kill()
 	killed := time.Now()
+	r.killed = killed
 	t.Logf("kill -9 of Cassandra node %d (pid %d); load average %s", victim+1, v.PID, loadAvg())
 	r.progress("one Cassandra node down", casWhileDown)
 	r.stopLoad()
@@ -190,6 +191,7 @@ func casQuillKilled(t *testing.T, c *cassandratest.Cluster, seed uint64) string 
 	victim.Kill9()
 	r.s.setDown(victim, true)
 	killed := time.Now()
+	r.killed = killed
 	t.Logf("kill -9 of quill node %s; load average %s", old, loadAvg())
 	others := without(r.nodes, victim)
 	took := waitFor(t, "the other quill nodes to take the killed one's buckets", casTakeover, func() bool { return agree(others, others) })
@@ -228,6 +230,8 @@ type casRun struct {
 	s        *stream
 	ch       *changer
 	began    time.Time
+	// killed is when the fault began (for the report).
+	killed time.Time
 
 	mu sync.Mutex
 	// uids is every UID seen per user and the message (seq) it named;
@@ -467,8 +471,18 @@ func (r *casRun) check(what string, nodes []*Node) casCheck {
 func (r *casRun) report(title string, checks []casCheck) string {
 	tried, failed := r.s.counts()
 	fl, ex, refused := r.ch.counts()
-	out := fmt.Sprintf("%s (keyspace %s): %d deliveries tried, %d acknowledged, %d failed; IMAP session %d keywords + %d expunges acknowledged, %d refused; watcher %d reads, %d UIDs below one seen before",
-		title, r.keyspace, tried, tried-failed, failed, fl, ex, refused, r.watches, r.below)
+	after := 0
+	r.s.mu.Lock()
+	for _, m := range r.s.acked {
+		for _, a := range m {
+			if a.at.After(r.killed) {
+				after++
+			}
+		}
+	}
+	r.s.mu.Unlock()
+	out := fmt.Sprintf("%s (keyspace %s): %d deliveries tried, %d acknowledged (%d after the kill), %d failed; IMAP session %d keywords + %d expunges acknowledged, %d refused; watcher %d reads, %d UIDs below one seen before",
+		title, r.keyspace, tried, tried-failed, after, failed, fl, ex, refused, r.watches, r.below)
 	for _, c := range checks {
 		out += "\n  " + c.String()
 	}
