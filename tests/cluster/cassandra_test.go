@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -157,8 +158,9 @@ func casNodeKilled(t *testing.T, c *cassandratest.Cluster, lv casLevel, seed uin
 	}
 	for i, ck := range checks {
 		final := i == len(checks)-1 && len(checks) == 4
-		if ck.wrong > 0 || ck.reused > 0 || ck.dups > 0 {
-			errorf(t, "%s: %d read back with other bytes, %d UIDs naming another message, %d duplicates", ck.what, ck.wrong, ck.reused, ck.dups)
+		if ck.wrong > 0 || ck.reused > 0 || ck.dups > 0 || ck.uidNextDown > 0 {
+			errorf(t, "%s: %d read back with other bytes, %d UIDs naming another message, %d duplicates, UIDNEXT went down %d times",
+				ck.what, ck.wrong, ck.reused, ck.dups, ck.uidNextDown)
 		}
 		if (lv.mustFindEach || final) && (ck.missing() > 0 || ck.changesLost > 0 || ck.viewErrs > 0) {
 			errorf(t, "%s at %s: %d acknowledged messages not visible through some node, %d acknowledged changes not there, %d mailboxes unreadable",
@@ -201,7 +203,7 @@ func casQuillKilled(t *testing.T, c *cassandratest.Cluster, seed uint64) string 
 	taken := r.check("through the other two, under load", others)
 	entries, _ := os.ReadDir(victim.Data)
 	for _, e := range entries {
-		os.RemoveAll(victim.Data + "/" + e.Name())
+		os.RemoveAll(filepath.Join(victim.Data, e.Name()))
 	}
 	victim.Restart()
 	t.Logf("quill node %s wiped and restarted as %s", old, victim.ID)
