@@ -136,7 +136,7 @@ cassandra-faults:
 # and an IMAP session's changes through them; kill -9 of a Cassandra node
 # at QUORUM/QUORUM and at ONE/ONE (checks as above, through the quill
 # nodes over IMAP), then kill -9 of a quill node, its directory wiped
-# (tests/cluster, about 30 minutes; not in CI: the cluster tests of make
+# (tests/cluster, 15-25 minutes; not in CI: the cluster tests of make
 # test skip it). SERVE_FAULTS_SEED=N replays another run,
 # SERVE_FAULTS_RUN=QUORUM (or ONE, quill-kill) runs one part.
 # docs/cassandra.md, "Faults under quill serve".

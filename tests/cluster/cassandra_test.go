@@ -3,7 +3,7 @@ package cluster_test
 // Fault tests of `quill serve --store cassandra` with real processes (issue
 // 15): three Cassandra nodes (keyspace RF 3) under three quill front ends
 // forming one quill cluster. Not in CI (make cassandra-serve-faults: the
-// three JVMs and the checks take about half an hour); docs/cassandra.md,
+// three JVMs and the checks take 15-25 minutes); docs/cassandra.md,
 // "Faults under quill serve".
 
 import (
@@ -85,7 +85,7 @@ var casLevels = []casLevel{{"QUORUM", true}, {"ONE", false}}
 // mailbox, its data directory wiped and the node restarted.
 func TestCassandraServeFaults(t *testing.T) {
 	if os.Getenv("QUILL_CASSANDRA_SERVE_FAULTS") == "" {
-		t.Skip("set QUILL_CASSANDRA_SERVE_FAULTS=1 (make cassandra-serve-faults): three Cassandra nodes, three quill nodes, about half an hour")
+		t.Skip("set QUILL_CASSANDRA_SERVE_FAULTS=1 (make cassandra-serve-faults): three Cassandra nodes, three quill nodes, 15-25 minutes")
 	}
 	seed := uint64(casSeed)
 	if v := os.Getenv("QUILL_CASSANDRA_SERVE_FAULTS_SEED"); v != "" {
