@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-bench
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -148,6 +148,20 @@ migrate-large:
 # are started and stopped by the test). docs/cassandra.md, "Faults".
 cassandra-faults:
 	QUILL_CASSANDRA_FAULTS=1 $(GO) test -count=1 -timeout 40m -run 'TestCassandraFaults$$' -v ./tests/cassandra/
+
+# The same faults under quill serve --store cassandra: three Cassandra
+# nodes (RF 3) under three quill nodes of one cluster, a delivery stream
+# and an IMAP session's changes through them; kill -9 of a Cassandra node
+# at QUORUM/QUORUM and at ONE/ONE (checks as above, through the quill
+# nodes over IMAP), then kill -9 of a quill node, its directory wiped
+# (tests/cluster, 15-25 minutes; not in CI: the cluster tests of make
+# test skip it). SERVE_FAULTS_SEED=N replays another run,
+# SERVE_FAULTS_RUN=QUORUM (or ONE, quill-kill) runs one part.
+# docs/cassandra.md, "Faults under quill serve".
+SERVE_FAULTS_SEED ?= 15
+SERVE_FAULTS_RUN ?= .
+cassandra-serve-faults:
+	QUILL_CASSANDRA_SERVE_FAULTS=1 QUILL_CASSANDRA_SERVE_FAULTS_SEED=$(SERVE_FAULTS_SEED) $(GO) test -count=1 -timeout 90m -run 'TestCassandraServeFaults$$/$(SERVE_FAULTS_RUN)' -v ./tests/cluster/
 
 # The CassMail experiments at the store level: messages of 2-20 KB and
 # 200 KB-2 MB written through the store by concurrent writers on one node

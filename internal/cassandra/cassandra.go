@@ -65,6 +65,14 @@ const (
 	schemaAgreementWait = time.Minute
 	// pageSize is how many rows one page of a scan brings.
 	pageSize = 1000
+	// lostCoordinatorRetries is how many more times a read or a plain
+	// write is sent, each to the next node, when the connection to the
+	// node coordinating it broke under it (the node died: kill -9 in
+	// make cassandra-serve-faults gave IMAP commands "connection reset"
+	// otherwise). One: a second node dying in the same request is not
+	// worth a third try, and timeouts are not retried here at all (the
+	// callers decide, and a retried timeout would double the wait).
+	lostCoordinatorRetries = 1
 )
 
 // Replication says how many copies Cassandra keeps of each row: Factor
@@ -251,6 +259,7 @@ func session(cfg Config, keyspace string) (*gocql.Session, error) {
 	c.ConnectTimeout = connectTimeout
 	c.MaxWaitSchemaAgreement = schemaAgreementWait
 	c.PageSize = pageSize
+	c.RetryPolicy = lostCoordinator{}
 	s, err := c.CreateSession()
 	if err != nil {
 		return nil, fmt.Errorf("cassandra %s: connect: %w", strings.Join(cfg.Hosts, ","), err)
@@ -286,13 +295,34 @@ func (st *Store) Close() { st.s.Close() }
 // Keyspace is the keyspace in use.
 func (st *Store) Keyspace() string { return st.cfg.Keyspace }
 
-// read and write start a query at the configured consistency levels.
+// read and write start a query at the configured consistency levels. Both
+// are idempotent (a write is at its stamp, or of immutable bytes under
+// their id: see Retryable), so the driver sends them to another node when
+// their coordinator is lost (lostCoordinator).
 func (st *Store) read(ctx context.Context, stmt string, args ...any) *gocql.Query {
-	return st.s.Query(stmt, args...).Consistency(st.cfg.Read).WithContext(ctx)
+	return st.s.Query(stmt, args...).Consistency(st.cfg.Read).Idempotent(true).WithContext(ctx)
 }
 
 func (st *Store) write(ctx context.Context, stmt string, args ...any) *gocql.Query {
-	return st.s.Query(stmt, args...).Consistency(st.cfg.Write).WithContext(ctx)
+	return st.s.Query(stmt, args...).Consistency(st.cfg.Write).Idempotent(true).WithContext(ctx)
+}
+
+// lostCoordinator is the driver's retry policy (used for idempotent
+// queries only; conditional updates are not marked so, and fence.go
+// decides about those): a request whose connection to its coordinator
+// broke is sent to the next node, lostCoordinatorRetries times; any other
+// error is the caller's.
+type lostCoordinator struct{}
+
+func (lostCoordinator) Attempt(q gocql.RetryableQuery) bool {
+	return q.Attempts() <= lostCoordinatorRetries
+}
+
+func (lostCoordinator) GetRetryType(err error) gocql.RetryType {
+	if connectionLost(err) {
+		return gocql.RetryNextHost
+	}
+	return gocql.Rethrow
 }
 
 // cas starts a conditional update (a lightweight transaction): decided by
@@ -304,7 +334,7 @@ func (st *Store) cas(ctx context.Context, stmt string, args ...any) *gocql.Query
 // serialRead reads what conditional updates decided, in-flight ones
 // included (a read at SERIAL finishes any Paxos round it finds).
 func (st *Store) serialRead(ctx context.Context, stmt string, args ...any) *gocql.Query {
-	return st.s.Query(stmt, args...).Consistency(st.serial).WithContext(ctx)
+	return st.s.Query(stmt, args...).Consistency(st.serial).Idempotent(true).WithContext(ctx)
 }
 
 // stamped checks an HLC stamp used as a write timestamp: zero would lose

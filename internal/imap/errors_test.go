@@ -15,6 +15,7 @@ import (
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/internal/writer"
 )
 
 var refPattern = regexp.MustCompile(`\(reference ([0-9a-f]{8})\)`)
@@ -62,6 +63,9 @@ func TestFailedCommandNamesCodeAndCause(t *testing.T) {
 	}{
 		{fmt.Errorf("read message m1 from n-2: rpc body: %w", rpc.ErrUnavailable), "[UNAVAILABLE]"},
 		{fmt.Errorf("deliver to u@example.org: 0 live nodes with disk space: %w", proxy.ErrTryLater), "[UNAVAILABLE]"},
+		// A writer on Cassandra fenced out by another, as a session on
+		// another node gets it (rpc.Known keeps its identity).
+		{fmt.Errorf("rpc Writer.Mailboxes to 127.0.0.1:1: user u@example.org mailbox 1: reservations claimed by another writer: %w", writer.ErrFenced), "[UNAVAILABLE]"},
 		{errors.New("message m1: record damaged"), "[SERVERBUG]"},
 	} {
 		var logs lockedBuffer

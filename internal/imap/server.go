@@ -17,6 +17,7 @@ import (
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
+	"github.com/quillmail/quill/internal/writer"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
@@ -147,10 +148,13 @@ func New(store Store, auth Authenticator, cfg Config) *Server {
 
 // errorCode tells a client whether a failed command may work if tried
 // again: a node that holds the mailbox or the message being unreachable, a
-// call to it timing out, or no node with room for a new message is
-// UNAVAILABLE (RFC 5530: temporary); anything else stays SERVERBUG.
+// call to it timing out, no node with room for a new message, or the
+// mailbox's writer fenced out by another (its next operation claims the
+// mailbox again) is UNAVAILABLE (RFC 5530: temporary); anything else stays
+// SERVERBUG.
 func errorCode(err error) imap.ResponseCode {
-	if errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, proxy.ErrTryLater) {
+	if errors.Is(err, rpc.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, proxy.ErrTryLater) ||
+		errors.Is(err, writer.ErrFenced) {
 		return imap.ResponseCodeUnavailable
 	}
 	return ""

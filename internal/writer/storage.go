@@ -14,6 +14,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -71,6 +72,11 @@ type Storage interface {
 // writer took the mailbox over since: the writer forgets the user's state,
 // and starts again past the other writer's reservations at its next use.
 var ErrFenced = errors.New("mailbox taken over by another writer")
+
+// ErrFenced keeps its identity across the wire: a session on another node
+// than the writer's is told to try again (IMAP's UNAVAILABLE), as one on
+// the writer's node is, not SERVERBUG.
+func init() { rpc.Known(ErrFenced) }
 
 // Ends are where a writer's counters of a mailbox stand at a clean
 // shutdown: its next UID and highest MODSEQ.

@@ -73,6 +73,10 @@ type stream struct {
 	// Slowest delivery and read-back, and the time spent reading back.
 	sendMax, readMax, readTotal time.Duration
 
+	// body, if set, gives message n's body (else the subject is the
+	// body).
+	body func(n int) string
+
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -198,7 +202,12 @@ func (s *stream) start(workers int, seed uint64, reads bool) {
 				via := up[r.IntN(len(up))]
 				id := via.ID
 				began := time.Now()
-				err := via.send(u, fmt.Sprintf("seq %d", n))
+				var err error
+				if s.body != nil {
+					err = via.sendBody(u, fmt.Sprintf("seq %d", n), s.body(n))
+				} else {
+					err = via.send(u, fmt.Sprintf("seq %d", n))
+				}
 				took := time.Since(began)
 				s.mu.Lock()
 				s.attempts++

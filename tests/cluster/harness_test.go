@@ -6,6 +6,7 @@ package cluster_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -137,7 +138,13 @@ type Node struct {
 	// wipe empties).
 	logs     string
 	logsKept bool
+	// startWait bounds the wait for "ready" (0: startWait, 20 s); a
+	// node on Cassandra opens and may migrate the keyspace first.
+	startWait time.Duration
 }
+
+// startWait is how long a node may take to say it is ready.
+const startWait = 20 * time.Second
 
 // StartNode starts a node that gossips on a fresh free port and joins seeds.
 func StartNode(t *testing.T, join ...string) *Node {
@@ -300,8 +307,8 @@ func (n *Node) start() {
 			n.stopped = true
 			fatalf(t, "%v (%v); stderr:\n%s", err, cmd.ProcessState, n.Stderr())
 		}
-	case <-time.After(20 * time.Second):
-		fatalf(t, "quill not ready after 20s; stderr:\n%s", n.Stderr())
+	case <-time.After(cmp.Or(n.startWait, startWait)):
+		fatalf(t, "quill not ready after %v; stderr:\n%s", cmp.Or(n.startWait, startWait), n.Stderr())
 	}
 }
 

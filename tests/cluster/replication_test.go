@@ -28,10 +28,17 @@ func startReplicated(t *testing.T, n int, extra ...string) []*Node {
 
 // startEach starts n nodes, node i with the serve flags extra(i).
 func startEach(t *testing.T, n int, extra func(i int) []string) []*Node {
+	return startSet(t, n, func(i int, nd *Node) { nd.extra = extra(i) })
+}
+
+// startSet starts n nodes, node i set up by set(i, node) before its start,
+// and waits until they agree on the user map.
+func startSet(t *testing.T, n int, set func(i int, nd *Node)) []*Node {
 	sayFailuresLast(t)
 	var nodes []*Node
 	for i := 0; i < n; i++ {
-		nd := &Node{t: t, Data: t.TempDir(), Gossip: freeAddr(t), HTTP: freeAddr(t), extra: extra(i)}
+		nd := &Node{t: t, Data: t.TempDir(), Gossip: freeAddr(t), HTTP: freeAddr(t)}
+		set(i, nd)
 		if i > 0 {
 			nd.join = []string{nodes[0].Gossip}
 		}
