@@ -316,11 +316,11 @@ EOF
 		;;
 	esac
 	read -r bm bmb bp50 bp99 berr bcores <<<"$b"
-	read -r pm pmb <<<"${p[0]}"
+	read -r pm pmb <<<"${p[0]:-0 0}" # an empty answer: Postal failed to start
 	row "$round" "$range" "$cfg" "quill bench" "$bm" "$bmb" "$bp50" "$bp99" "$berr" "$bcores" "$load" "$note"
-	row "$round" "$range" "$cfg" postal "$pm" "$pmb" "" "" "${p[1]}" "" "$load" "$note"
+	row "$round" "$range" "$cfg" postal "$pm" "$pmb" "" "" "${p[1]:-?}" "" "$load" "$note"
 	log "round $round $range $cfg: quill bench $bm msg/s ($bmb MB/s, p99 $bp99 ms, $berr errors, server $bcores cores)," \
-		"postal $pm msg/s ($pmb MB/s payload, ${p[1]} errors), load $load${note:+, $note}"
+		"postal $pm msg/s ($pmb MB/s payload, ${p[1]:-?} errors), load $load${note:+, $note}"
 }
 
 # Before round 1: every keyspace is made (a first quill on it), and the
