@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -170,6 +170,15 @@ cassandra-serve-faults:
 # "Cassandra store".
 cassandra-bench:
 	QUILL_CASSANDRA_BENCH=1 $(GO) test -count=1 -timeout 60m -run 'TestStoreThroughput$$' -v ./tests/cassandra/
+
+# The CassMail experiments through quill serve (issue 15): SMTP delivery
+# measured with Postal and quill bench, messages of 2-20 KB and 200 KB-2 MB,
+# native Quill, Postfix into Maildir, and Quill on one and on three
+# Cassandra nodes at RF 1/2/3 and ONE/QUORUM/ALL, in interleaved rounds
+# (scripts/bench-cassandra.sh; about 40 minutes, as root for Postfix).
+# docs/benchmarks.md, "CassMail experiments".
+bench-cassmail:
+	scripts/bench-cassandra.sh
 
 clean:
 	rm -rf bin

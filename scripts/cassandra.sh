@@ -28,10 +28,11 @@
 #   scripts/cassandra.sh nodetool J ARGS...
 #       runs nodetool (from the same jars) against the node whose JMX port
 #       is J: nodetool J status, nodetool J repair KEYSPACE.
-#   scripts/cassandra.sh cluster-start --dir D [--nodes N]
+#   scripts/cassandra.sh cluster-start --dir D [--nodes N] [--addr A] [--port P]
 #   scripts/cassandra.sh cluster-stop --dir D
-#       N nodes (default 3) on 127.0.0.2 ... as one cluster, for the long
-#       tests (make cassandra-3); their PIDs are kept in D/pids.
+#       N nodes (default 3) on 127.0.0.2 ... (or on A and the addresses
+#       after it) as one cluster, for the long tests (make cassandra-3);
+#       their PIDs are kept in D/pids.
 #
 # Defaults: address 127.0.0.1, CQL port 9042, storage port 7000, seeds the
 # node itself. Environment: QUILL_CASSANDRA_HOME (jar cache),
@@ -359,7 +360,10 @@ tokens() {
 
 cluster_start() {
   parse "$@"
-  local n="$nodes" i a seedaddr="127.0.0.2" pids=()
+  # --addr names the first node's address (127.0.0.2 when not given), the
+  # others take the addresses after it; the first is the seed.
+  local n="$nodes" i a seedaddr="$addr" pids=()
+  [ "$seedaddr" = 127.0.0.1 ] && seedaddr=127.0.0.2
   mapfile -t toks < <(tokens "$n")
   mkdir -p "$dir"
   if [ -f "$dir/pids" ]; then
@@ -369,7 +373,7 @@ cluster_start() {
   fi
   : >"$dir/pids"
   for i in $(seq 1 "$n"); do
-    a="127.0.0.$((i + 1))"
+    a="${seedaddr%.*}.$((${seedaddr##*.} + i - 1))"
     # Nodes join one at a time: Cassandra refuses two nodes entering the
     # ring at once.
     pid="$(start --dir "$dir/node$i" --addr "$a" --port "$port" --storage-port "$sport" --seeds "$seedaddr" --token "${toks[$((i - 1))]}")"

@@ -39,6 +39,7 @@ func newBenchCmd() *cobra.Command {
 		serverPIDs                                []int
 		search                                    bench.SearchConfig
 		passwordFile                              string
+		sizeRange                                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -70,6 +71,9 @@ Users are user00001@DOMAIN ... (--users of them, all with --password); they are
 created through Quill's admin API (--admin) unless --no-create or --users-file is
 given. --users-file reads "address [password]" lines instead, most popular first,
 for running against another server.
+
+--sizes MIN-MAX draws every message's size uniformly from that range instead
+(the CassMail experiments: --sizes 2K-20K, --sizes 200K-2M).
 
 --workload search is the large-mailbox workload (issue 13): one user's INBOX
 of --messages generated messages (about 2 KB each, 97 senders, 1,000
@@ -157,6 +161,14 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 			if imapMix < 0 || imapMix > 1 {
 				return fmt.Errorf("--mix-imap must be within [0, 1]")
 			}
+			var sizes *bench.SizeRange
+			if sizeRange != "" {
+				r, err := bench.ParseSizeRange(sizeRange)
+				if err != nil {
+					return fmt.Errorf("--sizes: %w", err)
+				}
+				sizes = &r
+			}
 			cfg := bench.Config{
 				SMTPAddr:    smtpAddr,
 				POP3Addr:    pop3Addr,
@@ -173,6 +185,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				Step:        step,
 				ServerPIDs:  serverPIDs,
 				Submit:      submit,
+				Range:       sizes,
 			}
 			if useTLS {
 				// A bench measures the cost of TLS, not trust in the
@@ -235,6 +248,7 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f.IntVar(&search.Warmup, "warmup", bench.DefaultSearchWarmup, "search workload: untimed runs of each command")
 	f.IntVar(&search.Repeat, "repeat", bench.DefaultSearchRepeat, "search workload: timed runs of each command")
 	f.StringVar(&remoteDomain, "remote-domain", "remote.test", "domain the submission workload sends to (the server must relay it)")
+	f.StringVar(&sizeRange, "sizes", "", `draw message sizes uniformly from MIN-MAX (K = 1024 bytes), such as 2K-20K or 200K-2M (CassMail's ranges); default: Porcupine's log-normal, mean 4.7 KB`)
 	f.IntVar(&rcpts, "rcpts", 1, "recipients per submitted message")
 	f.BoolVar(&noAuth, "no-auth", false, "submission workload without AUTH (a peer that relays for its network)")
 	f.IntVar(&nUsers, "users", 1000, "number of bench users")

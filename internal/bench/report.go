@@ -191,6 +191,22 @@ func submissionTo(s *Submit) string {
 	return s.RemoteDomain
 }
 
+// sizeModel describes the size distribution of cfg.
+func sizeModel(cfg Config) SizeModel {
+	if r := cfg.Range; r != nil {
+		return SizeModel{Distribution: "uniform", Min: r.Min, Max: r.Max, Mean: r.Mean(), Median: int(math.Round(r.Mean()))}
+	}
+	return SizeModel{
+		Distribution: "log-normal, clipped",
+		Mu:           math.Round(cfg.Sizes.Mu*1e4) / 1e4,
+		Sigma:        cfg.Sizes.Sigma,
+		Min:          cfg.Sizes.Min,
+		Max:          cfg.Sizes.Max,
+		Mean:         math.Round(cfg.Sizes.Mean()),
+		Median:       cfg.Sizes.Median(),
+	}
+}
+
 func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport) *Report {
 	r := &Report{
 		Mode:        "fixed",
@@ -209,15 +225,7 @@ func newReport(cfg Config, st *Stats, elapsed time.Duration, steps []StepReport)
 		RateCap:     cfg.Rate,
 		Steps:       steps,
 		Best:        -1,
-		SizeModel: SizeModel{
-			Distribution: "log-normal, clipped",
-			Mu:           math.Round(cfg.Sizes.Mu*1e4) / 1e4,
-			Sigma:        cfg.Sizes.Sigma,
-			Min:          cfg.Sizes.Min,
-			Max:          cfg.Sizes.Max,
-			Mean:         math.Round(cfg.Sizes.Mean()),
-			Median:       cfg.Sizes.Median(),
-		},
+		SizeModel:   sizeModel(cfg),
 	}
 	t := Totals{
 		Delivered:        st.Delivered,
@@ -372,8 +380,8 @@ func (r *Report) WriteText(w io.Writer) error {
 	if t.TLS != nil {
 		fmt.Fprintf(&b, "  TLS handshakes       %d full, %d resumed\n", t.TLS.Full, t.TLS.Resumed)
 	}
-	fmt.Fprintf(&b, "  mean message size    %.0f B (model mean %.0f B, median %d B, clip [%d, %d])\n",
-		t.MeanMessageSize, r.SizeModel.Mean, r.SizeModel.Median, r.SizeModel.Min, r.SizeModel.Max)
+	fmt.Fprintf(&b, "  mean message size    %.0f B (model: %s in [%d, %d], mean %.0f B, median %d B)\n",
+		t.MeanMessageSize, r.SizeModel.Distribution, r.SizeModel.Min, r.SizeModel.Max, r.SizeModel.Mean, r.SizeModel.Median)
 	fmt.Fprintf(&b, "\n  %-16s %7s %9s %9s %9s %9s %9s\n", "latency (ms)", "count", "mean", "p50", "p90", "p99", "max")
 	type row struct {
 		name string

@@ -64,6 +64,9 @@ type Config struct {
 	Seed uint64
 	// Sizes is the message size distribution; zero means DefaultSizeDist.
 	Sizes SizeDist
+	// Range, if set, replaces Sizes: message sizes drawn uniformly from
+	// it (CassMail's experiments).
+	Range *SizeRange
 	// Progress, if set, gets one line per second.
 	Progress io.Writer
 	// ServerPIDs, if set, are the server's processes: the report then
@@ -113,6 +116,8 @@ func (cfg *Config) check() error {
 		return errors.New("bench: concurrency must be at least 1")
 	case cfg.Probe != nil && (cfg.Step <= 0 || cfg.Probe.Start < 1 || cfg.Probe.Max < cfg.Probe.Start):
 		return errors.New("bench: bad probe parameters")
+	case cfg.Range != nil && (cfg.Range.Min < 1 || cfg.Range.Max < cfg.Range.Min):
+		return errors.New("bench: bad size range")
 	}
 	if cfg.Sizes == (SizeDist{}) {
 		cfg.Sizes = DefaultSizeDist()
@@ -121,6 +126,14 @@ func (cfg *Config) check() error {
 		cfg.Domain = "bench.example"
 	}
 	return nil
+}
+
+// sampleSize draws a message size from Range if set, else from Sizes.
+func (cfg *Config) sampleSize(rng *rand.Rand) int {
+	if cfg.Range != nil {
+		return cfg.Range.Sample(rng)
+	}
+	return cfg.Sizes.Sample(rng)
 }
 
 // recorder collects the results of all workers.
@@ -251,7 +264,7 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 				Subject:   "bench message " + strconv.FormatUint(seq, 10),
 				MessageID: rn.runID + "." + strconv.FormatUint(seq, 10) + "@" + rn.cfg.Domain,
 				Date:      time.Now(),
-				Size:      rn.cfg.Sizes.Sample(rng),
+				Size:      rn.cfg.sampleSize(rng),
 			})
 			t.msg = buf
 			res, err = deliver(rn.abort, t)

@@ -485,3 +485,45 @@ func fakeSMTP(t *testing.T, newSession func() smtp.Session) string {
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().String()
 }
+
+// TestRunSizeRange: with Range set every message delivered is within it
+// (header included), and the report names the uniform model.
+func TestRunSizeRange(t *testing.T) {
+	st := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
+	sr := SizeRange{Min: 3 << 10, Max: 6 << 10}
+	rep, err := Run(context.Background(), Config{
+		SMTPAddr:    fakeSMTP(t, func() smtp.Session { return &smtpSession{st: st} }),
+		Users:       GenerateUsers(5, "bench.example", "pw")[2:], // not user00002, who gets a 451
+		Duration:    time.Second,
+		Deadline:    DefaultDeadline,
+		Concurrency: 4,
+		Mix:         1,
+		Seed:        3,
+		Range:       &sr,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.received < 20 {
+		t.Fatalf("only %d messages received", st.received)
+	}
+	for to, box := range st.boxes {
+		for _, m := range box {
+			if len(m) < sr.Min || len(m) > sr.Max {
+				t.Errorf("a message to %s of %d bytes, outside [%d, %d]", to, len(m), sr.Min, sr.Max)
+			}
+		}
+	}
+	if m := rep.SizeModel; m.Distribution != "uniform" || m.Min != sr.Min || m.Max != sr.Max || m.Mean != sr.Mean() {
+		t.Errorf("size model %+v", m)
+	}
+	if mean := rep.Total.MeanMessageSize; mean < float64(sr.Min) || mean > float64(sr.Max) {
+		t.Errorf("mean size %v", mean)
+	}
+	if _, err := Run(context.Background(), Config{SMTPAddr: "127.0.0.1:1", Users: GenerateUsers(1, "x", "pw"),
+		Duration: time.Second, Deadline: time.Second, Concurrency: 1, Mix: 1, Range: &SizeRange{Min: 10, Max: 5}}); err == nil {
+		t.Error("a range whose MAX is below its MIN was accepted")
+	}
+}

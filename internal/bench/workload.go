@@ -6,7 +6,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/quillmail/quill/internal/config"
 )
 
 // Workload parameters of Porcupine §6.1.
@@ -126,6 +129,44 @@ func (d SizeDist) clip(x float64) int {
 	}
 	return int(math.Round(x))
 }
+
+// SizeRange draws message sizes uniformly from [Min, Max] bytes: the
+// ranges of CassMail §5 (2–20 KB, 200 KB–2 MB), which Postal draws its
+// bodies from (its -M and -m), instead of Porcupine's log-normal.
+type SizeRange struct {
+	Min, Max int
+}
+
+// ParseSizeRange reads "MIN-MAX" with config.ParseSize's units (K = 1024
+// bytes, as Postal counts): "2K-20K", "200K-2M".
+func ParseSizeRange(s string) (SizeRange, error) {
+	lo, hi, ok := strings.Cut(s, "-")
+	if !ok {
+		return SizeRange{}, fmt.Errorf("size range %q: want MIN-MAX, such as 2K-20K", s)
+	}
+	a, err := config.ParseSize(lo)
+	if err != nil {
+		return SizeRange{}, fmt.Errorf("size range %q: %w", s, err)
+	}
+	b, err := config.ParseSize(hi)
+	if err != nil {
+		return SizeRange{}, fmt.Errorf("size range %q: %w", s, err)
+	}
+	if a < MinMessageSize || b < a || b > MaxRangeSize {
+		return SizeRange{}, fmt.Errorf("size range %q: want %d B <= MIN <= MAX <= %s", s, MinMessageSize, config.FormatSize(MaxRangeSize))
+	}
+	return SizeRange{Min: int(a), Max: int(b)}, nil
+}
+
+// MaxRangeSize bounds a SizeRange: a message that size is built in memory
+// by each worker, and CassMail's largest is 2 MB.
+const MaxRangeSize = 64 << 20
+
+// Sample draws one message size in bytes.
+func (r SizeRange) Sample(rng *rand.Rand) int { return r.Min + rng.IntN(r.Max-r.Min+1) }
+
+// Mean is the mean size in bytes.
+func (r SizeRange) Mean() float64 { return float64(r.Min+r.Max) / 2 }
 
 // phi is the standard normal CDF.
 func phi(x float64) float64 { return 0.5 * math.Erfc(-x/math.Sqrt2) }

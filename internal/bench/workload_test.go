@@ -171,3 +171,57 @@ func TestUserAddress(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSizeRange(t *testing.T) {
+	for in, want := range map[string]SizeRange{
+		"2K-20K":     {2 << 10, 20 << 10},
+		"200K-2M":    {200 << 10, 2 << 20},
+		"50kb-500kb": {50 << 10, 500 << 10},
+		"4096-4096":  {4096, 4096},
+	} {
+		got, err := ParseSizeRange(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSizeRange(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "2K", "20K-2K", "x-2K", "2K-y", "100-2K", "1K-1G"} {
+		if r, err := ParseSizeRange(in); err == nil {
+			t.Errorf("ParseSizeRange(%q) = %v, want an error", in, r)
+		}
+	}
+}
+
+func TestSizeRangeSample(t *testing.T) {
+	sr := SizeRange{Min: 2 << 10, Max: 20 << 10}
+	r := rand.New(rand.NewPCG(15, 15))
+	const n = 200_000
+	var sum float64
+	var low, high int // the lowest and highest tenth of the range
+	for range n {
+		s := sr.Sample(r)
+		if s < sr.Min || s > sr.Max {
+			t.Fatalf("size %d outside [%d, %d]", s, sr.Min, sr.Max)
+		}
+		switch {
+		case s < sr.Min+(sr.Max-sr.Min)/10:
+			low++
+		case s >= sr.Max-(sr.Max-sr.Min)/10:
+			high++
+		}
+		sum += float64(s)
+	}
+	// The standard error of the mean of 2e5 uniform samples over 18 KiB
+	// is about 12 B.
+	if mean := sum / n; math.Abs(mean-sr.Mean()) > 60 {
+		t.Errorf("sample mean %.0f, want about %.0f", mean, sr.Mean())
+	}
+	// Uniform: a tenth of the draws in each end tenth (sd about 0.0007).
+	for name, k := range map[string]int{"lowest": low, "highest": high} {
+		if f := float64(k) / n; f < 0.095 || f > 0.105 {
+			t.Errorf("%.4f of the sizes in the %s tenth of the range, want 0.1", f, name)
+		}
+	}
+	if one := (SizeRange{Min: 300, Max: 300}).Sample(r); one != 300 {
+		t.Errorf("a one-size range gave %d", one)
+	}
+}
