@@ -346,6 +346,11 @@ func (st *Store) tryMigration(ctx context.Context, v int, m migration, me string
 		case applied:
 		case done:
 			return nil
+		case claimedBy == me:
+			// Our own claim, from an earlier try of this process that
+			// timed out (a busy cluster): the statements are idempotent,
+			// run them again. Waiting would wait for ourselves, and
+			// after migrationStale we would take our own claim over.
 		case time.Since(claimedAt) > migrationStale:
 			took, err := st.cas(ctx, `UPDATE schema_version SET claimed_by = ?, claimed_at = ? WHERE version = ?
 				IF claimed_by = ? AND done = false`, me, time.Now(), v, claimedBy).MapScanCASContext(ctx, map[string]any{})

@@ -713,6 +713,32 @@ func TestMigrationsRunOnce(t *testing.T) {
 	}
 }
 
+// A try of a migration that claimed it and then timed out (a busy
+// cluster) leaves this process's claim: the next try runs the migration
+// at once instead of waiting for itself (and, after migrationStale,
+// taking its own claim over, which a bench under heavy load saw).
+func TestMigrationRetryKeepsItsOwnClaim(t *testing.T) {
+	st, ctx := open(t), ctxT(t)
+	const v = 1 << 20 // far past the real migrations; deleted below
+	me := claimant()
+	if err := st.write(ctx, `INSERT INTO schema_version (version, name, claimed_by, claimed_at, done) VALUES (?, ?, ?, ?, false)`,
+		v, "test", me, time.Now()).Exec(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.write(context.Background(), `DELETE FROM schema_version WHERE version = ?`, v).Exec() })
+	short, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	m := migration{name: "test", stmts: []string{`CREATE TABLE IF NOT EXISTS retry_own_claim (k int PRIMARY KEY)`}}
+	if err := st.tryMigration(short, v, m, me); err != nil {
+		t.Fatalf("retry of our own claimed migration: %v", err)
+	}
+	t.Cleanup(func() { st.s.Query(`DROP TABLE IF EXISTS retry_own_claim`).Exec() })
+	var done bool
+	if err := st.read(ctx, `SELECT done FROM schema_version WHERE version = ?`, v).Scan(&done); err != nil || !done {
+		t.Fatalf("migration not marked done: %v, %v", done, err)
+	}
+}
+
 // Two nodes open a new keyspace at once: one applies each migration, the
 // other waits for it, and every table has its fixed id.
 func TestMigrationsConcurrent(t *testing.T) {
