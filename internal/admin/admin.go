@@ -376,12 +376,9 @@ type quotaJSON struct {
 }
 
 // readWait bounds what a read of the admin API asks of one other node (a
-// user's usage from its writer): past it the read answers 503. Longer than
-// a listing's cluster.FanOutWait because it is one question to one node
-// that may have to load the user first: on Cassandra a writer's first load
-// of a user claims each mailbox's fence, a lightweight transaction each
-// (tens of ms, several hundred on a busy machine).
-const readWait = 2 * time.Second
+// user's usage from its writer), as cluster.FanOutWait bounds each node's
+// answer to a listing: past it the read answers 503, within a second.
+const readWait = cluster.FanOutWait
 
 // withinReadWait runs read under a deadline of readWait and stops waiting
 // for it then, even if it goes on: a writer's call can wait past its
