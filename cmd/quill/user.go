@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/retry"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -24,6 +27,20 @@ import (
 // adminTimeout bounds one admin API call; adding a user hashes a password,
 // which takes tens of milliseconds.
 const adminTimeout = 30 * time.Second
+
+// adminBusyRetry paces a read the admin API answered 503: a node's answer
+// waits at most cluster.FanOutWait for another node, and a user's writer
+// that must load the user first (on Cassandra, a lightweight transaction
+// per mailbox for its fence) answers a moment later; the load goes on
+// after the 503, so a second read finds it done. Reads only: a write
+// answered 503 may still have been made.
+var adminBusyRetry = retry.Policy{Attempts: 4, Base: 500 * time.Millisecond, Max: 2 * time.Second, Factor: 2}
+
+// isBusy reports an admin API answer of 503 (try again later).
+func isBusy(err error) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && ae.code == http.StatusServiceUnavailable
+}
 
 // adminClient talks to a node's admin API.
 type adminClient struct {
@@ -57,7 +74,11 @@ func (c *adminClient) do(method, path string, body any, out any) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
-	resp, err := c.send(ctx, method, path, "application/json", rd)
+	var resp *http.Response
+	err := retry.Do(ctx, adminBusyRetry, func(err error) bool { return method == "GET" && isBusy(err) }, func(ctx context.Context) (err error) {
+		resp, err = c.send(ctx, method, path, "application/json", rd)
+		return err
+	})
 	if err != nil {
 		return err
 	}
