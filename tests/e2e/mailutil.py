@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import imaplib
 import poplib
+import random
 import re
 import smtplib
 import socket
@@ -288,6 +289,29 @@ def free_port(host: str = "127.0.0.1", kind=socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# A DNS server listens on one port for both UDP and TCP. A port the kernel
+# hands out for bind(0) is from the ephemeral range, which every outgoing
+# connection and every other test's listener also draw from, so under
+# pytest-xdist the TCP side of a UDP port found free was sometimes taken by
+# the time dnsmasq bound it. Below the ephemeral range (32768 on Linux)
+# only ports picked like this one are used.
+DNS_PORTS = (20000, 32000)
+
+
+def free_dns_port(host: str = "127.0.0.1") -> int:
+    """A port below the ephemeral range free for both UDP and TCP on host."""
+    for _ in range(200):
+        port = random.randrange(*DNS_PORTS)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+                u.bind((host, port))
+                t.bind((host, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no port in {DNS_PORTS} free for UDP and TCP on {host}")
 
 
 def wait_for(what: str, fn, timeout: float = 30.0):

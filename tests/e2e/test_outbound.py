@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from mailutil import free_port, wait_for
+from mailutil import free_dns_port, free_port, wait_for
 
 LOCAL = "local.test"
 ALICE = f"alice@{LOCAL}"
@@ -140,7 +140,7 @@ smtpd_tls_received_header = yes
         postfix("start")
         pf_pid = master_pid(pf_pid)
 
-    dns_port = free_port("127.0.0.1", socket.SOCK_DGRAM)
+    dns_port = free_dns_port("127.0.0.1")
     procs = []
 
     def start_dns(*records: str) -> None:
