@@ -92,12 +92,14 @@ type Shared struct {
 	log     *slog.Logger
 	created time.Time
 
-	mu       sync.Mutex
-	entries  map[string]*Entry // tombstones too
-	scanned  time.Time         // when the last scan began
-	gained   map[uint8]time.Time
-	looked   bool // settled ran once
-	onChange func()
+	mu      sync.Mutex
+	entries map[string]*Entry // tombstones too
+	scanned time.Time         // when the last scan began
+	gained  map[uint8]time.Time
+	looked  bool // settled saw a map that gives this node buckets
+	// sawOthers: settled saw a map giving a bucket to another node.
+	sawOthers bool
+	onChange  func()
 }
 
 // NewShared returns the queue's storage on store for node self, whose
@@ -237,8 +239,17 @@ func (s *Shared) settled(m *cluster.UserMap, now time.Time) map[uint8]bool {
 	out := map[uint8]bool{}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The node's first map that gives it buckets is its start's: a map
+	// from before it joined (none of its own) does not use this up, or a
+	// node's first buckets would wait Settle from when it got them.
 	first := !s.looked
-	s.looked = true
+	for i := 0; i < cluster.Buckets; i++ {
+		if m.Node[uint8(i)] == s.self {
+			s.looked = true
+		} else if m.Node[uint8(i)] != "" {
+			s.sawOthers = true
+		}
+	}
 	for i := 0; i < cluster.Buckets; i++ {
 		b := uint8(i)
 		if m.Node[b] != s.self {
@@ -255,7 +266,11 @@ func (s *Shared) settled(m *cluster.UserMap, now time.Time) map[uint8]bool {
 			}
 			s.gained[b] = since
 		}
-		if now.Sub(since) >= s.Settle {
+		// A node that has managed every bucket since it started runs
+		// them at once: no other node had any to be in an attempt of (a
+		// single node, the default, would otherwise hold the mail of its
+		// first Settle). Buckets taken over from a node still wait.
+		if now.Sub(since) >= s.Settle || !s.sawOthers {
 			out[b] = true
 		}
 	}
