@@ -307,6 +307,10 @@ func (s *view) fire(applied []Object) {
 func (s *view) oldTombstones(before time.Time) []Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.oldTombstonesLocked(before)
+}
+
+func (s *view) oldTombstonesLocked(before time.Time) []Object {
 	var gone []Object
 	for _, o := range s.objects {
 		if o.Deleted && o.Stamp.Clock.Wall().Before(before) {
@@ -334,24 +338,19 @@ func (s *Store) Tend(ctx context.Context, w Writer, self cluster.NodeID, peers [
 func (s *Store) Sweep(before time.Time) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var gone []string
-	for n, o := range s.objects {
-		if o.Deleted && o.Stamp.Clock.Wall().Before(before) {
-			gone = append(gone, n)
-		}
-	}
+	gone := s.oldTombstonesLocked(before)
 	if len(gone) == 0 {
 		return 0, nil
 	}
 	keys := make([][]byte, len(gone))
-	for i, n := range gone {
-		keys[i] = key(n)
+	for i, o := range gone {
+		keys[i] = key(o.Name)
 	}
 	if err := s.db.DeleteAll(keys, store.NoSync); err != nil { // lost in a crash: swept again
 		return 0, err
 	}
-	for _, n := range gone {
-		delete(s.objects, n)
+	for _, o := range gone {
+		delete(s.objects, o.Name)
 	}
 	return len(gone), nil
 }
