@@ -193,3 +193,9 @@ func (m *Manager) DropMailbox(user string, v uint32) error {
 	t.touch(user, 0)
 	return t.commit()
 }
+
+// uidMayBeTaken reports whether a message of this fragment may hold uid.
+// Every message stored here raised the record's UIDNEXT past its UID in
+// the same batch (follow), so a UID at or above UIDNEXT (every new
+// delivery's) names nothing here and needs no read to check.
+func uidMayBeTaken(mb *Mailbox, uid uint32) bool { return uid < mb.UIDNext }

@@ -168,6 +168,8 @@ type Manager struct {
 
 	Notifier
 	text textIndex
+	// minted are the ids handed out here not yet applied (minted.go).
+	minted mintedIDs
 }
 
 // New returns the mailbox manager on top of the node's store.
@@ -216,7 +218,9 @@ func (m *Manager) Pending() int { return int(m.pending.Load()) }
 func (m *Manager) NewMessageID() string {
 	var r [8]byte
 	rand.Read(r[:])
-	return fmt.Sprintf("%013x%s", time.Now().UnixMicro(), hex.EncodeToString(r[:]))
+	id := fmt.Sprintf("%013x%s", time.Now().UnixMicro(), hex.EncodeToString(r[:]))
+	m.minted.add(id)
+	return id
 }
 
 // --- keys
@@ -335,7 +339,14 @@ func (m *Manager) Body(user, id string) ([]byte, error) {
 		return nil, fmt.Errorf("user %s message %s: read: %w", user, id, err)
 	}
 	defer closer.Close()
-	return bytes.Clone(b), nil
+	raw, err := decodeBody(b)
+	if err != nil {
+		return nil, fmt.Errorf("user %s message %s: %w", user, id, err)
+	}
+	if len(raw) > 0 && len(b) > 0 && &raw[0] == &b[0] {
+		raw = bytes.Clone(raw) // kept as it is: b is Pebble's until closer.Close
+	}
+	return raw, nil
 }
 
 // --- writes

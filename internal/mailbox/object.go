@@ -122,11 +122,12 @@ func (m *Manager) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []
 		}
 		users[i] = objs[i].User
 	}
+	fresh := m.minted.fresh(objs)
 	defer m.lockUsers(users)()
 	t := m.newTx()
 	outs := make([]replica.Outcome, len(ups))
 	for i, o := range objs {
-		out, err := t.applyObject(o, ups[i])
+		out, err := t.applyObject(o, ups[i], fresh[i])
 		switch {
 		case errors.Is(err, ErrUIDTaken):
 			// Two messages under one UID (a partition let two writers
@@ -175,13 +176,20 @@ func validObject(o *Object, u *replica.Update) error {
 	return ValidateName(o.Mailbox)
 }
 
-func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) {
+// applyObject applies one update. fresh says the object cannot be here
+// yet (its id minted here and not applied before, minted.go).
+func (t *tx) applyObject(o *Object, u *replica.Update, fresh bool) (replica.Outcome, error) {
 	if err := validObject(o, u); err != nil {
 		return 0, err
 	}
-	rec, err := t.objectRecord(o.User, o.ID)
-	if err != nil {
-		return 0, err
+	// A message id this node minted and has not applied yet names no
+	// object here: no read of what it replaces (there is nothing).
+	var rec *objectRecord
+	var err error
+	if !fresh {
+		if rec, err = t.objectRecord(o.User, o.ID); err != nil {
+			return 0, err
+		}
 	}
 	if rec != nil && !rec.Stamp.Less(u.Stamp) {
 		return replica.Stale, nil
@@ -191,14 +199,18 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 	drop := o.Deleted || (len(o.Replicas) > 0 && !slices.Contains(o.Replicas, t.m.Self))
 	hadBody := false
 	if !drop {
-		have, err := t.has(bodyKey(o.User, o.ID))
-		if err != nil {
-			return 0, err
+		// Whether a body is here matters only to an update without one,
+		// or to a message held here already (for its text index entry).
+		have := false
+		if u.Blob == nil || (rec != nil && !rec.Deleted) {
+			if have, err = t.has(bodyKey(o.User, o.ID)); err != nil {
+				return 0, err
+			}
 		}
 		hadBody = have
 		switch {
 		case u.Blob != nil:
-			if err := t.b.Set(bodyKey(o.User, o.ID), u.Blob); err != nil {
+			if err := t.b.Set(bodyKey(o.User, o.ID), encodeBody(u.Blob)); err != nil {
 				return 0, err
 			}
 		case have:
@@ -224,10 +236,12 @@ func (t *tx) applyObject(o *Object, u *replica.Update) (replica.Outcome, error) 
 		if mb, err = t.m.fragmentFor(t, &Placed{User: o.User, Mailbox: o.Mailbox, UIDValidity: o.UIDValidity}); err != nil {
 			return 0, err
 		}
-		if old, ok, err := t.message(o.User, mb.ID, o.UID); err != nil {
-			return 0, err
-		} else if ok && old.ID != o.ID {
-			return 0, fmt.Errorf("user %s mailbox %q uid %d: %w", o.User, o.Mailbox, o.UID, ErrUIDTaken)
+		if uidMayBeTaken(mb, o.UID) {
+			if old, ok, err := t.message(o.User, mb.ID, o.UID); err != nil {
+				return 0, err
+			} else if ok && old.ID != o.ID {
+				return 0, fmt.Errorf("user %s mailbox %q uid %d: %w", o.User, o.Mailbox, o.UID, ErrUIDTaken)
+			}
 		}
 	}
 	// Take the message from where this replica had it.
