@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -39,7 +40,8 @@ func newBenchCmd() *cobra.Command {
 		serverPIDs                                []int
 		search                                    bench.SearchConfig
 		passwordFile                              string
-		sizeRange                                 string
+		sizeRange, bodyText                       string
+		count                                     int64
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -186,6 +188,17 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 				ServerPIDs:  serverPIDs,
 				Submit:      submit,
 				Range:       sizes,
+				Count:       count,
+			}
+			if bodyText != "" {
+				b, err := os.ReadFile(bodyText)
+				if err != nil {
+					return fmt.Errorf("--body-text: %w", err)
+				}
+				if len(bytes.TrimSpace(b)) == 0 {
+					return fmt.Errorf("--body-text %s: no text", bodyText)
+				}
+				cfg.BodyText = b
 			}
 			if useTLS {
 				// A bench measures the cost of TLS, not trust in the
@@ -248,6 +261,8 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 	f.IntVar(&search.Warmup, "warmup", bench.DefaultSearchWarmup, "search workload: untimed runs of each command")
 	f.IntVar(&search.Repeat, "repeat", bench.DefaultSearchRepeat, "search workload: timed runs of each command")
 	f.StringVar(&remoteDomain, "remote-domain", "remote.test", "domain the submission workload sends to (the server must relay it)")
+	f.Int64Var(&count, "count", 0, "end the run once this many SMTP deliveries have started (0: run for --duration)")
+	f.StringVar(&bodyText, "body-text", "", "cut message bodies from the lines of this text file instead of random symbols (prose compresses as mail does)")
 	f.StringVar(&sizeRange, "sizes", "", `draw message sizes uniformly from MIN-MAX (K = 1024 bytes), such as 2K-20K or 200K-2M (CassMail's ranges); default: Porcupine's log-normal, mean 4.7 KB`)
 	f.IntVar(&rcpts, "rcpts", 1, "recipients per submitted message")
 	f.BoolVar(&noAuth, "no-auth", false, "submission workload without AUTH (a peer that relays for its network)")

@@ -67,6 +67,13 @@ type Config struct {
 	// Range, if set, replaces Sizes: message sizes drawn uniformly from
 	// it (CassMail's experiments).
 	Range *SizeRange
+	// Count, if positive, ends the run once that many SMTP deliveries
+	// have started (a fixed amount of mail, for a disk footprint).
+	Count int64
+	// BodyText, if set, is the text message bodies are cut from instead
+	// of random symbols (AppendMessageText): real prose compresses as
+	// mail does.
+	BodyText []byte
 	// Progress, if set, gets one line per second.
 	Progress io.Writer
 	// ServerPIDs, if set, are the server's processes: the report then
@@ -189,7 +196,11 @@ type runner struct {
 	runID string
 	seq   atomic.Uint64
 	stop  context.Context // done when no new request may start
-	abort context.Context // done when requests in flight are cut off
+	// end stops the run early (Config.Count reached); started counts
+	// the SMTP deliveries begun.
+	end     context.CancelFunc
+	started atomic.Int64
+	abort   context.Context // done when requests in flight are cut off
 
 	// readerBusy marks the users with a POP or IMAP session in flight:
 	// like one mail client, a user has at most one such session at a time.
@@ -245,6 +256,10 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 		var res Result
 		switch chooseOp(rng.Float64(), rn.cfg.Mix, rn.cfg.IMAPMix) {
 		case OpSMTP:
+			if rn.cfg.Count > 0 && rn.started.Add(1) > rn.cfg.Count {
+				rn.end()
+				return
+			}
 			u := rn.cfg.Users[users.Next()]
 			seq := rn.seq.Add(1)
 			t := smtpTarget{addr: rn.cfg.SMTPAddr, tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain, from: from, to: []string{u.Address}}
@@ -258,14 +273,19 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 					t.user, t.pass = u.Address, u.Password
 				}
 			}
-			buf = AppendMessage(buf[:0], rng, MessageSpec{
+			spec := MessageSpec{
 				From:      t.from,
 				To:        t.to[0],
 				Subject:   "bench message " + strconv.FormatUint(seq, 10),
 				MessageID: rn.runID + "." + strconv.FormatUint(seq, 10) + "@" + rn.cfg.Domain,
 				Date:      time.Now(),
 				Size:      rn.cfg.sampleSize(rng),
-			})
+			}
+			if rn.cfg.BodyText != nil {
+				buf = AppendMessageText(buf[:0], rng, spec, rn.cfg.BodyText)
+			} else {
+				buf = AppendMessage(buf[:0], rng, spec)
+			}
 			t.msg = buf
 			res, err = deliver(rn.abort, t)
 		case OpPOP:
@@ -350,7 +370,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}()
 
 	rec := &recorder{deadline: cfg.Deadline, step: new(Stats)}
-	rn := &runner{cfg: cfg, rec: rec, stop: stop, abort: abort,
+	rn := &runner{cfg: cfg, rec: rec, stop: stop, end: stopRun, abort: abort,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
 		readerBusy: make([]atomic.Bool, len(cfg.Users))}
 	if cfg.Rate > 0 {

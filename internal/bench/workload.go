@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -223,6 +224,45 @@ func AppendMessage(dst []byte, r *rand.Rand, spec MessageSpec) []byte {
 		dst = appendText(dst, r, n)
 		dst = append(dst, '\r', '\n')
 		rem -= n + 2
+	}
+	return dst
+}
+
+// AppendMessageText is AppendMessage with a body cut from text: whole
+// lines from a random line on, wrapping at its end, each without leading
+// blanks and dots, at most bodyLineLen long, the last one cut to size.
+func AppendMessageText(dst []byte, r *rand.Rand, spec MessageSpec, text []byte) []byte {
+	start := len(dst)
+	dst = AppendMessage(dst, r, MessageSpec{From: spec.From, To: spec.To, Subject: spec.Subject,
+		MessageID: spec.MessageID, Date: spec.Date, Size: 0})
+	dst = dst[:len(dst)-2] // the empty body line AppendMessage ends with at size 0
+	rem := spec.Size - (len(dst) - start)
+	if rem < 2 {
+		rem = 2
+	}
+	pos := r.IntN(max(len(text), 1))
+	for rem > 0 {
+		var line []byte
+		for tries := 0; len(line) == 0 && tries <= len(text); tries++ { // a text of blanks gives empty lines
+			if pos >= len(text) {
+				pos = 0
+			}
+			end := bytes.IndexByte(text[pos:], '\n')
+			if end < 0 {
+				end = len(text) - pos
+			}
+			line = bytes.TrimLeft(bytes.TrimRight(text[pos:pos+end], "\r \t"), " \t.")
+			pos += end + 1
+		}
+		n := min(len(line), bodyLineLen)
+		if rem <= n+2 {
+			n = rem - 2
+		} else if rem-(n+2) == 1 {
+			n-- // never leave a single byte, which cannot hold a CRLF
+		}
+		dst = append(dst, line[:max(n, 0)]...)
+		dst = append(dst, '\r', '\n')
+		rem -= max(n, 0) + 2
 	}
 	return dst
 }

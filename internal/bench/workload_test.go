@@ -225,3 +225,26 @@ func TestSizeRangeSample(t *testing.T) {
 		t.Errorf("a one-size range gave %d", one)
 	}
 }
+
+func TestAppendMessageText(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	text := []byte("  The first line, indented.\n...dots lead this one\n\n" + strings.Repeat("long ", 40) + "\r\nlast line without end")
+	for _, size := range []int{0, 150, 201, 279, 280, 281, 4700, 10007} {
+		spec := MessageSpec{From: "a@bench.example", To: "b@bench.example", Subject: "s", MessageID: "m@bench.example",
+			Date: time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC), Size: size}
+		msg := AppendMessageText(nil, r, spec, text)
+		header := bytes.Index(msg, []byte("\r\n\r\n")) + 4
+		if want := max(size, header+2); len(msg) != want {
+			t.Errorf("size %d: got %d bytes, want %d", size, len(msg), want)
+		}
+		body := strings.TrimSuffix(string(msg[header:]), "\r\n")
+		for i, line := range strings.Split(body, "\r\n") {
+			if len(line) > 78 || strings.HasPrefix(line, ".") || strings.HasPrefix(line, " ") || strings.ContainsAny(line, "\r\n") {
+				t.Fatalf("size %d: body line %d %q", size, i, line)
+			}
+		}
+		if size > 1000 && !strings.Contains(body, "long long") {
+			t.Errorf("size %d: body not cut from the text: %q", size, body)
+		}
+	}
+}
