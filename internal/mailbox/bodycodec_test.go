@@ -3,6 +3,7 @@ package mailbox
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -113,5 +114,30 @@ func TestMintedIDStoredOnceThenStale(t *testing.T) {
 	}
 	if b, err := m.Body("a@x.org", id); err != nil || !bytes.Equal(b, mailText(5000)) {
 		t.Fatalf("body: %v", err)
+	}
+}
+
+// A new delivery (an id minted here, a UID past the fragment's UIDNEXT)
+// reads only its mailbox record: not the object record, the body or the
+// UID it would replace (issue 16: three such reads per message showed in
+// the profile).
+func TestNewMessageReadsOnlyItsMailbox(t *testing.T) {
+	m, _ := newManager(t)
+	store1 := func(uid uint32) {
+		t.Helper()
+		if err := m.StoreAt([]Placed{place("a@x.org", "INBOX", v1, uid, uint64(uid))}, m.NewMessageID(), mailText(5000), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store1(1) // makes the fragment (a scan of the user's mailboxes, and the counters)
+	before := m.db.PointReads()
+	store1(2)
+	if n := m.db.PointReads() - before; n != 1 {
+		t.Fatalf("a new message took %d point reads, want 1 (its mailbox record)", n)
+	}
+	// A UID below UIDNEXT is checked (two writers in a partition may hand
+	// out the same one).
+	if err := m.StoreAt([]Placed{place("a@x.org", "INBOX", v1, 1, 3)}, m.NewMessageID(), mailText(100), time.Now()); !errors.Is(err, ErrUIDTaken) {
+		t.Fatalf("taken UID: %v", err)
 	}
 }
