@@ -327,6 +327,11 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 	}
 }
 
+// sizeSlack is what Data's buffer holds beyond the declared size: the
+// trace fields, a size declared a little short, and the free space
+// bytes.Buffer.ReadFrom asks for before it sees the end.
+const sizeSlack = 8 << 10
+
 func (s *session) Data(r io.Reader) (err error) {
 	// One line per message, accepted or not (logMessage), with an id that
 	// the 451 replies give as their reference.
@@ -336,9 +341,15 @@ func (s *session) Data(r io.Reader) (err error) {
 		return refuse(metrics.ReasonNoRecipients, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"})
 	}
 	var buf bytes.Buffer
+	limit := s.b.cfg.MaxMessageBytes
+	if s.size > 0 && s.size <= limit {
+		// The size MAIL declared, room for the trace fields and what
+		// ReadFrom keeps free: a large message is read into one buffer
+		// instead of one that doubles (and copies) its way up.
+		buf.Grow(int(s.size) + sizeSlack)
+	}
 	s.writeTrace(&buf)
 	trace := buf.Len()
-	limit := s.b.cfg.MaxMessageBytes
 	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
 		return err
 	}
@@ -552,12 +563,15 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 		return nil, false, refuse(metrics.ReasonDMARC, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))})
 	}
-	checked := append([]byte(v.Header), body...)
-	if s.b.cfg.Sealer != nil {
-		// The set goes below the trace fields: Return-Path stays first
-		// (RFC 5321 §4.4).
-		checked = s.b.cfg.Sealer.SealARC(checked, s.rcpts, v)
+	if s.b.cfg.Sealer == nil {
+		// One copy of the message: trace fields, results, the rest.
+		out = make([]byte, 0, trace+len(v.Header)+len(body))
+		out = append(append(append(out, raw[:trace]...), v.Header...), body...)
+		return out, v.Quarantine, nil
 	}
+	// The set goes below the trace fields: Return-Path stays first (RFC
+	// 5321 §4.4).
+	checked := s.b.cfg.Sealer.SealARC(append([]byte(v.Header), body...), s.rcpts, v)
 	out = make([]byte, 0, trace+len(checked))
 	out = append(append(out, raw[:trace]...), checked...)
 	return out, v.Quarantine, nil
