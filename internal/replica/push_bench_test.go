@@ -67,3 +67,28 @@ func BenchmarkPush(b *testing.B) {
 	b.ReportMetric(calls/float64(b.N), "pushes/op")
 	b.ReportMetric(sent/float64(b.N)-float64(len(body)), "wire-B-over-body/op")
 }
+
+// A body of 64 KiB and more goes to the other replica as a stream of
+// chunks (PushStream), not as one message, and arrives whole.
+func TestLargeBlobPushStreams(t *testing.T) {
+	c := newCluster(t)
+	a, bn := c.start("a", ""), c.start("b", "")
+	body := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz\r\n"), 3<<20/38)
+	streams0 := rpcCounter(t, "quill_rpc_calls_total", "Replica.PushStream")
+	pushes0 := rpcCounter(t, "quill_rpc_calls_total", "Replica.Push")
+	o := message("big", 1, a.id, bn.id)
+	o.Size = int64(len(body))
+	if _, err := write(t, a, replica.All, o, body); err != nil {
+		t.Fatal(err)
+	}
+	got, err := bn.boxes.Body(user, "big")
+	if err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("b holds %d bytes (%v), want the %d written", len(got), err, len(body))
+	}
+	if n := rpcCounter(t, "quill_rpc_calls_total", "Replica.PushStream") - streams0; n != 2 { // client and server side
+		t.Fatalf("PushStream calls counted %v, want one (on both sides)", n)
+	}
+	if n := rpcCounter(t, "quill_rpc_calls_total", "Replica.Push") - pushes0; n != 0 {
+		t.Fatalf("unary pushes %v, want none", n)
+	}
+}
