@@ -11,11 +11,13 @@ Q=${1:-/tmp/quill}
 DUR=${2:-30s}
 OUT=${3:-/tmp/quill-bench-repl}
 RUNS=${RUNS:-"r1 r2-one r2-all smtp-r2"}
+# PORT_OFFSET moves every port, so two runs on one machine cannot collide.
+O=${PORT_OFFSET:-0}
 mkdir -p "$OUT"
 
 # metrics NAME WHEN: both nodes' RPC counters, one file.
 metrics() {
-	for node in "8025 $a" "8035 $b"; do
+	for node in "$((8025 + O)) $a" "$((8035 + O)) $b"; do
 		set -- "$1" "$2" $node
 		curl -s -H "Authorization: Bearer $(cat "$4/admin.token")" "http://127.0.0.1:$3/metrics" | grep '^quill_rpc_' | sed "s/^/$3 /"
 	done >"$OUT/$1-metrics-$2.txt"
@@ -51,13 +53,14 @@ rpcbytes() {
 }
 
 run() { # name replicas policy [bench flags]
+	addrs="--smtp 127.0.0.1:$((2525 + O)) --pop3 127.0.0.1:$((1110 + O)) --imap 127.0.0.1:$((1143 + O)) --admin http://127.0.0.1:$((8025 + O))"
 	name=$1; r=$2; pol=$3; shift 3
 	a=$(mktemp -d); b=$(mktemp -d)
-	"$Q" serve --data "$a" --smtps= --imaps= --pop3s= --submission= --smtp 127.0.0.1:2525 --pop3 127.0.0.1:1110 --imap 127.0.0.1:1143 --http 127.0.0.1:8025 \
-		--cluster 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-a.log" 2>&1 & pa=$!
+	"$Q" serve --data "$a" --smtps= --imaps= --pop3s= --submission= --smtp 127.0.0.1:$((2525 + O)) --pop3 127.0.0.1:$((1110 + O)) --imap 127.0.0.1:$((1143 + O)) --http 127.0.0.1:$((8025 + O)) \
+		--cluster 127.0.0.1:$((7946 + O)) --replicas "$r" --write-policy "$pol" >"$OUT/$name-a.log" 2>&1 & pa=$!
 	sleep 1
-	"$Q" serve --data "$b" --smtps= --imaps= --pop3s= --submission= --smtp 127.0.0.1:2535 --pop3 127.0.0.1:1120 --imap 127.0.0.1:1153 --http 127.0.0.1:8035 \
-		--cluster 127.0.0.1:7956 --join 127.0.0.1:7946 --replicas "$r" --write-policy "$pol" >"$OUT/$name-b.log" 2>&1 & pb=$!
+	"$Q" serve --data "$b" --smtps= --imaps= --pop3s= --submission= --smtp 127.0.0.1:$((2535 + O)) --pop3 127.0.0.1:$((1120 + O)) --imap 127.0.0.1:$((1153 + O)) --http 127.0.0.1:$((8035 + O)) \
+		--cluster 127.0.0.1:$((7956 + O)) --join 127.0.0.1:$((7946 + O)) --replicas "$r" --write-policy "$pol" >"$OUT/$name-b.log" 2>&1 & pb=$!
 	sleep 3
 	# The admin API asks for the token on every call; quill bench creates
 	# the users through node a.
@@ -65,16 +68,16 @@ run() { # name replicas policy [bench flags]
 	echo "== $name: replicas $r, write policy $pol $* (pids $pa $pb)" >&2
 	# Users are created (and a few messages delivered) before the counters
 	# are read, so the figures are the workload's alone.
-	"$Q" bench --concurrency 4 --duration 2s --quiet "$@" >/dev/null
+	"$Q" bench $addrs --concurrency 4 --duration 2s --quiet "$@" >/dev/null
 	sleep 2
 	metrics "$name" before
 	# shellcheck disable=SC2086
-	"$Q" bench --no-create --concurrency 16 --duration "$DUR" --server-pid "$pa,$pb" --quiet --json-file "$OUT/$name.json" "$@" ${BENCH_ARGS:-} >"$OUT/$name.txt"
+	"$Q" bench $addrs --no-create --concurrency 16 --duration "$DUR" --server-pid "$pa,$pb" --quiet --json-file "$OUT/$name.json" "$@" ${BENCH_ARGS:-} >"$OUT/$name.txt"
 	# Let the update logs drain so their pushes are counted.
 	sleep 3
 	metrics "$name" after
-	curl -s -H "Authorization: Bearer $QUILL_ADMIN_TOKEN" http://127.0.0.1:8025/api/replication >"$OUT/$name-repl-a.json" || true
-	curl -s -H "Authorization: Bearer $(cat "$b/admin.token")" http://127.0.0.1:8035/api/replication >"$OUT/$name-repl-b.json" || true
+	curl -s -H "Authorization: Bearer $QUILL_ADMIN_TOKEN" http://127.0.0.1:$((8025 + O))/api/replication >"$OUT/$name-repl-a.json" || true
+	curl -s -H "Authorization: Bearer $(cat "$b/admin.token")" http://127.0.0.1:$((8035 + O))/api/replication >"$OUT/$name-repl-b.json" || true
 	kill "$pa" "$pb"; wait "$pa" "$pb" 2>/dev/null || true
 	rm -rf "$a" "$b"
 	grep -E "delivered|SMTP|CPU" "$OUT/$name.txt" | head -6 >&2

@@ -2,9 +2,10 @@
 // backup` and `quill restore`: a consistent Pebble checkpoint of the
 // node's store (internal/store) taken by the running node, and the files
 // of its data directory (node.id, node.boot, admin.token, tls/,
-// cluster.known, rpc.port), written as a tar stream whose last entry is a
-// manifest with every file's SHA-256. An archive without its manifest was
-// cut short and is refused.
+// cluster.known, rpc.port, bodies/: the message bodies kept as files,
+// read after the checkpoint so every one it names is there), written as
+// a tar stream whose last entry is a manifest with every file's SHA-256.
+// An archive without its manifest was cut short and is refused.
 //
 // The cluster's hard state is the hard state of its nodes: `quill backup
 // --cluster` asks one node's admin API, which streams each live member's

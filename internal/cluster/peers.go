@@ -122,9 +122,9 @@ func (c lifeConn) Invoke(ctx context.Context, method string, args, reply any, op
 	return err
 }
 
-// NewStream is not tied to the callee's life: no service streams today
-// (a stream outlives the call that opens it, so tying it would need its
-// own end).
+// NewStream is not tied to the callee's life (a stream outlives the call
+// that opens it, so tying it would need its own end): the streams there
+// are (a push of large bodies, a backup) end at their callers' deadlines.
 func (c lifeConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	return c.cc.NewStream(ctx, desc, method, opts...)
 }

@@ -468,6 +468,11 @@ func (c *Core) sweepExpunged() {
 	t := time.NewTicker(expungedSweepInterval)
 	defer t.Stop()
 	for {
+		// Body files nothing names any more (mailbox/bodyfile.go), first
+		// at start: what a crash left behind goes too.
+		if _, err := c.Boxes.SweepFiles(time.Now()); err != nil {
+			c.log.Warn("body files not all swept; the next sweep tries again", "err", err)
+		}
 		select {
 		case <-c.stop:
 			return

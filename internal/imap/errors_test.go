@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"regexp"
@@ -29,6 +30,11 @@ type failingBodies struct {
 
 func (f failingBodies) Body(ctx context.Context, user, id string) ([]byte, error) {
 	return nil, f.err
+}
+
+// OpenRange fails as Body does: ranges are read from the same holders.
+func (f failingBodies) OpenRange(ctx context.Context, user, id string, off, n int64) (io.ReadCloser, int64, error) {
+	return nil, 0, f.err
 }
 
 // lockedBuffer is a log destination safe to read while sessions write.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"math"
 	"strconv"
 	"strings"
 
@@ -23,6 +25,8 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		len(options.BinarySection) > 0 || len(options.BinarySectionSize) > 0 || w.Preview()
 	wantEmailID, _ := w.ObjectIDs()
 	hdrOnly := needBody && headerOnly(options, w.Preview(), wantEmailID)
+	ranger, _ := s.srv.store.(BodyRanger)
+	ranged := needBody && !hdrOnly && ranger != nil && rangesOnly(options, w.Preview(), wantEmailID)
 	setSeen := false
 	for _, bs := range options.BodySection {
 		setSeen = setSeen || !bs.Peek
@@ -67,20 +71,31 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		}
 	}()
 
+	// opened are the ranges of the message being answered, closed once
+	// its response is written (or the FETCH ends).
+	var opened []section
+	defer func() { closeSections(opened) }()
 	for _, i := range idx {
+		closeSections(opened)
+		opened = nil
 		m := sel.msgs[i]
 		if options.ChangedSince > 0 && m.modSeq <= options.ChangedSince {
 			continue
 		}
 		var raw []byte
+		var ranges []section // the sections' bytes, when read as ranges
 		if needBody {
 			// A message another session expunged (m.gone) is served while
 			// its replica keeps the body (RFC 2180 §4.1.2,
 			// mailbox.ExpungedBodyGrace); after, the others are answered
 			// and the command ends NO [EXPUNGEISSUED] (§4.1.3).
-			if hdrOnly {
+			switch {
+			case hdrOnly:
 				raw, err = s.header(m)
-			} else {
+			case ranged:
+				ranges, err = s.ranges(ranger, m.id, options.BodySection)
+				opened = ranges
+			default:
 				raw, err = s.srv.store.Body(s.ctx(), s.user, m.id)
 			}
 			if errors.Is(err, mailbox.ErrNoMessage) {
@@ -145,7 +160,19 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		if options.BodyStructure != nil {
 			rw.WriteBodyStructure(bodyStructure(raw))
 		}
-		for _, bs := range options.BodySection {
+		for k, bs := range options.BodySection {
+			if ranges != nil {
+				// Copied from the store as it is read: a large message
+				// is never held whole here.
+				wc := rw.WriteBodySection(bs, ranges[k].n)
+				if _, err := io.Copy(wc, nulMapper{io.LimitReader(ranges[k].r, ranges[k].n)}); err != nil {
+					return err
+				}
+				if err := wc.Close(); err != nil {
+					return err
+				}
+				continue
+			}
 			b := noNULs(bodySection(raw, bs))
 			wc := rw.WriteBodySection(bs, int64(len(b)))
 			if _, err := wc.Write(b); err != nil {
@@ -334,4 +361,77 @@ func noNULs(b []byte) []byte {
 		}
 	}
 	return out
+}
+
+// BodyRanger is a Store that reads part of a message's bytes without the
+// rest: a FETCH of a range of a large message (BODY[]<0.4096>) reads only
+// that range, and one of the whole message (BODY[]) copies it from the
+// store's file as it goes, never holding it whole (mailbox.OpenBody).
+type BodyRanger interface {
+	// OpenRange returns a reader of at most n bytes of the message from
+	// off, and how many it holds.
+	OpenRange(ctx context.Context, user, id string, off, n int64) (io.ReadCloser, int64, error)
+}
+
+// section is a body section read as a range of the message.
+type section struct {
+	r io.ReadCloser
+	n int64
+}
+
+func closeSections(ss []section) {
+	for _, x := range ss {
+		x.r.Close()
+	}
+}
+
+// rangesOnly reports whether every body item of a FETCH is the whole
+// message or a range of it (BODY[], BODY[]<o.n>), so that no item needs
+// the message parsed.
+func rangesOnly(options *imap.FetchOptions, preview, emailID bool) bool {
+	if options.Envelope || options.BodyStructure != nil || len(options.BinarySection) > 0 ||
+		len(options.BinarySectionSize) > 0 || preview || emailID || len(options.BodySection) == 0 {
+		return false
+	}
+	for _, bs := range options.BodySection {
+		if bs.Specifier != imap.PartSpecifierNone || len(bs.Part) > 0 || len(bs.HeaderFields) > 0 || len(bs.HeaderFieldsNot) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// ranges opens the ranges of a message the body sections ask for.
+func (s *session) ranges(r BodyRanger, id string, secs []*imap.FetchItemBodySection) ([]section, error) {
+	out := make([]section, 0, len(secs))
+	for _, bs := range secs {
+		off, n := int64(0), int64(math.MaxInt64)
+		if p := bs.Partial; p != nil {
+			off, n = p.Offset, p.Size
+		}
+		if off < 0 || n <= 0 {
+			out = append(out, section{io.NopCloser(strings.NewReader("")), 0})
+			continue
+		}
+		rc, size, err := r.OpenRange(s.ctx(), s.user, id, off, n)
+		if err != nil {
+			closeSections(out)
+			return nil, err
+		}
+		out = append(out, section{rc, size})
+	}
+	return out, nil
+}
+
+// nulMapper is noNULs for a stream.
+type nulMapper struct{ r io.Reader }
+
+func (m nulMapper) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	for i, c := range p[:n] {
+		if c == 0 {
+			p[i] = 0x80
+		}
+	}
+	return n, err
 }

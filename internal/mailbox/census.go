@@ -29,11 +29,11 @@ func (m *Manager) Census(fn func(c Census) error) error {
 			return err
 		}
 		c.Stamp = rec.Stamp
-		_, closer, err := m.db.Get(bodyKey(c.User, c.Message.ID))
-		if err == nil {
-			closer.Close()
-			c.Body = true
+		has, err := hasBody(m.db, c.User, c.Message.ID)
+		if err != nil {
+			return err
 		}
+		c.Body = has
 		return fn(c)
 	})
 }

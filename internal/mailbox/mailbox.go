@@ -170,11 +170,13 @@ type Manager struct {
 	text textIndex
 	// minted are the ids handed out here not yet applied (minted.go).
 	minted mintedIDs
+	// files holds the bodies too large for Pebble (bodyfile.go).
+	files *bodyFiles
 }
 
 // New returns the mailbox manager on top of the node's store.
 func New(db *store.DB) *Manager {
-	return &Manager{db: db}
+	return &Manager{db: db, files: newBodyFiles(db)}
 }
 
 func (m *Manager) lockUser(user string) func() {
@@ -333,6 +335,9 @@ func (m *Manager) Messages(user string, mbox uint64) ([]Message, error) {
 func (m *Manager) Body(user, id string) ([]byte, error) {
 	b, closer, err := m.db.Get(bodyKey(user, id))
 	if errors.Is(err, store.ErrNotFound) {
+		if b, ok, err := m.fileBodyOf(user, id); ok || err != nil {
+			return b, err
+		}
 		return nil, fmt.Errorf("user %s message %s: %w", user, id, ErrNoMessage)
 	}
 	if err != nil {
@@ -423,7 +428,7 @@ func (t *tx) dropMessages(user string, mbox uint64) error {
 		return err
 	}
 	for _, msg := range msgs {
-		if err := t.b.Delete(bodyKey(user, msg.ID)); err != nil {
+		if err := t.deleteBody(user, msg.ID); err != nil {
 			return err
 		}
 	}
@@ -513,7 +518,7 @@ func (m *Manager) DeleteUser(user string) error {
 	defer m.lockUser(user)()
 	b := m.db.NewBatch()
 	defer b.Close()
-	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject, store.KindExpunged, store.KindText, store.KindToIndex} {
+	for _, kind := range []byte{store.KindMailbox, store.KindMessage, store.KindBody, store.KindUserMeta, store.KindObject, store.KindExpunged, store.KindText, store.KindToIndex, store.KindBodyFile} {
 		p := store.UserPrefix(kind, user)
 		if err := b.DeleteRange(p, store.UpperBound(p)); err != nil {
 			return err

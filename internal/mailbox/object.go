@@ -203,29 +203,22 @@ func (t *tx) applyObject(o *Object, u *replica.Update, fresh bool) (replica.Outc
 		// or to a message held here already (for its text index entry).
 		have := false
 		if u.Blob == nil || (rec != nil && !rec.Deleted) {
-			if have, err = t.has(bodyKey(o.User, o.ID)); err != nil {
+			if have, err = hasBody(t.b, o.User, o.ID); err != nil {
 				return 0, err
 			}
 		}
 		hadBody = have
 		switch {
 		case u.Blob != nil:
-			if err := t.b.Set(bodyKey(o.User, o.ID), encodeBody(u.Blob)); err != nil {
+			if err := t.setBody(o.User, o.ID, u.Blob); err != nil {
 				return 0, err
 			}
 		case have:
 		case o.BodyFrom != "":
-			raw, closer, err := t.b.Get(bodyKey(o.User, o.BodyFrom))
-			if errors.Is(err, store.ErrNotFound) {
+			if ok, err := t.copyBody(o.User, o.BodyFrom, o.ID); err != nil {
+				return 0, err
+			} else if !ok {
 				return replica.NeedContent, nil
-			}
-			if err != nil {
-				return 0, err
-			}
-			err = t.b.Set(bodyKey(o.User, o.ID), raw)
-			closer.Close()
-			if err != nil {
-				return 0, err
 			}
 		default:
 			return replica.NeedContent, nil
@@ -381,9 +374,9 @@ func expungedKey(user, id string) []byte {
 // elsewhere), after ExpungedBodyGrace when the message was expunged.
 func (t *tx) dropBody(o *Object) error {
 	if !o.Deleted {
-		return t.b.Delete(bodyKey(o.User, o.ID))
+		return t.deleteBody(o.User, o.ID)
 	}
-	have, err := t.has(bodyKey(o.User, o.ID))
+	have, err := hasBody(t.b, o.User, o.ID)
 	if err != nil || !have {
 		return err
 	}
@@ -470,7 +463,7 @@ func (m *Manager) sweepUser(user string, ids []string, now time.Time) (int, erro
 			return 0, err
 		}
 		if rec == nil || rec.Deleted {
-			if err := t.b.Delete(bodyKey(user, id)); err != nil {
+			if err := t.deleteBody(user, id); err != nil {
 				return 0, err
 			}
 			swept++

@@ -434,16 +434,29 @@ func (m *Manager) indexFrom(from []byte, max int) (int, []byte, error) {
 	return len(items), last, nil
 }
 
+// maxIndexedBody is the largest body the index reads: reading a body
+// and its text takes about four times its size in memory at once, which
+// for a message of tens of megabytes (an attachment, mostly) would be the
+// node's largest allocation by far (issue 16: a 25 MB message raises a
+// node's memory by less than twice its size). Larger ones get no
+// document and are read by each search instead, like a message of more
+// than maxDocTerms terms.
+const maxIndexedBody = 4 << 20
+
 // indexOne gives a queued message its document and its terms' postings.
 // The terms are read from the body outside the user's lock; the document
 // is written under it, where the message's place cannot change.
 func (m *Manager) indexOne(user, id string) error {
-	body, err := m.Body(user, id)
 	var terms map[string][]string
-	if err == nil {
-		terms = fts.Terms(body)
-	} else if !errors.Is(err, ErrNoMessage) {
+	if _, size, ok, err := bodyRef(m.db, user, id); err != nil {
 		return err
+	} else if !ok || size <= maxIndexedBody {
+		body, err := m.Body(user, id)
+		if err == nil {
+			terms = fts.Terms(body)
+		} else if !errors.Is(err, ErrNoMessage) {
+			return err
+		}
 	}
 	defer m.lockUser(user)()
 	b := m.db.NewBatch()
@@ -462,8 +475,8 @@ func (m *Manager) indexOne(user, id string) error {
 	}
 	if !ok || rec.Deleted || terms == nil || has || countTerms(terms) > maxDocTerms {
 		// Gone, bodiless or indexed already: only the entry goes. A
-		// message of more terms than maxDocTerms gets no document, so
-		// searches always read it.
+		// message of more terms than maxDocTerms, or larger than
+		// maxIndexedBody, gets no document, so searches always read it.
 		return b.Commit(store.NoSync)
 	}
 	ut := m.lockText(user)

@@ -83,12 +83,15 @@ func (Outcome) EnumDescriptor() ([]byte, []int) {
 // Update is one total update of one object: its whole content (data, as
 // its kind encodes it) and, for a message, its bytes (blob).
 type Update struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Object        string                 `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
-	Stamp         *Stamp                 `protobuf:"bytes,2,opt,name=stamp,proto3" json:"stamp,omitempty"`
-	Targets       []string               `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
-	Blob          []byte                 `protobuf:"bytes,5,opt,name=blob,proto3" json:"blob,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Object  string                 `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	Stamp   *Stamp                 `protobuf:"bytes,2,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	Targets []string               `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	Data    []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	Blob    []byte                 `protobuf:"bytes,5,opt,name=blob,proto3" json:"blob,omitempty"`
+	// blob_size is the length of a blob sent after the request in a
+	// PushStream's chunks instead of in blob (0: none follows).
+	BlobSize      int64 `protobuf:"varint,6,opt,name=blob_size,json=blobSize,proto3" json:"blob_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +159,13 @@ func (x *Update) GetBlob() []byte {
 		return x.Blob
 	}
 	return nil
+}
+
+func (x *Update) GetBlobSize() int64 {
+	if x != nil {
+		return x.BlobSize
+	}
+	return 0
 }
 
 // Entry is a record of the update log.
@@ -383,6 +393,61 @@ func (x *PushRequest) GetEntries() []*Entry {
 	return nil
 }
 
+// PushPart is one message of a PushStream: the first holds the request,
+// whose large blobs are left out (their updates say their blob_size); the
+// others hold those blobs' bytes, in the entries' order, in chunks.
+type PushPart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Request       *PushRequest           `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	Chunk         []byte                 `protobuf:"bytes,2,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushPart) Reset() {
+	*x = PushPart{}
+	mi := &file_quill_v1_replica_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushPart) ProtoMessage() {}
+
+func (x *PushPart) ProtoReflect() protoreflect.Message {
+	mi := &file_quill_v1_replica_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushPart.ProtoReflect.Descriptor instead.
+func (*PushPart) Descriptor() ([]byte, []int) {
+	return file_quill_v1_replica_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PushPart) GetRequest() *PushRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *PushPart) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
 type PushReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Outcomes      []Outcome              `protobuf:"varint,1,rep,packed,name=outcomes,proto3,enum=quill.v1.Outcome" json:"outcomes,omitempty"`
@@ -392,7 +457,7 @@ type PushReply struct {
 
 func (x *PushReply) Reset() {
 	*x = PushReply{}
-	mi := &file_quill_v1_replica_proto_msgTypes[5]
+	mi := &file_quill_v1_replica_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -404,7 +469,7 @@ func (x *PushReply) String() string {
 func (*PushReply) ProtoMessage() {}
 
 func (x *PushReply) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_replica_proto_msgTypes[5]
+	mi := &file_quill_v1_replica_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -417,7 +482,7 @@ func (x *PushReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushReply.ProtoReflect.Descriptor instead.
 func (*PushReply) Descriptor() ([]byte, []int) {
-	return file_quill_v1_replica_proto_rawDescGZIP(), []int{5}
+	return file_quill_v1_replica_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PushReply) GetOutcomes() []Outcome {
@@ -437,7 +502,7 @@ type DoneRequest struct {
 
 func (x *DoneRequest) Reset() {
 	*x = DoneRequest{}
-	mi := &file_quill_v1_replica_proto_msgTypes[6]
+	mi := &file_quill_v1_replica_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +514,7 @@ func (x *DoneRequest) String() string {
 func (*DoneRequest) ProtoMessage() {}
 
 func (x *DoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_replica_proto_msgTypes[6]
+	mi := &file_quill_v1_replica_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +527,7 @@ func (x *DoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DoneRequest.ProtoReflect.Descriptor instead.
 func (*DoneRequest) Descriptor() ([]byte, []int) {
-	return file_quill_v1_replica_proto_rawDescGZIP(), []int{6}
+	return file_quill_v1_replica_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DoneRequest) GetObjects() []string {
@@ -491,7 +556,7 @@ type Move struct {
 
 func (x *Move) Reset() {
 	*x = Move{}
-	mi := &file_quill_v1_replica_proto_msgTypes[7]
+	mi := &file_quill_v1_replica_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +568,7 @@ func (x *Move) String() string {
 func (*Move) ProtoMessage() {}
 
 func (x *Move) ProtoReflect() protoreflect.Message {
-	mi := &file_quill_v1_replica_proto_msgTypes[7]
+	mi := &file_quill_v1_replica_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +581,7 @@ func (x *Move) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Move.ProtoReflect.Descriptor instead.
 func (*Move) Descriptor() ([]byte, []int) {
-	return file_quill_v1_replica_proto_rawDescGZIP(), []int{7}
+	return file_quill_v1_replica_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Move) GetObject() string {
@@ -544,13 +609,14 @@ var File_quill_v1_replica_proto protoreflect.FileDescriptor
 
 const file_quill_v1_replica_proto_rawDesc = "" +
 	"\n" +
-	"\x16quill/v1/replica.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"\x89\x01\n" +
+	"\x16quill/v1/replica.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"\xa6\x01\n" +
 	"\x06Update\x12\x16\n" +
 	"\x06object\x18\x01 \x01(\tR\x06object\x12%\n" +
 	"\x05stamp\x18\x02 \x01(\v2\x0f.quill.v1.StampR\x05stamp\x12\x18\n" +
 	"\atargets\x18\x03 \x03(\tR\atargets\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x12\n" +
-	"\x04blob\x18\x05 \x01(\fR\x04blob\"{\n" +
+	"\x04blob\x18\x05 \x01(\fR\x04blob\x12\x1b\n" +
+	"\tblob_size\x18\x06 \x01(\x03R\bblobSize\"{\n" +
 	"\x05Entry\x12(\n" +
 	"\x06update\x18\x01 \x01(\v2\x10.quill.v1.UpdateR\x06update\x12\x1c\n" +
 	"\tremaining\x18\x02 \x03(\tR\tremaining\x12\x16\n" +
@@ -565,7 +631,10 @@ const file_quill_v1_replica_proto_rawDesc = "" +
 	"\x05acked\x18\x01 \x03(\tR\x05acked\x12\x14\n" +
 	"\x05short\x18\x02 \x01(\tR\x05short\"8\n" +
 	"\vPushRequest\x12)\n" +
-	"\aentries\x18\x01 \x03(\v2\x0f.quill.v1.EntryR\aentries\":\n" +
+	"\aentries\x18\x01 \x03(\v2\x0f.quill.v1.EntryR\aentries\"Q\n" +
+	"\bPushPart\x12/\n" +
+	"\arequest\x18\x01 \x01(\v2\x15.quill.v1.PushRequestR\arequest\x12\x14\n" +
+	"\x05chunk\x18\x02 \x01(\fR\x05chunk\":\n" +
 	"\tPushReply\x12-\n" +
 	"\boutcomes\x18\x01 \x03(\x0e2\x11.quill.v1.OutcomeR\boutcomes\"P\n" +
 	"\vDoneRequest\x12\x18\n" +
@@ -581,10 +650,12 @@ const file_quill_v1_replica_proto_rawDesc = "" +
 	"\fNEED_CONTENT\x10\x02\x12\n" +
 	"\n" +
 	"\x06FAILED\x10\x03\x12\f\n" +
-	"\bCONFLICT\x10\x042\xa4\x01\n" +
+	"\bCONFLICT\x10\x042\xdd\x01\n" +
 	"\aReplica\x125\n" +
 	"\x05Write\x12\x16.quill.v1.WriteRequest\x1a\x14.quill.v1.WriteReply\x122\n" +
-	"\x04Push\x12\x15.quill.v1.PushRequest\x1a\x13.quill.v1.PushReply\x12.\n" +
+	"\x04Push\x12\x15.quill.v1.PushRequest\x1a\x13.quill.v1.PushReply\x127\n" +
+	"\n" +
+	"PushStream\x12\x12.quill.v1.PushPart\x1a\x13.quill.v1.PushReply(\x01\x12.\n" +
 	"\x04Done\x12\x15.quill.v1.DoneRequest\x1a\x0f.quill.v1.EmptyB,Z*github.com/quillmail/quill/internal/nodepbb\x06proto3"
 
 var (
@@ -600,7 +671,7 @@ func file_quill_v1_replica_proto_rawDescGZIP() []byte {
 }
 
 var file_quill_v1_replica_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_quill_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_quill_v1_replica_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_quill_v1_replica_proto_goTypes = []any{
 	(Outcome)(0),         // 0: quill.v1.Outcome
 	(*Update)(nil),       // 1: quill.v1.Update
@@ -608,30 +679,34 @@ var file_quill_v1_replica_proto_goTypes = []any{
 	(*WriteRequest)(nil), // 3: quill.v1.WriteRequest
 	(*WriteReply)(nil),   // 4: quill.v1.WriteReply
 	(*PushRequest)(nil),  // 5: quill.v1.PushRequest
-	(*PushReply)(nil),    // 6: quill.v1.PushReply
-	(*DoneRequest)(nil),  // 7: quill.v1.DoneRequest
-	(*Move)(nil),         // 8: quill.v1.Move
-	(*Stamp)(nil),        // 9: quill.v1.Stamp
-	(*Empty)(nil),        // 10: quill.v1.Empty
+	(*PushPart)(nil),     // 6: quill.v1.PushPart
+	(*PushReply)(nil),    // 7: quill.v1.PushReply
+	(*DoneRequest)(nil),  // 8: quill.v1.DoneRequest
+	(*Move)(nil),         // 9: quill.v1.Move
+	(*Stamp)(nil),        // 10: quill.v1.Stamp
+	(*Empty)(nil),        // 11: quill.v1.Empty
 }
 var file_quill_v1_replica_proto_depIdxs = []int32{
-	9,  // 0: quill.v1.Update.stamp:type_name -> quill.v1.Stamp
+	10, // 0: quill.v1.Update.stamp:type_name -> quill.v1.Stamp
 	1,  // 1: quill.v1.Entry.update:type_name -> quill.v1.Update
 	1,  // 2: quill.v1.WriteRequest.updates:type_name -> quill.v1.Update
 	2,  // 3: quill.v1.PushRequest.entries:type_name -> quill.v1.Entry
-	0,  // 4: quill.v1.PushReply.outcomes:type_name -> quill.v1.Outcome
-	9,  // 5: quill.v1.DoneRequest.stamps:type_name -> quill.v1.Stamp
-	3,  // 6: quill.v1.Replica.Write:input_type -> quill.v1.WriteRequest
-	5,  // 7: quill.v1.Replica.Push:input_type -> quill.v1.PushRequest
-	7,  // 8: quill.v1.Replica.Done:input_type -> quill.v1.DoneRequest
-	4,  // 9: quill.v1.Replica.Write:output_type -> quill.v1.WriteReply
-	6,  // 10: quill.v1.Replica.Push:output_type -> quill.v1.PushReply
-	10, // 11: quill.v1.Replica.Done:output_type -> quill.v1.Empty
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	5,  // 4: quill.v1.PushPart.request:type_name -> quill.v1.PushRequest
+	0,  // 5: quill.v1.PushReply.outcomes:type_name -> quill.v1.Outcome
+	10, // 6: quill.v1.DoneRequest.stamps:type_name -> quill.v1.Stamp
+	3,  // 7: quill.v1.Replica.Write:input_type -> quill.v1.WriteRequest
+	5,  // 8: quill.v1.Replica.Push:input_type -> quill.v1.PushRequest
+	6,  // 9: quill.v1.Replica.PushStream:input_type -> quill.v1.PushPart
+	8,  // 10: quill.v1.Replica.Done:input_type -> quill.v1.DoneRequest
+	4,  // 11: quill.v1.Replica.Write:output_type -> quill.v1.WriteReply
+	7,  // 12: quill.v1.Replica.Push:output_type -> quill.v1.PushReply
+	7,  // 13: quill.v1.Replica.PushStream:output_type -> quill.v1.PushReply
+	11, // 14: quill.v1.Replica.Done:output_type -> quill.v1.Empty
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_quill_v1_replica_proto_init() }
@@ -646,7 +721,7 @@ func file_quill_v1_replica_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_quill_v1_replica_proto_rawDesc), len(file_quill_v1_replica_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

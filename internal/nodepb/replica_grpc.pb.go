@@ -23,9 +23,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Replica_Write_FullMethodName = "/quill.v1.Replica/Write"
-	Replica_Push_FullMethodName  = "/quill.v1.Replica/Push"
-	Replica_Done_FullMethodName  = "/quill.v1.Replica/Done"
+	Replica_Write_FullMethodName      = "/quill.v1.Replica/Write"
+	Replica_Push_FullMethodName       = "/quill.v1.Replica/Push"
+	Replica_PushStream_FullMethodName = "/quill.v1.Replica/PushStream"
+	Replica_Done_FullMethodName       = "/quill.v1.Replica/Done"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -34,6 +35,10 @@ const (
 type ReplicaClient interface {
 	Write(ctx context.Context, in *WriteRequest, opts ...grpc.CallOption) (*WriteReply, error)
 	Push(ctx context.Context, in *PushRequest, opts ...grpc.CallOption) (*PushReply, error)
+	// PushStream is Push for updates with large blobs (message bodies of
+	// 64 KiB and more): the blobs follow the request in chunks, so neither
+	// side frames the whole of them in one message.
+	PushStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushPart, PushReply], error)
 	Done(ctx context.Context, in *DoneRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
@@ -65,6 +70,19 @@ func (c *replicaClient) Push(ctx context.Context, in *PushRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *replicaClient) PushStream(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushPart, PushReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Replica_ServiceDesc.Streams[0], Replica_PushStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PushPart, PushReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Replica_PushStreamClient = grpc.ClientStreamingClient[PushPart, PushReply]
+
 func (c *replicaClient) Done(ctx context.Context, in *DoneRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -81,6 +99,10 @@ func (c *replicaClient) Done(ctx context.Context, in *DoneRequest, opts ...grpc.
 type ReplicaServer interface {
 	Write(context.Context, *WriteRequest) (*WriteReply, error)
 	Push(context.Context, *PushRequest) (*PushReply, error)
+	// PushStream is Push for updates with large blobs (message bodies of
+	// 64 KiB and more): the blobs follow the request in chunks, so neither
+	// side frames the whole of them in one message.
+	PushStream(grpc.ClientStreamingServer[PushPart, PushReply]) error
 	Done(context.Context, *DoneRequest) (*Empty, error)
 	mustEmbedUnimplementedReplicaServer()
 }
@@ -97,6 +119,9 @@ func (UnimplementedReplicaServer) Write(context.Context, *WriteRequest) (*WriteR
 }
 func (UnimplementedReplicaServer) Push(context.Context, *PushRequest) (*PushReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Push not implemented")
+}
+func (UnimplementedReplicaServer) PushStream(grpc.ClientStreamingServer[PushPart, PushReply]) error {
+	return status.Error(codes.Unimplemented, "method PushStream not implemented")
 }
 func (UnimplementedReplicaServer) Done(context.Context, *DoneRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method Done not implemented")
@@ -158,6 +183,13 @@ func _Replica_Push_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_PushStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ReplicaServer).PushStream(&grpc.GenericServerStream[PushPart, PushReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Replica_PushStreamServer = grpc.ClientStreamingServer[PushPart, PushReply]
+
 func _Replica_Done_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DoneRequest)
 	if err := dec(in); err != nil {
@@ -196,6 +228,12 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Replica_Done_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PushStream",
+			Handler:       _Replica_PushStream_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "quill/v1/replica.proto",
 }

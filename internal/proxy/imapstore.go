@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -510,4 +512,32 @@ func unionAnswers(answers []*mailbox.TextAnswer, queries int) *mailbox.TextAnswe
 		out.Sure[i] = union(sure)
 	}
 	return out
+}
+
+// OpenRange implements imap.BodyRanger: a message held on this node is read
+// only in the range asked, from its file for a large body
+// (mailbox.OpenBody); one held only elsewhere is fetched whole from a
+// holder and cut.
+func (s *IMAPStore) OpenRange(ctx context.Context, user, id string, off, n int64) (io.ReadCloser, int64, error) {
+	user = userdb.Normalize(user)
+	s.mu.Lock()
+	nodes, ok := s.where[user][id]
+	s.mu.Unlock()
+	if ok && s.P.Shared == nil && slices.Contains(nodes, s.P.Self) {
+		if r, err := s.P.Boxes.OpenBody(user, id); err == nil {
+			off = min(off, r.Size())
+			n = min(n, r.Size()-off)
+			return struct {
+				io.Reader
+				io.Closer
+			}{io.NewSectionReader(r, off, n), r}, n, nil
+		}
+	}
+	b, err := s.Body(ctx, user, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	off = min(off, int64(len(b)))
+	b = b[off : off+min(n, int64(len(b))-off)]
+	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 }

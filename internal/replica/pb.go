@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
@@ -78,7 +79,20 @@ func (r remote) Push(ctx context.Context, req *PushRequest) (*PushReply, error) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := c.Push(ctx, req.toPB())
+	pr := req.toPB()
+	var blobs [][]byte
+	for _, e := range pr.Entries {
+		if u := e.Update; u != nil && len(u.Blob) >= streamFrom {
+			blobs = append(blobs, u.Blob)
+			u.BlobSize, u.Blob = int64(len(u.Blob)), nil
+		}
+	}
+	var p *nodepb.PushReply
+	if len(blobs) == 0 {
+		p, err = c.Push(ctx, pr)
+	} else {
+		p, err = pushStream(ctx, c, pr, blobs)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +101,96 @@ func (r remote) Push(ctx context.Context, req *PushRequest) (*PushReply, error) 
 		out.Outcomes[i] = Outcome(o)
 	}
 	return out, nil
+}
+
+// Pushes of large blobs. A message body in one gRPC message is framed
+// whole on each side: the sender marshals a copy, the receiver reads the
+// frame into one buffer and unmarshals a second copy. Streamed in chunks,
+// the sender holds no copy and the receiver one, the blob itself.
+const (
+	// streamFrom is the blob size from which a push streams: the size
+	// from which a body is kept as a file (mailbox.LargeBody).
+	streamFrom = 64 << 10
+	// pushChunk is the size of a stream's chunks: large enough that the
+	// per-message cost is nothing beside the copy, small beside a body.
+	pushChunk = 256 << 10
+	// maxStreamBlob bounds a streamed blob a peer announces (bad input
+	// must not make a node allocate without bound): the RPC layer's own
+	// bound on a message, which is above the SMTP limit.
+	maxStreamBlob = 64 << 20
+)
+
+// pushStream sends a push whose large blobs (blobs, in the order of their
+// entries) were left out of pr, as PushStream's chunks.
+func pushStream(ctx context.Context, c nodepb.ReplicaClient, pr *nodepb.PushRequest, blobs [][]byte) (*nodepb.PushReply, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the stream on every early return
+	st, err := c.PushStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	send := func(p *nodepb.PushPart) error {
+		if err := st.Send(p); errors.Is(err, io.EOF) {
+			// The peer ended the stream: its answer says why.
+			_, err = st.CloseAndRecv()
+			return err
+		} else {
+			return err
+		}
+	}
+	if err := send(&nodepb.PushPart{Request: pr}); err != nil {
+		return nil, err
+	}
+	for _, b := range blobs {
+		for len(b) > 0 {
+			n := min(len(b), pushChunk)
+			if err := send(&nodepb.PushPart{Chunk: b[:n]}); err != nil {
+				return nil, err
+			}
+			b = b[n:]
+		}
+	}
+	return st.CloseAndRecv()
+}
+
+// PushStream implements the streamed push: the request, then each large
+// blob read into one buffer of its announced size.
+func (s server) PushStream(st grpc.ClientStreamingServer[nodepb.PushPart, nodepb.PushReply]) error {
+	first, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	if first.Request == nil {
+		return fmt.Errorf("push stream: the first part has no request")
+	}
+	for _, e := range first.Request.Entries {
+		u := e.GetUpdate()
+		if u == nil || u.BlobSize == 0 {
+			continue
+		}
+		if u.BlobSize < 0 || u.BlobSize > maxStreamBlob {
+			return fmt.Errorf("push stream: update of %s announces a blob of %d bytes (at most %d)", u.Object, u.BlobSize, maxStreamBlob)
+		}
+		u.Blob = make([]byte, 0, u.BlobSize)
+		for int64(len(u.Blob)) < u.BlobSize {
+			p, err := st.Recv()
+			if err != nil {
+				return fmt.Errorf("push stream: blob of %s cut short at %d of %d bytes: %w", u.Object, len(u.Blob), u.BlobSize, err)
+			}
+			if int64(len(u.Blob)+len(p.Chunk)) > u.BlobSize {
+				return fmt.Errorf("push stream: blob of %s longer than the %d bytes announced", u.Object, u.BlobSize)
+			}
+			u.Blob = append(u.Blob, p.Chunk...)
+		}
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("push stream: more parts than the request announced")
+	}
+	rep, err := s.Push(st.Context(), first.Request)
+	if err != nil {
+		return err
+	}
+	return st.SendAndClose(rep)
 }
 
 func (r remote) Done(ctx context.Context, req *DoneRequest) error {

@@ -217,7 +217,7 @@ type Manager struct {
 
 	mu      sync.Mutex
 	entries map[string]*Entry // the log, by object
-	pushing map[string]bool   // object/node pushes in flight
+	pushing map[string]int    // object/node pushes in flight, how many
 	// conflicts are objects whose writer was asked to resolve a conflict,
 	// and when.
 	conflicts map[string]time.Time
@@ -275,7 +275,7 @@ type Placer interface {
 func New(self cluster.NodeID, db *store.DB, clock *hlc.Clock, log *slog.Logger, o Options) (*Manager, error) {
 	m := &Manager{self: self, db: db, clock: clock, log: log, handlers: map[string]Handler{},
 		peers: o.Peers, room: o.Room, RetireDelay: o.RetireDelay, MaxAge: o.MaxAge, ReplaceAfter: o.ReplaceAfter,
-		entries: map[string]*Entry{}, pushing: map[string]bool{}, conflicts: map[string]time.Time{},
+		entries: map[string]*Entry{}, pushing: map[string]int{}, conflicts: map[string]time.Time{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	if m.RetireDelay <= 0 {
 		m.RetireDelay = DefaultRetireDelay
@@ -455,8 +455,14 @@ func (m *Manager) Write(ctx context.Context, req *WriteRequest) (*WriteReply, er
 	}
 	results := make(chan result, len(plan.remaining))
 	for _, n := range plan.remaining {
+		// Marked as being pushed, so the log worker does not push the
+		// same updates to n again (reading the bodies back) while this
+		// push is on its way: one push per copy.
+		m.markPushing(n, ups)
 		go func(n cluster.NodeID) {
-			results <- result{n, m.push(n, ups, false)}
+			err := m.push(n, ups, false)
+			m.unmarkPushing(n, ups)
+			results <- result{n, err}
 		}(n)
 	}
 	for !t.decided() {
@@ -906,7 +912,8 @@ func (m *Manager) workLog() {
 			continue
 		}
 		for _, n := range e.Remaining {
-			if alive[n] && !m.pushing[obj+"\x00"+string(n)] {
+			if k := pushingKey(obj, n); alive[n] && m.pushing[k] == 0 {
+				m.pushing[k]++ // under the lock the check was made under
 				u := e.Update
 				byNode[n] = append(byNode[n], &u)
 			}
@@ -935,23 +942,38 @@ func (m *Manager) workLog() {
 			k := min(len(ups), pushBatch)
 			chunk := ups[:k]
 			ups = ups[k:]
-			m.mu.Lock()
-			for _, u := range chunk {
-				m.pushing[u.Object+"\x00"+string(n)] = true
-			}
-			m.mu.Unlock()
 			m.wg.Add(1)
 			go func(n cluster.NodeID, chunk []*Update) {
 				defer m.wg.Done()
 				if err := m.push(n, chunk, true); err != nil {
 					m.log.Debug("catch-up push failed", "node", n, "err", err)
 				}
-				m.mu.Lock()
-				for _, u := range chunk {
-					delete(m.pushing, u.Object+"\x00"+string(n))
-				}
-				m.mu.Unlock()
+				m.unmarkPushing(n, chunk)
 			}(n, chunk)
+		}
+	}
+}
+
+// pushingKey names a push of an object's updates to a node in m.pushing.
+func pushingKey(object string, n cluster.NodeID) string { return object + "\x00" + string(n) }
+
+// markPushing records that ups are being pushed to n.
+func (m *Manager) markPushing(n cluster.NodeID, ups []*Update) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, u := range ups {
+		m.pushing[pushingKey(u.Object, n)]++
+	}
+}
+
+// unmarkPushing records that the push of ups to n is over.
+func (m *Manager) unmarkPushing(n cluster.NodeID, ups []*Update) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, u := range ups {
+		k := pushingKey(u.Object, n)
+		if m.pushing[k]--; m.pushing[k] <= 0 {
+			delete(m.pushing, k)
 		}
 	}
 }

@@ -327,6 +327,18 @@ func (s *session) Rcpt(to string, opts *gosmtp.RcptOptions) (err error) {
 	}
 }
 
+// resultsRoom is the room DATA's buffer keeps before the message, where
+// the Authentication-Results field goes without copying the message
+// (checkOrigin); a longer field is added by a copy.
+const resultsRoom = 2 << 10
+
+var noResults [resultsRoom]byte
+
+// sizeSlack is what Data's buffer holds beyond the declared size: the
+// trace fields, a size declared a little short, and the free space
+// bytes.Buffer.ReadFrom asks for before it sees the end.
+const sizeSlack = 8 << 10
+
 func (s *session) Data(r io.Reader) (err error) {
 	// One line per message, accepted or not (logMessage), with an id that
 	// the 451 replies give as their reference.
@@ -336,20 +348,31 @@ func (s *session) Data(r io.Reader) (err error) {
 		return refuse(metrics.ReasonNoRecipients, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"})
 	}
 	var buf bytes.Buffer
-	s.writeTrace(&buf)
-	trace := buf.Len()
 	limit := s.b.cfg.MaxMessageBytes
+	if s.size > 0 && s.size <= limit {
+		// The size MAIL declared, room for the trace fields and what
+		// ReadFrom keeps free: a large message is read into one buffer
+		// instead of one that doubles (and copies) its way up.
+		buf.Grow(resultsRoom + int(s.size) + sizeSlack)
+	}
+	buf.Write(noResults[:])
+	s.writeTrace(&buf)
+	trace := buf.Len() - resultsRoom
 	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
 		return err
 	}
-	if int64(buf.Len()-trace) > limit {
+	if int64(buf.Len()-resultsRoom-trace) > limit {
 		// go-smtp reads and discards the rest of the DATA after we return.
 		return errTooLarge(limit)
 	}
 	// RFC 5321 §2.3.8: lines end in CRLF. A bare LF from a sloppy client is
 	// stored as CRLF so the size POP3 and IMAP announce is the size they
 	// send.
-	raw := normalizeLF(buf.Bytes())
+	whole := buf.Bytes()
+	raw := normalizeLF(whole[resultsRoom:])
+	if len(raw) == 0 || &raw[0] != &whole[resultsRoom] {
+		whole = nil // copied: no room before it
+	}
 	size = len(raw) - trace
 	quarantine := false
 	if hops := receivedCount(raw[trace:]); hops >= maxHops {
@@ -366,7 +389,7 @@ func (s *session) Data(r io.Reader) (err error) {
 		raw = append(raw[:trace:trace], body...)
 	} else if s.b.cfg.Checker != nil && s.authUser == "" {
 		var err error
-		if raw, quarantine, err = s.checkOrigin(raw, trace); err != nil {
+		if raw, quarantine, err = s.checkOrigin(raw, trace, whole); err != nil {
 			return err
 		}
 	}
@@ -523,7 +546,7 @@ type InboundPolicy interface {
 // without any Authentication-Results that claims to be this server's; a
 // failure the From: domain's DMARC policy says to reject is refused, one
 // it says to quarantine goes to the junk mailbox (quarantine).
-func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine bool, err error) {
+func (s *session) checkOrigin(raw []byte, trace int, whole []byte) (out []byte, quarantine bool, err error) {
 	body := mailauth.StripOwnResults(raw[trace:], s.b.cfg.Hostname)
 	var ip net.IP
 	if a, ok := s.conn.Conn().RemoteAddr().(*net.TCPAddr); ok {
@@ -552,14 +575,31 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 		return nil, false, refuse(metrics.ReasonDMARC, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))})
 	}
-	checked := append([]byte(v.Header), body...)
-	if s.b.cfg.Sealer != nil {
-		// The set goes below the trace fields: Return-Path stays first
-		// (RFC 5321 §4.4).
-		checked = s.b.cfg.Sealer.SealARC(checked, s.rcpts, v)
+	if whole != nil && len(v.Header) <= resultsRoom && len(body) == len(raw)-trace {
+		// In place: the trace fields move left into the room Data left
+		// before them, the results go between them and the message, and a
+		// large message is not copied at all.
+		start := resultsRoom - len(v.Header)
+		copy(whole[start:], whole[resultsRoom:resultsRoom+trace])
+		copy(whole[start+trace:], v.Header)
+		out = whole[start:]
+	} else {
+		// One copy of the message: trace fields, results, the rest.
+		out = make([]byte, 0, trace+len(v.Header)+len(body))
+		out = append(append(append(out, raw[:trace]...), v.Header...), body...)
 	}
-	out = make([]byte, 0, trace+len(checked))
-	out = append(append(out, raw[:trace]...), checked...)
+	if s.b.cfg.Sealer == nil {
+		return out, v.Quarantine, nil
+	}
+	// The set goes below the trace fields: Return-Path stays first (RFC
+	// 5321 §4.4). A message the sealer leaves as it is (no key for the
+	// domain) is not copied again.
+	checked := out[trace:]
+	sealed := s.b.cfg.Sealer.SealARC(checked, s.rcpts, v)
+	if len(sealed) == len(checked) && (len(sealed) == 0 || &sealed[0] == &checked[0]) {
+		return out, v.Quarantine, nil
+	}
+	out = append(out[:trace:trace], sealed...)
 	return out, v.Quarantine, nil
 }
 

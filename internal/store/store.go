@@ -52,6 +52,7 @@ const (
 	KindExpunged byte = 'X' // mailbox: X bucket user 0 msgid -> when an expunged message's body goes
 	KindText     byte = 'T' // mailbox: T bucket user 0 ... -> the text index of the messages held here (textindex.go)
 	KindToIndex  byte = 'I' // mailbox: I bucket user 0 msgid -> a message held here that the text index has not read yet
+	KindBodyFile byte = 'F' // mailbox: F bucket user 0 msgid -> the hash and size of a large body kept as a file (bodyfile.go)
 )
 
 // Sync is the write option for every commit that acknowledges something to a

@@ -34,7 +34,7 @@ def imap(node) -> imaplib.IMAP4:
 
 def fill(node) -> None:
     """Mail in several states: delivered, appended with flags and a date
-    into a folder of its own, flagged, one expunged."""
+    into a folder of its own (one large), flagged, one expunged."""
     for i in range(12):
         send(node, USER, f"Subject: delivered {i}\r\nMessage-ID: <d{i}@remote.test>\r\n\r\nbody {i} \xe9\r\n".encode("latin-1"))
     m = imap(node)
@@ -43,6 +43,8 @@ def fill(node) -> None:
     for i in range(3):
         ok(m.append(quote("Projects/Quill"), "(\\Seen $Label1)", imaplib.Time2Internaldate(1_600_000_000 + i),
                     f"Subject: appended {i}\r\n\r\nx\r\n".encode()))
+    # Over 64 KiB: kept as a file beside the store (internal/mailbox/bodyfile.go).
+    ok(m.append(quote("Projects/Quill"), None, None, b"Subject: large\r\n\r\n" + b"0123456789abcdef\r\n" * 10000))
     ok(m.select("INBOX"))
     ok(m.uid("STORE", "1:4", "+FLAGS", "(\\Seen)"))
     ok(m.uid("STORE", "2", "+FLAGS", "(\\Flagged Work)"))
@@ -88,7 +90,7 @@ def test_backup_kill_wipe_restore(quill_factory, tmp_path):
     node.add_user(USER, PW)
     fill(node)
     before = snapshot(node)
-    assert len(before["INBOX"][1]) == 11 and len(before["Projects/Quill"][1]) == 3
+    assert len(before["INBOX"][1]) == 11 and len(before["Projects/Quill"][1]) == 4
     token = node.admin_token
 
     bk = tmp_path / "backup"

@@ -1,0 +1,165 @@
+package mailbox
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/replica"
+)
+
+// bigBody is a message over LargeBody: a header and n bytes of text.
+func bigBody(n int, seed byte) []byte {
+	b := []byte("Subject: big\r\n\r\n")
+	for len(b) < n {
+		b = append(b, 'a'+seed+byte(len(b)%20), '\r', '\n')
+	}
+	return b
+}
+
+func bodyFilesIn(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	filepath.WalkDir(filepath.Join(dir, bodyDir), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+// A large body is kept as one file outside Pebble, shared by messages
+// with the same bytes; a partial read reads its range only; the file goes
+// at the sweep after its last reference, once its grace has passed.
+func TestLargeBodyAsFile(t *testing.T) {
+	m, dir := newManager(t)
+	u := "u@x.org"
+	raw := bigBody(1<<20, 0)
+	if err := m.StoreAt([]Placed{place(u, "INBOX", v1, 1, 1), place("v@x.org", "INBOX", v1+1, 1, 1)}, "big1", raw, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	small := []byte("Subject: small\r\n\r\nhi\r\n")
+	if err := m.StoreAt([]Placed{place(u, "INBOX", v1, 2, 2)}, "small1", small, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if files := bodyFilesIn(t, dir); len(files) != 1 {
+		t.Fatalf("body files %v, want one shared by both users", files)
+	}
+	if _, closer, err := m.db.Get(bodyKey(u, "big1")); err == nil {
+		closer.Close()
+		t.Fatal("a large body is in Pebble too")
+	}
+	got, err := m.Body(u, "big1")
+	if err != nil || !bytes.Equal(got, raw) {
+		t.Fatalf("large body read back: %d bytes, %v", len(got), err)
+	}
+	if got, err := m.Body(u, "small1"); err != nil || !bytes.Equal(got, small) {
+		t.Fatalf("small body: %q %v", got, err)
+	}
+
+	// A partial read reads what it asks for, not the body.
+	r, err := m.OpenBody(u, "big1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := m.FileBytesRead()
+	part := make([]byte, 4096)
+	if _, err := r.ReadAt(part, 500000); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if !bytes.Equal(part, raw[500000:504096]) || r.Size() != int64(len(raw)) {
+		t.Fatalf("partial read: wrong bytes or size %d", r.Size())
+	}
+	if n := m.FileBytesRead() - before; n != 4096 {
+		t.Fatalf("a 4 KiB partial read read %d bytes of the file", n)
+	}
+
+	// The body survives a restart.
+	m = reopen(t, m, dir)
+	if got, err := m.Body("v@x.org", "big1"); err != nil || !bytes.Equal(got, raw) {
+		t.Fatalf("after reopen: %d bytes, %v", len(got), err)
+	}
+
+	// One user's copy goes (this replica left the message's replica
+	// set): the file stays for the other.
+	clock := hlc.Timestamp(time.Now().UnixMilli()) << 16
+	drop := func(user string) {
+		t.Helper()
+		clock++
+		o := &Object{User: user, ID: "big1", Mailbox: "INBOX", UIDValidity: v1, UID: 1, Replicas: []cluster.NodeID{"elsewhere"}}
+		if user == "v@x.org" {
+			o.UIDValidity = v1 + 1
+		}
+		up, err := o.Update(replica.Stamp{Clock: clock, Node: m.Self}, o.Replicas, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if outs, err := m.Apply([]*replica.Update{up}, nil); err != nil || outs[0] != replica.Applied {
+			t.Fatalf("drop %s: %v %v", user, outs, err)
+		}
+	}
+	drop(u)
+	late := time.Now().Add(bodyFileGrace + time.Minute)
+	if n, err := m.SweepFiles(late); err != nil || n != 0 {
+		t.Fatalf("sweep with a reference left: removed %d, %v", n, err)
+	}
+	if _, err := m.Body("v@x.org", "big1"); err != nil {
+		t.Fatal(err)
+	}
+	drop("v@x.org")
+	if _, err := m.Body("v@x.org", "big1"); !errors.Is(err, ErrNoMessage) {
+		t.Fatalf("dropped body still read: %v", err)
+	}
+	// Within its grace the file stays (a write may be about to name it).
+	if n, err := m.SweepFiles(time.Now()); err != nil || n != 0 {
+		t.Fatalf("sweep within the grace: removed %d, %v", n, err)
+	}
+	if n, err := m.SweepFiles(late); err != nil || n != 1 {
+		t.Fatalf("sweep after the last reference: removed %d, %v", n, err)
+	}
+	if files := bodyFilesIn(t, dir); len(files) != 0 {
+		t.Fatalf("files left: %v", files)
+	}
+}
+
+// A file a crash left without a reference (written, the commit never
+// made) is removed by the sweep after its grace; a temporary file too.
+func TestBodyFileOrphans(t *testing.T) {
+	m, dir := newManager(t)
+	if _, err := m.files.put(bigBody(LargeBody, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, bodyTmpDir, "cut-short"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.SweepFiles(time.Now()); err != nil || n != 0 {
+		t.Fatalf("sweep within the grace: removed %d, %v", n, err)
+	}
+	if n, err := m.SweepFiles(time.Now().Add(bodyFileGrace + time.Minute)); err != nil || n != 2 {
+		t.Fatalf("sweep of an orphan and a temporary file: removed %d, %v", n, err)
+	}
+}
+
+// A user's deletion takes the references of their large bodies.
+func TestDeleteUserTakesBodyFiles(t *testing.T) {
+	m, dir := newManager(t)
+	if err := m.StoreAt([]Placed{place("u@x.org", "INBOX", v1, 1, 1)}, "big", bigBody(LargeBody+1, 1), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteUser("u@x.org"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.SweepFiles(time.Now().Add(bodyFileGrace + time.Minute)); err != nil || n != 1 {
+		t.Fatalf("sweep after the user's deletion: removed %d, %v", n, err)
+	}
+	if files := bodyFilesIn(t, dir); len(files) != 0 {
+		t.Fatalf("files left: %v", files)
+	}
+}
