@@ -119,8 +119,16 @@ type Deliverer interface {
 	ServesDomain(domain string) bool
 }
 
+// Server is a go-smtp server whose Serve batches a session's replies
+// (replies.go).
+type Server struct{ *gosmtp.Server }
+
+// Serve serves SMTP on l, each connection's replies held until the session
+// next reads (RFC 2920 §3.1).
+func (s *Server) Serve(l net.Listener) error { return s.Server.Serve(replyListener{l}) }
+
 // New returns a go-smtp server delivering through p.
-func New(p Deliverer, cfg Config) *gosmtp.Server {
+func New(p Deliverer, cfg Config) *Server {
 	s := gosmtp.NewServer(&backend{p: p, cfg: cfg})
 	s.Domain = cfg.Hostname
 	// The size limit is enforced here, not by go-smtp: its DATA reader
@@ -145,7 +153,7 @@ func New(p Deliverer, cfg Config) *gosmtp.Server {
 	// and the outbound queue asks the next hop for SMTPUTF8 when an
 	// address needs it. Users' own addresses stay ASCII (ValidateAddress).
 	s.EnableSMTPUTF8 = true
-	return s
+	return &Server{s}
 }
 
 type backend struct {
@@ -336,9 +344,17 @@ func (s *session) Data(r io.Reader) (err error) {
 		return refuse(metrics.ReasonNoRecipients, &gosmtp.SMTPError{Code: 554, EnhancedCode: gosmtp.EnhancedCode{5, 5, 1}, Message: "no valid recipients"})
 	}
 	var buf bytes.Buffer
+	limit := s.b.cfg.MaxMessageBytes
+	// One allocation for most messages instead of a series of doublings
+	// from 512 bytes: room for the size MAIL declared (up to
+	// dataBufMax: a declared size is only a claim), or dataBufStart.
+	hint := int64(dataBufStart)
+	if s.size > 0 {
+		hint = min(s.size, dataBufMax)
+	}
+	buf.Grow(traceRoom + int(min(hint, limit)) + bytes.MinRead)
 	s.writeTrace(&buf)
 	trace := buf.Len()
-	limit := s.b.cfg.MaxMessageBytes
 	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
 		return err
 	}
@@ -480,6 +496,17 @@ func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) (full [
 	return full, final
 }
 
+// traceRoom is room for the trace headers (writeTrace) in the buffer a
+// message is read into; dataBufStart the room for a message whose size
+// MAIL did not declare (most mail is smaller; a larger one grows the buffer
+// as it comes), dataBufMax the most a declared size reserves before the
+// message's octets are there.
+const (
+	traceRoom    = 512
+	dataBufStart = 8 << 10
+	dataBufMax   = 1 << 20
+)
+
 // maxHops is the number of Received headers past which a message is taken
 // to be looping; RFC 5321 §6.3 suggests at least 100, as Postfix's
 // hopcount_limit has it.
@@ -552,14 +579,16 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 		return nil, false, refuse(metrics.ReasonDMARC, &gosmtp.SMTPError{Code: 550, EnhancedCode: gosmtp.EnhancedCode{5, 7, 1},
 			Message: fmt.Sprintf("message refused: it fails the DMARC policy of %s (RFC 7489)", sanitize(v.Domain))})
 	}
-	checked := append([]byte(v.Header), body...)
+	// The results go below the trace fields, the message after them: one
+	// copy of the body.
+	out = make([]byte, 0, trace+len(v.Header)+len(body))
+	out = append(append(append(out, raw[:trace]...), v.Header...), body...)
 	if s.b.cfg.Sealer != nil {
 		// The set goes below the trace fields: Return-Path stays first
 		// (RFC 5321 §4.4).
-		checked = s.b.cfg.Sealer.SealARC(checked, s.rcpts, v)
+		sealed := s.b.cfg.Sealer.SealARC(out[trace:], s.rcpts, v)
+		out = append(out[:trace:trace], sealed...)
 	}
-	out = make([]byte, 0, trace+len(checked))
-	out = append(append(out, raw[:trace]...), checked...)
 	return out, v.Quarantine, nil
 }
 
