@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Reply batching (RFC 2920 §3.1): go-smtp writes each reply line through
@@ -81,10 +82,20 @@ func (c *replyConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
+// closeFlushTimeout bounds sending the held replies at Close, whatever
+// write deadline the connection had: crypto/tls sets one in the past after
+// its close_notify (as it writes nothing more itself), which would lose
+// the 221 and the alert held behind it. 5 seconds is what crypto/tls gives
+// its close_notify.
+const closeFlushTimeout = 5 * time.Second
+
 // Close sends the held replies (a 221 after QUIT, a 421) and closes.
 func (c *replyConn) Close() error {
 	c.mu.Lock()
-	c.flushLocked() // the connection closes all the same; nothing to tell the client otherwise
+	if len(c.out) > 0 {
+		c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+		c.flushLocked() // the connection closes all the same; nothing to tell the client otherwise
+	}
 	c.mu.Unlock()
 	return c.Conn.Close()
 }
