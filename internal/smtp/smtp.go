@@ -586,8 +586,13 @@ func (s *session) checkOrigin(raw []byte, trace int) (out []byte, quarantine boo
 	if s.b.cfg.Sealer != nil {
 		// The set goes below the trace fields: Return-Path stays first
 		// (RFC 5321 §4.4).
-		sealed := s.b.cfg.Sealer.SealARC(out[trace:], s.rcpts, v)
-		out = append(out[:trace:trace], sealed...)
+		// Given back as it was (no key to seal with), it is not copied
+		// again.
+		checked := out[trace:]
+		sealed := s.b.cfg.Sealer.SealARC(checked, s.rcpts, v)
+		if len(sealed) != len(checked) || len(sealed) > 0 && &sealed[0] != &checked[0] {
+			out = append(out[:trace:trace], sealed...)
+		}
 	}
 	return out, v.Quarantine, nil
 }
