@@ -180,5 +180,14 @@ cassandra-bench:
 bench-cassmail:
 	scripts/bench-cassandra.sh
 
+# Single-node SMTP against Postfix's smtp-sink (issue 16, goal 1):
+# smtp-source's 4.8 KB messages at 20 and 100 sessions, interleaved rounds;
+# msg/s, the ratio to the sink and server CPU per message
+# (scripts/bench-smtp-sink.sh; about 5 minutes). docs/benchmarks.md, "Issue
+# 16: SMTP against smtp-sink".
+.PHONY: bench-smtp
+bench-smtp: build
+	scripts/bench-smtp-sink.sh $(BIN)
+
 clean:
 	rm -rf bin

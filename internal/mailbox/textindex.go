@@ -60,7 +60,16 @@ func textKey(user string, sub byte, rest ...[]byte) []byte {
 func docBytes(doc uint32) []byte { return binary.BigEndian.AppendUint32(nil, doc) }
 
 func termKey(user string, sub byte, field, term string) []byte {
-	return textKey(user, sub, []byte(field), []byte{0}, []byte(term))
+	return appendTermKey(nil, store.UserPrefix(store.KindText, user), sub, field, term)
+}
+
+// appendTermKey appends termKey to k, prefix being the user's text prefix:
+// indexing a message writes two keys per term, and one buffer for them all
+// saves a few allocations per key (the batch copies what it is given).
+func appendTermKey(k, prefix []byte, sub byte, field, term string) []byte {
+	k = append(append(k, prefix...), sub)
+	k = append(append(k, field...), 0)
+	return append(k, term...)
 }
 
 func toIndexKey(user, id string) []byte {
@@ -497,15 +506,19 @@ func (m *Manager) indexOne(user, id string) error {
 	}
 	posting := binary.AppendUvarint(nil, uint64(doc))
 	var fresh [][2]string
+	prefix := store.UserPrefix(store.KindText, user)
+	var key []byte
 	for field, list := range terms {
 		for _, term := range list {
 			// The vocabulary key is written whether or not the term is
 			// known: asking the store was a point read per term, most of
 			// what indexing cost under load (compactions keep one).
-			if err := errors.Join(
-				b.Merge(termKey(user, textPost, field, term), posting),
-				b.Set(termKey(user, textVocab, field, term), nil),
-			); err != nil {
+			key = appendTermKey(key[:0], prefix, textPost, field, term)
+			if err := b.Merge(key, posting); err != nil {
+				return err
+			}
+			key = appendTermKey(key[:0], prefix, textVocab, field, term)
+			if err := b.Set(key, nil); err != nil {
 				return err
 			}
 			if ut.loaded[field] {

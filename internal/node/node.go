@@ -261,10 +261,10 @@ type Node struct {
 	snsStop  chan struct{}
 	stop     context.CancelFunc // ends the certificate watcher
 
-	smtp  *gosmtp.Server
-	smtps *gosmtp.Server // implicit TLS (submissions), with AUTH
+	smtp  *smtp.Server
+	smtps *smtp.Server // implicit TLS (submissions), with AUTH
 	// submission is the message submission agent (RFC 6409).
-	submission *gosmtp.Server
+	submission *smtp.Server
 	pop3       *pop3.Server
 	imap       *imap.Server
 	http       *http.Server
@@ -621,7 +621,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(ctx) }()
 	}
-	for _, srv := range []*gosmtp.Server{n.smtp, n.smtps, n.submission} {
+	for _, srv := range []*smtp.Server{n.smtp, n.smtps, n.submission} {
 		if srv != nil {
 			stop(func(ctx context.Context) error {
 				err := srv.Shutdown(ctx)

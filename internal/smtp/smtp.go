@@ -119,8 +119,16 @@ type Deliverer interface {
 	ServesDomain(domain string) bool
 }
 
+// Server is a go-smtp server whose Serve batches a session's replies
+// (replies.go).
+type Server struct{ *gosmtp.Server }
+
+// Serve serves SMTP on l, each connection's replies held until the session
+// next reads (RFC 2920 §3.1).
+func (s *Server) Serve(l net.Listener) error { return s.Server.Serve(replyListener{l}) }
+
 // New returns a go-smtp server delivering through p.
-func New(p Deliverer, cfg Config) *gosmtp.Server {
+func New(p Deliverer, cfg Config) *Server {
 	s := gosmtp.NewServer(&backend{p: p, cfg: cfg})
 	s.Domain = cfg.Hostname
 	// The size limit is enforced here, not by go-smtp: its DATA reader
@@ -145,7 +153,7 @@ func New(p Deliverer, cfg Config) *gosmtp.Server {
 	// and the outbound queue asks the next hop for SMTPUTF8 when an
 	// address needs it. Users' own addresses stay ASCII (ValidateAddress).
 	s.EnableSMTPUTF8 = true
-	return s
+	return &Server{s}
 }
 
 type backend struct {
@@ -349,12 +357,15 @@ func (s *session) Data(r io.Reader) (err error) {
 	}
 	var buf bytes.Buffer
 	limit := s.b.cfg.MaxMessageBytes
+	// One allocation instead of a series of doublings (each a copy of a
+	// large message): room for the size MAIL declared, or dataBufStart
+	// when it declared none. A declared size is trusted up to the
+	// message size limit, which bounds what a session may hold anyway.
+	hint := int64(dataBufStart)
 	if s.size > 0 && s.size <= limit {
-		// The size MAIL declared, room for the trace fields and what
-		// ReadFrom keeps free: a large message is read into one buffer
-		// instead of one that doubles (and copies) its way up.
-		buf.Grow(resultsRoom + int(s.size) + sizeSlack)
+		hint = s.size
 	}
+	buf.Grow(resultsRoom + int(hint) + sizeSlack)
 	buf.Write(noResults[:])
 	s.writeTrace(&buf)
 	trace := buf.Len() - resultsRoom
@@ -502,6 +513,10 @@ func (s *session) fullAtData(ctx context.Context, raw []byte, trace int) (full [
 	}
 	return full, final
 }
+
+// dataBufStart is the room for a message whose size MAIL did not declare
+// (most mail is smaller; a larger one grows the buffer as it comes).
+const dataBufStart = 8 << 10
 
 // maxHops is the number of Received headers past which a message is taken
 // to be looping; RFC 5321 §6.3 suggests at least 100, as Postfix's

@@ -33,7 +33,7 @@ func startServerWith(t *testing.T, maxSize int64, configure func(*smtp.Config)) 
 }
 
 // startCore is startServerWith, returning the node's core.
-func startCore(t *testing.T, maxSize int64, configure func(*smtp.Config)) (string, *core.Core) {
+func startCore(t testing.TB, maxSize int64, configure func(*smtp.Config)) (string, *core.Core) {
 	t.Helper()
 	c, err := core.New(core.Options{DataDir: t.TempDir(), Log: slog.New(slog.DiscardHandler), SubaddressSeparator: "+"})
 	if err != nil {
