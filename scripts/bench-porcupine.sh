@@ -85,6 +85,39 @@ pfdc() { # name passdb performance
 	"$SETUP" clean >/dev/null 2>&1
 }
 
+# table prints one row per run found in OUTDIR; Quill's rate over the
+# peer's is taken against the Quill run of the same round.
+table() {
+	printf "%-20s %8s %7s %15s %9s %12s %10s %9s %15s\n" run msg/s POP/s "SMTP p50/p99" "POP p50" "server cores" "ms CPU/msg" errors "load 1/5/15"
+	for round in $(seq "$ROUNDS"); do
+		for r in $RUNS; do
+			f=$OUT/$r-$round.json
+			[ -s "$f" ] || continue
+			jq -r --arg run "$r-$round" --arg load "$(cat "$OUT/$r-$round.load")" '
+				(.cpu.server_cores // 0) as $c |
+				[$run, (.total.msgs_per_sec | floor), (.total.pop_sessions_per_sec | floor),
+				 "\(.total.smtp_latency.p50_ms | round)/\(.total.smtp_latency.p99_ms | round)", (.total.pop_latency.p50_ms | round),
+				 $c, (if .total.msgs_per_sec > 0 then ($c / .total.msgs_per_sec * 1000 * 100 | round / 100) else "-" end),
+				 .total.error_count, $load] | @tsv' "$f" |
+				awk -F'\t' '{ printf "%-20s %8s %7s %15s %9s %12.2f %10s %9s %15s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }'
+		done
+		q=$OUT/quill-$round.json
+		[ -s "$q" ] || continue
+		for r in $RUNS; do
+			f=$OUT/$r-$round.json
+			[ "$r" != quill ] && [ -s "$f" ] || continue
+			printf "  round %s: Quill / %-16s %5.2fx messages/s, %5.2fx less server CPU per message\n" "$round" "$r" \
+				"$(jq -n --slurpfile a "$q" --slurpfile b "$f" '$a[0].total.msgs_per_sec / $b[0].total.msgs_per_sec')" \
+				"$(jq -n --slurpfile a "$q" --slurpfile b "$f" '($b[0].cpu.server_cores / $b[0].total.msgs_per_sec) / ($a[0].cpu.server_cores / $a[0].total.msgs_per_sec)')"
+		done
+	done
+}
+# TABLE_ONLY=1 prints the table of the runs already in OUTDIR.
+if [ -n "${TABLE_ONLY:-}" ]; then
+	table
+	exit
+fi
+
 for round in $(seq "$ROUNDS"); do
 	for r in $RUNS; do
 		case $r in
@@ -98,28 +131,4 @@ for round in $(seq "$ROUNDS"); do
 	done
 done
 
-# The table: one row per run; Quill's rate over the peer's is taken
-# against the Quill run of the same round.
-{
-	printf "%-20s %8s %7s %15s %9s %12s %10s %9s %15s\n" run msg/s POP/s "SMTP p50/p99" "POP p50" "server cores" "ms CPU/msg" errors "load 1/5/15"
-	for round in $(seq "$ROUNDS"); do
-		for r in $RUNS; do
-			f=$OUT/$r-$round.json
-			[ -s "$f" ] || continue
-			jq -r --arg run "$r-$round" --arg load "$(cat "$OUT/$r-$round.load")" '
-				(.cpu.server_cores // 0) as $c |
-				[$run, (.total.msgs_per_sec | floor), (.total.pop_sessions_per_sec | floor),
-				 "\(.total.smtp_latency.p50_ms)/\(.total.smtp_latency.p99_ms)", .total.pop_latency.p50_ms,
-				 $c, (if .total.msgs_per_sec > 0 then ($c / .total.msgs_per_sec * 1000 * 100 | round / 100) else "-" end),
-				 .total.error_count, $load] | @tsv' "$f" |
-				awk -F'\t' '{ printf "%-20s %8s %7s %15s %9s %12.2f %10s %9s %15s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }'
-		done
-		q=$OUT/quill-$round.json
-		[ -s "$q" ] || continue
-		for r in $RUNS; do
-			f=$OUT/$r-$round.json
-			[ "$r" != quill ] && [ -s "$f" ] || continue
-			printf "  round %s: Quill / %-16s %.2fx\n" "$round" "$r" "$(jq -n --slurpfile a "$q" --slurpfile b "$f" '$a[0].total.msgs_per_sec / $b[0].total.msgs_per_sec')"
-		done
-	done
-} | tee "$OUT/table.txt"
+table | tee "$OUT/table.txt"
