@@ -8,8 +8,10 @@
 # views, header caches and text index fill), then the Porcupine deliveries
 # over SMTP with IMAP sessions (--workload imap, SMTP_SECONDS) through the
 # delivery path and the mailbox writers. After each phase it prints the
-# node's VmRSS and VmHWM, the Go heap (go_memstats_*) and Pebble's memtables
-# and block cache (quill_pebble_*); at the end it saves a heap profile
+# node's VmRSS and VmHWM, the Go heap (go_memstats_*: in use, allocated,
+# resident = heap_sys - heap_released) and Pebble's memtables (the one kept
+# for reuse as mt_zombie) and block cache (quill_pebble_*); at the end it
+# saves a heap profile
 # (heap.pprof, `go tool pprof -top -inuse_space`).
 #
 # Usage: scripts/bench-memory.sh [QUILL_BIN] [OUTDIR]
@@ -39,7 +41,7 @@ QUILL_ADMIN_TOKEN=$(cat "$data/admin.token"); export QUILL_ADMIN_TOKEN
 metrics() { curl -sf -H "Authorization: Bearer $QUILL_ADMIN_TOKEN" "http://$HTTP/metrics"; }
 
 # report PHASE: one line of figures (MB = 2^20 bytes).
-printf "%-10s %7s %7s %9s %9s %9s %9s %9s %9s %9s %s\n" phase rss_MB hwm_MB heap_inuse heap_alloc stack_MB go_sys_MB memtable block_cache goroutines load >"$OUT/table.txt"
+printf "%-10s %7s %7s %9s %9s %9s %9s %9s %9s %9s %9s %s\n" phase rss_MB hwm_MB heap_inuse heap_alloc heap_resid stack_MB go_sys_MB memtable mt_zombie block_cache load >"$OUT/table.txt"
 report() {
 	local m rss hwm
 	m=$(metrics)
@@ -49,12 +51,14 @@ report() {
 		function mb(x) { return sprintf("%.1f", x / 1048576) }
 		/^go_memstats_heap_inuse_bytes / { hi = $2 }
 		/^go_memstats_heap_alloc_bytes / { ha = $2 }
+		/^go_memstats_heap_sys_bytes / { hs = $2 }
+		/^go_memstats_heap_released_bytes / { hr = $2 }
 		/^go_memstats_stack_inuse_bytes / { st = $2 }
 		/^go_memstats_sys_bytes / { sys = $2 }
-		/^go_goroutines / { gr = $2 }
 		/^quill_pebble_memtable_size_bytes/ { mt += $NF }
+		/^quill_pebble_memtable_zombie_bytes/ { mz += $NF }
 		/^quill_pebble_block_cache_size_bytes/ { bc += $NF }
-		END { printf "%-10s %7.1f %7.1f %9s %9s %9s %9s %9s %9s %9d %s\n", phase, rss, hwm, mb(hi), mb(ha), mb(st), mb(sys), mb(mt), mb(bc), gr, load }' |
+		END { printf "%-10s %7.1f %7.1f %9s %9s %9s %9s %9s %9s %9s %9s %s\n", phase, rss, hwm, mb(hi), mb(ha), mb(hs - hr), mb(st), mb(sys), mb(mt), mb(mz), mb(bc), load }' |
 		tee -a "$OUT/table.txt" >&2
 	echo "$m" >"$OUT/metrics-$1.txt"
 }
