@@ -9,7 +9,8 @@
 # with DOVECOT_PERFORMANCE=1. It prints a table: deliveries/s, POP
 # sessions/s, latencies, server CPU per delivered message, the load
 # average at the start of each run, and Quill's rate over the peer's in
-# the same round (issue 16, goal 2: at least 6x). As root (setup.sh).
+# the same round (issue 16, goal 2: at least 6x). As root (setup.sh);
+# the table is read from quill bench's JSON reports with jq.
 #
 # Usage: scripts/bench-porcupine.sh [QUILL_BIN] [OUTDIR]
 # ROUNDS (1), DURATION (60s), CONCURRENCY (16), RUNS (the variants, in
