@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -188,6 +188,20 @@ bench-cassmail:
 .PHONY: bench-smtp
 bench-smtp: build
 	scripts/bench-smtp-sink.sh $(BIN)
+
+# One node's memory with 1,000 users and 100,000 messages (issue 16, goal
+# 7): RSS, Go heap and Pebble's memory after each phase, and a heap
+# profile (scripts/bench-memory.sh; about 10 minutes on an idle machine).
+# docs/benchmarks.md, "Issue 16: memory and the Porcupine workload".
+bench-memory: build
+	scripts/bench-memory.sh $(CURDIR)/$(BIN)
+
+# The Porcupine workload against Quill and Postfix + Dovecot (static and
+# argon2id passdb, default and login performance mode), interleaved
+# (scripts/bench-porcupine.sh; as root, about 8 minutes a round;
+# ROUNDS=3 for more). Same section of docs/benchmarks.md.
+bench-porcupine: build
+	scripts/bench-porcupine.sh $(CURDIR)/$(BIN)
 
 clean:
 	rm -rf bin

@@ -12,7 +12,8 @@
 # accepts SMTP on 127.0.0.1:$SMTP_PORT and delivers to virtual mailboxes in
 # Maildir format under $BENCH_DIR/vmail, owned by the system user vmail.
 # Dovecot: POP3 on 127.0.0.1:$POP3_PORT and IMAP on 127.0.0.1:$IMAP_PORT
-# over the same Maildirs, static passdb (every user has $PASSWORD).
+# over the same Maildirs, static passdb (every user has $PASSWORD), or
+# with DOVECOT_PASSDB=argon2 a passwd-file of argon2id hashes of it.
 #
 # The users are user00001@$DOMAIN ... user$USERS@$DOMAIN, as `quill bench`
 # names them; $BENCH_DIR/users.txt lists them for `quill bench --users-file`.
@@ -39,6 +40,16 @@ BENCH_TLS=${BENCH_TLS:-0}
 # configures it): messages are indexed as they arrive, and SEARCH BODY/TEXT
 # (and, with fts_enforced, every header search) goes through the index.
 DOVECOT_FTS=${DOVECOT_FTS:-}
+# DOVECOT_PASSDB=argon2 replaces the static passdb with a passwd-file of
+# {ARGON2ID} hashes of $PASSWORD made by `$QUILL_BIN user hash`: Quill's
+# own parameters (internal/userdb/password.go: 19 MiB, 2 passes, 1 lane),
+# which Dovecot checks with libsodium at every login, so both servers pay
+# the same hash per check. (`doveadm pw -s ARGON2ID` cannot make them: its
+# cheapest is 64 MiB and 3 passes.) DOVECOT_PASSDB=argon2-doveadm uses
+# doveadm's default hash (64 MiB, 3 passes) instead. One hash serves every
+# user: a check costs the same whatever the salt.
+DOVECOT_PASSDB=${DOVECOT_PASSDB:-static}
+QUILL_BIN=${QUILL_BIN:-quill}
 SMTPS_PORT=${SMTPS_PORT:-2466}
 POP3S_PORT=${POP3S_PORT:-1996}
 IMAPS_PORT=${IMAPS_PORT:-1994}
@@ -65,12 +76,37 @@ install_fts() {
 }
 
 render() { # template output
-	sed -e "s|@BENCH_DIR@|$BENCH_DIR|g" -e "s|@DOMAIN@|$DOMAIN|g" \
+	sed -e "s|@PASSDB_DRIVER@|$PASSDB_DRIVER|g" -e "s|@PASSDB_ARGS@|$PASSDB_ARGS|g" \
+		-e "s|@BENCH_DIR@|$BENCH_DIR|g" -e "s|@DOMAIN@|$DOMAIN|g" \
 		-e "s|@SMTP_PORT@|$SMTP_PORT|g" -e "s|@POP3_PORT@|$POP3_PORT|g" \
 		-e "s|@IMAP_PORT@|$IMAP_PORT|g" \
 		-e "s|@PASSWORD@|$PASSWORD|g" \
 		-e "s|@VMAIL_UID@|$(id -u vmail)|g" -e "s|@VMAIL_GID@|$(id -g vmail)|g" \
 		"$HERE/$1" >"$2"
+}
+
+# passdb sets PASSDB_DRIVER and PASSDB_ARGS for DOVECOT_PASSDB, writing
+# the passwd-file of the argon2 ones.
+passdb() {
+	case "$DOVECOT_PASSDB" in
+	static)
+		PASSDB_DRIVER=static PASSDB_ARGS="password=$PASSWORD"
+		return
+		;;
+	argon2) hash="{ARGON2ID}$("$QUILL_BIN" user hash --password "$PASSWORD")" ;;
+	argon2-doveadm) hash=$(doveadm pw -s ARGON2ID -p "$PASSWORD") ;;
+	*)
+		echo "DOVECOT_PASSDB=$DOVECOT_PASSDB: static, argon2 or argon2-doveadm" >&2
+		exit 2
+		;;
+	esac
+	# Dovecot must accept the hash (its libsodium reads the parameters
+	# from the string).
+	doveadm pw -t "$hash" -p "$PASSWORD" >/dev/null
+	awk -v n="$USERS" -v d="$DOMAIN" -v h="$hash" 'BEGIN { for (i = 1; i <= n; i++) printf "user%05d@%s:%s\n", i, d, h }' >"$BENCH_DIR/passwd"
+	chmod 0640 "$BENCH_DIR/passwd"
+	chgrp dovecot "$BENCH_DIR/passwd"
+	PASSDB_DRIVER=passwd-file PASSDB_ARGS="scheme=ARGON2ID $BENCH_DIR/passwd"
 }
 
 start() {
@@ -79,6 +115,7 @@ start() {
 
 	mkdir -p "$BENCH_DIR/postfix" "$BENCH_DIR/vmail" "$BENCH_DIR/dovecot-run" "$BENCH_DIR/dovecot-state"
 	chown vmail:vmail "$BENCH_DIR/vmail"
+	passdb
 	render main.cf.in "$BENCH_DIR/postfix/main.cf"
 	render master.cf.in "$BENCH_DIR/postfix/master.cf"
 	render dovecot.conf.in "$BENCH_DIR/dovecot.conf"
@@ -183,6 +220,9 @@ start() {
 		echo "TLS: SMTPS 127.0.0.1:$SMTPS_PORT, POP3S 127.0.0.1:$POP3S_PORT, IMAPS 127.0.0.1:$IMAPS_PORT"
 	fi
 	echo "users file: $BENCH_DIR/users.txt ($USERS users)"
+	if [ "$DOVECOT_PASSDB" != static ]; then
+		echo "Dovecot passdb: $BENCH_DIR/passwd ($(cut -d'$' -f4 "$BENCH_DIR/passwd" | head -1))"
+	fi
 }
 
 stop() {

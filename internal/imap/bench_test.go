@@ -18,6 +18,7 @@ import (
 	"github.com/emersion/go-imap/v2"
 	"github.com/emersion/go-imap/v2/imapclient"
 	"github.com/quillmail/quill/internal/bench"
+	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/proxy"
 )
@@ -30,6 +31,7 @@ func BenchmarkFetchHeaders(b *testing.B) {
 	cl := benchSession(b, 160)
 	opts := &imap.FetchOptions{UID: true, Flags: true, RFC822Size: true, BodySection: []*imap.FetchItemBodySection{
 		{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{"FROM", "SUBJECT", "DATE"}, Peek: true}}}
+	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		msgs, err := cl.Fetch(imap.SeqSet{{Start: 1, Stop: 0}}, opts).Collect()
@@ -50,6 +52,7 @@ func BenchmarkBodyAndStore(b *testing.B) {
 	}
 	cl := benchSession(b, n)
 	b.Run("fetch_body_peek", func(b *testing.B) {
+		b.ReportAllocs()
 		opts := &imap.FetchOptions{UID: true, BodySection: []*imap.FetchItemBodySection{{Peek: true}}}
 		for i := range b.N {
 			msgs, err := cl.Fetch(imap.UIDSetNum(imap.UID(i%n+1)), opts).Collect()
@@ -59,6 +62,7 @@ func BenchmarkBodyAndStore(b *testing.B) {
 		}
 	})
 	b.Run("unseen_then_fetch_body_20", func(b *testing.B) {
+		b.ReportAllocs()
 		// 20 unseen messages read at once (a client opening a thread):
 		// the FETCH's \Seen is one flag change, not one per message.
 		set := imap.UIDSet{imap.UIDRange{Start: 1, Stop: 20}}
@@ -74,6 +78,7 @@ func BenchmarkBodyAndStore(b *testing.B) {
 		}
 	})
 	b.Run("store", func(b *testing.B) {
+		b.ReportAllocs()
 		for i := range b.N {
 			op := imap.StoreFlagsAdd
 			if (i/n)%2 == 1 {
@@ -87,9 +92,89 @@ func BenchmarkBodyAndStore(b *testing.B) {
 	})
 }
 
+// BenchmarkFetch times what a client fetches besides BenchmarkFetchHeaders'
+// header fields, over the same 160 messages of about 5 KB: the ENVELOPE and
+// BODYSTRUCTURE of all (a client's message list), the whole header of all
+// (BODY.PEEK[HEADER]), and one message's text (BODY.PEEK[TEXT]). Allocations
+// are the server's and imapclient's together (one process).
+func BenchmarkFetch(b *testing.B) {
+	const n = 160
+	cl := benchSession(b, n)
+	all := imap.SeqSet{{Start: 1, Stop: 0}}
+	for _, bc := range []struct {
+		name string
+		set  imap.NumSet
+		want int
+		opts *imap.FetchOptions
+	}{
+		{"envelope_structure_160", all, n, &imap.FetchOptions{UID: true, Envelope: true, BodyStructure: &imap.FetchItemBodyStructure{Extended: true}}},
+		{"header_160", all, n, &imap.FetchOptions{UID: true, BodySection: []*imap.FetchItemBodySection{{Specifier: imap.PartSpecifierHeader, Peek: true}}}},
+		{"text_1", imap.UIDSetNum(7), 1, &imap.FetchOptions{UID: true, BodySection: []*imap.FetchItemBodySection{{Specifier: imap.PartSpecifierText, Peek: true}}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				msgs, err := cl.Fetch(bc.set, bc.opts).Collect()
+				if err != nil || len(msgs) != bc.want {
+					b.Fatalf("FETCH: %d messages, %v", len(msgs), err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSearch times UID SEARCH over the 160 messages of benchSession,
+// the text index caught up: a header (SUBJECT) and an address header
+// (FROM), both answered from the messages' headers, and TEXT and BODY,
+// answered through the text index (internal/fts) and checked against the
+// messages.
+func BenchmarkSearch(b *testing.B) {
+	const n = 160
+	c, cl := benchCoreSession(b, n)
+	for {
+		q, err := c.Boxes.TextQueued()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if q == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, bc := range []struct {
+		name     string
+		criteria *imap.SearchCriteria
+		want     int
+	}{
+		// "message 42" is in the subjects of 42 alone; "sender 15" in the
+		// From of 15 and 150-159.
+		{"subject", &imap.SearchCriteria{Header: []imap.SearchCriteriaHeaderField{{Key: "Subject", Value: "message 42"}}}, 1},
+		{"from", &imap.SearchCriteria{Header: []imap.SearchCriteriaHeaderField{{Key: "From", Value: "sender 15"}}}, 11},
+		{"text_rare", &imap.SearchCriteria{Text: []string{"<42@example.org>"}}, 1},
+		{"body_every", &imap.SearchCriteria{Body: []string{"lazy dog"}}, n},
+		{"body_none", &imap.SearchCriteria{Body: []string{"zebra"}}, 0},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				d, err := cl.UIDSearch(bc.criteria, nil).Wait()
+				if err != nil || len(d.AllUIDs()) != bc.want {
+					b.Fatalf("SEARCH: %d messages, want %d, %v", len(d.AllUIDs()), bc.want, err)
+				}
+			}
+		})
+	}
+}
+
 // benchSession delivers n messages of about 5 KB to the test user of a
 // new one-node core and returns a client logged in with INBOX selected.
 func benchSession(b *testing.B, n int) *imapclient.Client {
+	_, cl := benchCoreSession(b, n)
+	return cl
+}
+
+// benchCoreSession is benchSession that also returns the core.
+func benchCoreSession(b *testing.B, n int) (*core.Core, *imapclient.Client) {
 	c := openCore(b, b.TempDir())
 	b.Cleanup(func() { c.Close() })
 	body := strings.Repeat("The quick brown fox jumps over the lazy dog. 0123456789\r\n", 85)
@@ -114,7 +199,7 @@ func benchSession(b *testing.B, n int) *imapclient.Client {
 	if _, err := cl.Select("INBOX", nil).Wait(); err != nil {
 		b.Fatal(err)
 	}
-	return cl
+	return c, cl
 }
 
 // countingStore counts the message bodies read.

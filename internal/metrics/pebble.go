@@ -26,6 +26,7 @@ var (
 	descPebbleFlushes    = desc("quill_pebble_flushes_total", "Memtable flushes.")
 	descPebbleMemSize    = desc("quill_pebble_memtable_size_bytes", "Bytes allocated by memtables and large batches.")
 	descPebbleMemCount   = desc("quill_pebble_memtables", "Memtables, the mutable one included.")
+	descPebbleMemZombie  = desc("quill_pebble_memtable_zombie_bytes", "Bytes of memtables no longer in use but not yet freed (one is kept for the next rotation to reuse).")
 	descPebbleWALFiles   = desc("quill_pebble_wal_files", "Live write-ahead log files.")
 	descPebbleWALSize    = desc("quill_pebble_wal_size_bytes", "Bytes of the live write-ahead log files on disk.")
 	descPebbleWALWritten = desc("quill_pebble_wal_written_bytes_total", "Bytes written to the write-ahead log.")
@@ -38,7 +39,7 @@ var (
 func describePebble(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPebbleUsage, descPebbleLevelFiles, descPebbleLevelSize, descPebbleLevelWrite,
 		descPebbleReadAmp, descPebbleWriteAmp, descPebbleCompacts, descPebbleCompactSec, descPebbleCompactRun, descPebbleDebt,
-		descPebbleFlushes, descPebbleMemSize, descPebbleMemCount, descPebbleWALFiles, descPebbleWALSize, descPebbleWALWritten,
+		descPebbleFlushes, descPebbleMemSize, descPebbleMemCount, descPebbleMemZombie, descPebbleWALFiles, descPebbleWALSize, descPebbleWALWritten,
 		descPebbleCacheSize, descPebbleCacheHits, descPebbleCacheMiss, descPebbleFsync} {
 		ch <- d
 	}
@@ -62,6 +63,7 @@ func collectPebble(id string, m *pebble.Metrics, ch chan<- prometheus.Metric) {
 	counter(ch, descPebbleFlushes, float64(m.Flush.Count), id)
 	gauge(ch, descPebbleMemSize, float64(m.MemTable.Size), id)
 	gauge(ch, descPebbleMemCount, float64(m.MemTable.Count), id)
+	gauge(ch, descPebbleMemZombie, float64(m.MemTable.ZombieSize), id)
 	gauge(ch, descPebbleWALFiles, float64(m.WAL.Files), id)
 	gauge(ch, descPebbleWALSize, float64(m.WAL.PhysicalSize), id)
 	counter(ch, descPebbleWALWritten, float64(m.WAL.BytesWritten), id)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/golang-lru/simplelru"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/internal/mailbox"
@@ -27,10 +28,21 @@ type IMAPStore struct {
 	P *Proxy
 
 	mu sync.Mutex
-	// where remembers, per user, the node of each message id from the last
-	// view the writer sent: bodies are fetched there without asking it.
-	where map[string]map[string][]cluster.NodeID
+	// where remembers, for the whereUsers users whose views were read last,
+	// the nodes of each message id of each mailbox's last view the writer
+	// sent (*boxSources by user): bodies are fetched there without asking
+	// it. A user past the bound, or a message not in the last view, is
+	// found through the mail map instead.
+	where *simplelru.LRU
 }
+
+// whereUsers bounds IMAPStore.where: about 100 bytes a message, so 256
+// users of 1,000 messages each hold about 25 MB, and a node's memory does
+// not grow with every user who ever opened a mailbox on it.
+const whereUsers = 256
+
+// boxSources are a user's message locations, by mailbox ID and message id.
+type boxSources map[uint64]map[string][]cluster.NodeID
 
 // opTimeout bounds one IMAP operation's round trips to the writer and the
 // fragments.
@@ -155,21 +167,47 @@ func (s *IMAPStore) Messages(ctx context.Context, user string, id uint64) ([]mai
 		return nil, err
 	}
 	out := make([]mailbox.Message, len(rep.Messages))
-	s.mu.Lock()
-	if s.where == nil {
-		s.where = map[string]map[string][]cluster.NodeID{}
-	}
-	w := s.where[user]
-	if w == nil {
-		w = map[string][]cluster.NodeID{}
-		s.where[user] = w
-	}
+	w := make(map[string][]cluster.NodeID, len(rep.Messages))
+	var last []cluster.NodeID
 	for i, m := range rep.Messages {
 		out[i] = m.Message
-		w[m.ID] = m.Sources()
+		// Most messages of a mailbox have the same nodes: one slice
+		// serves them all.
+		if src := m.Sources(); !slices.Equal(src, last) {
+			last = src
+		}
+		w[m.ID] = last
 	}
-	s.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.where == nil {
+		s.where, _ = simplelru.NewLRU(whereUsers, nil) // errs only for a size <= 0
+	}
+	v, _ := s.where.Get(user)
+	boxes, _ := v.(boxSources)
+	if boxes == nil {
+		boxes = boxSources{}
+		s.where.Add(user, boxes)
+	}
+	boxes[id] = w
 	return out, nil
+}
+
+// sources returns the nodes of a message of user from the last views read.
+func (s *IMAPStore) sources(user, id string) ([]cluster.NodeID, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.where == nil {
+		return nil, false
+	}
+	boxes, _ := s.where.Peek(user)
+	bs, _ := boxes.(boxSources)
+	for _, w := range bs {
+		if n, ok := w[id]; ok {
+			return n, true
+		}
+	}
+	return nil, false
 }
 
 // Body implements imap.Store.
@@ -177,9 +215,7 @@ func (s *IMAPStore) Body(ctx context.Context, user, id string) ([]byte, error) {
 	ctx, cancel := withOpTimeout(ctx)
 	defer cancel()
 	user = userdb.Normalize(user)
-	s.mu.Lock()
-	n, ok := s.where[user][id]
-	s.mu.Unlock()
+	n, ok := s.sources(user, id)
 	if ok || s.P.Shared != nil {
 		return s.P.body(ctx, n, user, id)
 	}
@@ -520,9 +556,7 @@ func unionAnswers(answers []*mailbox.TextAnswer, queries int) *mailbox.TextAnswe
 // holder and cut.
 func (s *IMAPStore) OpenRange(ctx context.Context, user, id string, off, n int64) (io.ReadCloser, int64, error) {
 	user = userdb.Normalize(user)
-	s.mu.Lock()
-	nodes, ok := s.where[user][id]
-	s.mu.Unlock()
+	nodes, ok := s.sources(user, id)
 	if ok && s.P.Shared == nil && slices.Contains(nodes, s.P.Self) {
 		if r, err := s.P.Boxes.OpenBody(user, id); err == nil {
 			off = min(off, r.Size())

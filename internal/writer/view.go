@@ -8,6 +8,7 @@ package writer
 // sockets or Pebble.
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/quillmail/quill/internal/cluster"
@@ -54,8 +55,14 @@ func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) Cont
 	out := Contents{Msgs: map[uint32]*ViewMsg{}}
 	byID := map[string]*ViewMsg{}
 	var order []string
+	var lastReplicas []cluster.NodeID
 	for _, f := range frags {
 		d := f.d
+		// One slice of holders serves every message first found in this
+		// fragment, and one of replicas every run of messages with the
+		// same set (a view of 100,000 messages would otherwise hold
+		// 200,000 small slices); both are clipped, so an append copies.
+		holders := []cluster.NodeID{f.node}
 		out.UIDNext = max(out.UIDNext, d.UIDNext)
 		out.ModSeq = max(out.ModSeq, d.HighestModSeq)
 		if d.UIDNext > 0 {
@@ -66,9 +73,14 @@ func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) Cont
 			if removed != nil && removed(msg.ID, msg.Version) {
 				continue
 			}
+			if slices.Equal(msg.Replicas, lastReplicas) {
+				msg.Replicas = lastReplicas
+			} else {
+				lastReplicas = slices.Clip(msg.Replicas)
+			}
 			vm := byID[msg.ID]
 			if vm == nil {
-				byID[msg.ID] = &ViewMsg{Message: msg, Holders: []cluster.NodeID{f.node}}
+				byID[msg.ID] = &ViewMsg{Message: msg, Holders: holders}
 				order = append(order, msg.ID)
 				continue
 			}

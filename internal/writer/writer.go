@@ -139,6 +139,7 @@ type Manager struct {
 func New(self cluster.NodeID, users Users, store Storage, peers Peers, clock *hlc.Clock, log *slog.Logger) *Manager {
 	m := &Manager{self: self, users: users, store: store, peers: peers, clock: clock, log: log}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.spawn(m.sweepViews)
 	return m
 }
 
@@ -216,6 +217,21 @@ type boxView struct {
 	// that has not heard yet still lists them, and neither a reload nor
 	// the audit should take that for a message to show.
 	gone map[string]goneMsg
+	// holders is the last confirmed message's holder set, which the next
+	// ones with the same set share (share).
+	holders []cluster.NodeID
+}
+
+// share returns the view's last holder set if ns equals it, else makes ns
+// the last one: a mailbox's deliveries mostly land on the same nodes, and
+// one slice for all of them saves a slice per message. It is clipped, so
+// an append to a message's holders copies rather than changes the others'.
+func (b *boxView) share(ns []cluster.NodeID) []cluster.NodeID {
+	if slices.Equal(ns, b.holders) {
+		return b.holders
+	}
+	b.holders = slices.Clip(ns)
+	return b.holders
 }
 
 // settle records that an allocation was confirmed or cancelled.
@@ -591,7 +607,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 			// than hide one of them.
 			b.reloadSoon()
 		}
-		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: uniq(req.Nodes)}
+		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: b.share(uniq(req.Nodes))}
 	}
 	w.changed(m, user, v)
 	return nil
