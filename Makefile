@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -202,6 +202,16 @@ bench-memory: build
 # ROUNDS=3 for more). Same section of docs/benchmarks.md.
 bench-porcupine: build
 	scripts/bench-porcupine.sh $(CURDIR)/$(BIN)
+
+# Issue 16, goal 3: Quill's disk footprint beside Postfix's Maildir for
+# 10,000 and 100,000 messages, then Pebble's write amplification over a
+# 1-hour delivery run with deletes (scripts/bench-disk.sh; as root for
+# Postfix; WAMP_DURATION=10m for a shorter run). docs/benchmarks.md,
+# "Issue 16: disk footprint and the store path".
+WAMP_DURATION ?= 1h
+bench-disk: build
+	QUILL=$(BIN) scripts/bench-disk.sh footprint 10000 100000
+	QUILL=$(BIN) scripts/bench-disk.sh wamp $(WAMP_DURATION)
 
 clean:
 	rm -rf bin

@@ -102,7 +102,7 @@ footprint() {
 	pf=$WORK/pf-$n
 	export BENCH_DIR=$pf SMTP_PORT=$((PORT_BASE + 10)) POP3_PORT=$((PORT_BASE + 11)) IMAP_PORT=$((PORT_BASE + 12))
 	bench/postfix-dovecot/setup.sh clean >/dev/null 2>&1 || true
-	bench/postfix-dovecot/setup.sh start >/dev/null
+	bench/postfix-dovecot/setup.sh start >"$pf.setup.log" 2>&1 || { echo "setup.sh start failed: see $pf.setup.log" >&2; exit 1; }
 	ppid=$(tr -d ' ' <"$pf/postfix-spool/pid/master.pid")
 	"$QUILL" bench --smtp "127.0.0.1:$SMTP_PORT" --pop3 "127.0.0.1:$POP3_PORT" --users-file "$pf/users.txt" \
 		--mix 1 --count "$n" --duration 6h --concurrency "$CONCURRENCY" --body-text "$BODY_TEXT" \
@@ -135,11 +135,11 @@ wamp() {
 	quill_stop
 	load=$(cut -d' ' -f1-3 /proc/loadavg)
 	awk -v dur="$1" -v store="$store" -v load="$load" '
-		/^quill_pebble_wal_written_bytes_total / {wal=$2}
-		/^quill_pebble_level_written_bytes_total/ {lv+=$2; if ($1 ~ /level="0"/) l0=$2}
-		/^quill_pebble_write_amplification / {wa=$2}
-		/^quill_pebble_compactions_total / {comp=$2}
-		/^quill_pebble_flushes_total / {fl=$2}
+		/^quill_pebble_wal_written_bytes_total[{ ]/ {wal=$2}
+		/^quill_pebble_level_written_bytes_total[{ ]/ {lv+=$2; if ($1 ~ /level="0"/) l0=$2}
+		/^quill_pebble_write_amplification[{ ]/ {wa=$2}
+		/^quill_pebble_compactions_total[{ ]/ {comp=$2}
+		/^quill_pebble_flushes_total[{ ]/ {fl=$2}
 		END {printf "| %s | %.1f MB | %.1f MB | %.1f MB | %.2f | %.2f | %d / %d | %.1f MB | %s |\n",
 			dur, wal/1e6, l0/1e6, lv/1e6, lv/wal, wa, fl, comp, store/1e6, load}' "$WORK/wamp.metrics"
 	jq -c '{delivered: .total.delivered, pop_sessions: .total.pop_sessions, retrieved: .total.messages_retrieved,
