@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/quillmail/quill/internal/clustersim"
+	"github.com/spf13/cobra"
+)
+
+func init() { rootCmd.AddCommand(newSimulateCmd()) }
+
+func newSimulateCmd() *cobra.Command {
+	var (
+		sizes                        []int
+		deliveries, users, replicas  int
+		gossipWindow, settle, detect time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "simulate",
+		Short: "Simulate clusters of 64-256 nodes in this process (real membership and placement, in-memory network)",
+		Long: `simulate starts, for each --nodes size, a cluster of that many simulated nodes in
+this process: each runs Quill's real membership manager (memberlist's SWIM and
+the user map) and placement (the load balancer's replica sets), over an
+in-memory network (internal/clustersim). Once every node sees every other and
+they hold one user map, it measures the gossip each node sends over
+--gossip-window, simulates --deliveries deliveries to --users users with
+--replicas copies (the node-to-node calls the real delivery would make), then
+crashes one node and times the survivors' agreement on the new user map, with
+the buckets that moved and the soft-state scans that follow.
+
+Progress goes to stderr, the table to stdout.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "%5s %8s %8s %7s %7s %7s %7s %7s %8s %9s %12s %12s %10s %10s %10s %6s %8s %6s\n",
+				"nodes", "settle", "RPC/msg", "lookup", "alloc", "write", "push", "confirm", "copies", "B/node/s", "max B/node/s", "msgs/node/s",
+				"map first", "map median", "map all", "moved", "gainers", "scans")
+			for _, n := range sizes {
+				fmt.Fprintf(os.Stderr, "simulate: starting %d nodes\n", n)
+				c, err := clustersim.Start(n)
+				if err != nil {
+					return err
+				}
+				err = simulateOne(cmd.Context(), out, c, n, deliveries, users, replicas, gossipWindow, settle, detect)
+				fmt.Fprintf(os.Stderr, "simulate: stopping %d nodes\n", n)
+				c.Stop()
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntSliceVar(&sizes, "nodes", []int{64, 128, 256}, "cluster sizes to simulate, one after the other")
+	f.IntVar(&deliveries, "deliveries", 20000, "deliveries to simulate on each cluster")
+	f.IntVar(&users, "users", 10000, "users the deliveries go to (uniformly)")
+	f.IntVar(&replicas, "replicas", 2, "copies of each message")
+	f.DurationVar(&gossipWindow, "gossip-window", 20*time.Second, "how long the gossip of a settled cluster is counted")
+	f.DurationVar(&settle, "settle-timeout", 5*time.Minute, "how long a new cluster may take to see itself whole")
+	f.DurationVar(&detect, "failure-timeout", 5*time.Minute, "how long the survivors of a crash may take to agree")
+	return cmd
+}
+
+// simulateOne measures one simulated cluster and prints its table row.
+func simulateOne(ctx context.Context, out io.Writer, c *clustersim.Cluster, n, deliveries, users, replicas int, window, settle, detect time.Duration) error {
+	sctx, cancel := context.WithTimeout(ctx, settle)
+	took, err := c.Settle(sctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "simulate: %d nodes settled in %s; counting gossip for %s\n", n, took.Round(100*time.Millisecond), window)
+	g := c.MeasureGossip(window)
+	k, err := c.Deliver(deliveries, users, replicas, 1)
+	if err != nil {
+		return err
+	}
+	victim := c.Nodes[len(c.Nodes)-1]
+	fmt.Fprintf(os.Stderr, "simulate: %d deliveries simulated; crashing %s\n", k.Deliveries, victim.ID)
+	fctx, cancel := context.WithTimeout(ctx, detect)
+	fl, err := c.Kill(fctx, victim)
+	cancel()
+	if err != nil {
+		return err
+	}
+	d := float64(k.Deliveries)
+	per := func(x int) float64 { return float64(x) / d }
+	sec := func(t time.Duration) string { return fmt.Sprintf("%.1f s", t.Seconds()) }
+	fmt.Fprintf(out, "%5d %8s %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %9.0f %12.0f %12.1f %10s %10s %10s %6d %8d %6d\n",
+		n, sec(took), per(k.Total()), per(k.Lookup), per(k.Alloc), per(k.Write), per(k.Push), per(k.Confirm), per(k.BodyCopies),
+		g.Bytes, g.MaxBytes, g.Messages, sec(fl.First), sec(fl.Median), sec(fl.Converged), fl.Moved, fl.Gainers, fl.Scans)
+	return nil
+}
