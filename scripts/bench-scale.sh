@@ -6,8 +6,9 @@
 # ready, drives the same SMTP load spread evenly over the nodes (one
 # `quill bench --mix 1` per node, the total rate fixed), scrapes every
 # node's /metrics before and after, and prints per delivered message the
-# node-to-node RPC calls and bytes and the WAL fsyncs, and per node per
-# second the gossip bytes and messages sent. Every node is stopped by its
+# node-to-node RPC calls of deliveries, all RPC bytes and the WAL fsyncs,
+# and per node per second the RPCs of timers (audit, scans) and the gossip
+# bytes and messages sent. Every node is stopped by its
 # PID. Usage:
 #   scripts/bench-scale.sh [QUILL_BIN] [OUTDIR]
 # SIZES="1 2 4 8 16" (the cluster sizes), RATE=20 (messages per second, the
@@ -148,9 +149,15 @@ wait_benches() {
 benches=""
 
 # report N SECONDS LOAD: one table row from the before and after scrapes,
-# and the RPC calls per delivery by method.
+# and the RPC calls per delivery by method. The calls of a delivery
+# (deliveryCalls: the recipient's lookup, UID allocation and confirmation
+# at the user's manager, the store at the coordinator, its pushes to the
+# other replicas, and the profile writes of UID reservations, which are
+# pushes too) are counted per message; the others (the writers' audit,
+# soft-state scans) run on timers, so they are counted per node per second.
+deliveryCalls='^(UserManager.Lookup|Writer.Alloc|Writer.Confirm|Replica.Write|Replica.Push)$'
 report() {
-	awk -v n="$1" -v secs="$2" -v load="$3" -v byMethod="$OUT/n$1-methods.txt" '
+	awk -v n="$1" -v secs="$2" -v load="$3" -v byMethod="$OUT/n$1-methods.txt" -v dcalls="$deliveryCalls" '
 		FNR == NR { before[$1 " " $2] = $3; next }
 		{
 			d = $3 - before[$1 " " $2]
@@ -159,8 +166,8 @@ report() {
 			else if (name == "quill_pebble_wal_fsync_seconds_count") fsyncs += d
 			else if (name == "quill_rpc_sent_bytes_total") rpcbytes += d
 			else if (name == "quill_rpc_calls_total" && $2 ~ /side="client"/) {
-				calls += d
 				match($2, /method="[^"]*"/); m = substr($2, RSTART + 8, RLENGTH - 9)
+				if (m ~ dcalls) calls += d; else bg += d
 				bym[m] += d
 			}
 			else if (name == "quill_gossip_bytes_total" && $2 ~ /direction="sent"/) gbytes += d
@@ -168,19 +175,22 @@ report() {
 		}
 		END {
 			if (delivered == 0) { printf "%5d  no deliveries\n", n; exit }
-			printf "%5d %9d %8.1f %10.2f %11.0f %8.2f %14.0f %12.1f   %s\n", n, delivered, delivered / secs,
-				calls / delivered, rpcbytes / delivered, fsyncs / delivered, gbytes / n / secs, gmsgs / n / secs, load
-			for (m in bym) if (bym[m] > 0) printf "%d %s %.3f\n", n, m, bym[m] / delivered > byMethod
+			printf "%5d %9d %8.1f %10.2f %11.0f %8.2f %10.2f %14.0f %12.1f   %s\n", n, delivered, delivered / secs,
+				calls / delivered, rpcbytes / delivered, fsyncs / delivered, bg / n / secs, gbytes / n / secs, gmsgs / n / secs, load
+			for (m in bym) if (bym[m] > 0) {
+				if (m ~ dcalls) printf "%d %s %.3f /msg\n", n, m, bym[m] / delivered > byMethod
+				else printf "%d %s %.3f /node/s\n", n, m, bym[m] / n / secs > byMethod
+			}
 		}' "$OUT/n$1-before.txt" "$OUT/n$1-after.txt" | tee -a "$OUT/table.txt"
 }
 
 : >"$OUT/table.txt"
-printf "%5s %9s %8s %10s %11s %8s %14s %12s   %s\n" nodes delivered msg/s "RPC/msg" "RPC B/msg" "fsync/msg" "gossip B/n/s" "gossip m/n/s" "load (1, 5, 15 min)" | tee "$OUT/table.txt"
+printf "%5s %9s %8s %10s %11s %8s %10s %14s %12s   %s\n" nodes delivered msg/s "RPC/msg" "RPC B/msg" "fsync/msg" "bg RPC/n/s" "gossip B/n/s" "gossip m/n/s" "load (1, 5, 15 min)" | tee "$OUT/table.txt"
 for n in $SIZES; do
 	run "$n"
 done
 echo >&2
-echo "RPC calls per delivered message, by method:" >&2
+echo "RPC calls by method (nodes:calls), per delivered message or per node per second:" >&2
 sort -k2,2 -k1,1n "$OUT"/n*-methods.txt | awk '
-	{ if ($2 != m) { if (m != "") print line; m = $2; line = sprintf("  %-28s", m) } line = line sprintf(" %3d:%.2f", $1, $3) }
-	END { if (m != "") print line }' >&2
+	{ if ($2 != m) { if (m != "") print line " " unit; m = $2; unit = $4; line = sprintf("  %-22s", m) } line = line sprintf(" %3d:%.2f", $1, $3) }
+	END { if (m != "") print line " " unit }' >&2

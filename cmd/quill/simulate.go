@@ -27,7 +27,8 @@ this process: each runs Quill's real membership manager (memberlist's SWIM and
 the user map) and placement (the load balancer's replica sets), over an
 in-memory network (internal/clustersim). Once every node sees every other and
 they hold one user map, it measures the gossip each node sends over
---gossip-window, simulates --deliveries deliveries to --users users with
+--gossip-window (then as long again with every node's load changing at each
+of its 2-second refreshes, so every node gossips new metadata), simulates --deliveries deliveries to --users users with
 --replicas copies (the node-to-node calls the real delivery would make), then
 crashes one node and times the survivors' agreement on the new user map, with
 the buckets that moved and the soft-state scans that follow.
@@ -36,8 +37,9 @@ Progress goes to stderr, the table to stdout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "%5s %8s %8s %7s %7s %7s %7s %7s %8s %9s %12s %12s %10s %10s %10s %6s %8s %6s\n",
+			fmt.Fprintf(out, "%5s %8s %8s %7s %7s %7s %7s %7s %8s %9s %12s %12s %10s %11s %10s %10s %10s %6s %8s %6s\n",
 				"nodes", "settle", "RPC/msg", "lookup", "alloc", "write", "push", "confirm", "copies", "B/node/s", "max B/node/s", "msgs/node/s",
+				"busy B/n/s", "busy msgs/s",
 				"map first", "map median", "map all", "moved", "gainers", "scans")
 			for _, n := range sizes {
 				fmt.Fprintf(os.Stderr, "simulate: starting %d nodes\n", n)
@@ -66,16 +68,33 @@ Progress goes to stderr, the table to stdout.`,
 	return cmd
 }
 
+// simProgressEvery is how often a wait for the simulated nodes says what
+// it still waits for.
+const simProgressEvery = 10 * time.Second
+
 // simulateOne measures one simulated cluster and prints its table row.
 func simulateOne(ctx context.Context, out io.Writer, c *clustersim.Cluster, n, deliveries, users, replicas int, window, settle, detect time.Duration) error {
-	sctx, cancel := context.WithTimeout(ctx, settle)
-	took, err := c.Settle(sctx)
-	cancel()
-	if err != nil {
-		return err
+	// Settle in steps, saying what is still missing after each.
+	start := time.Now()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, simProgressEvery)
+		_, err := c.Settle(sctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > settle {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "simulate: %s\n", err)
 	}
+	took := time.Since(start)
 	fmt.Fprintf(os.Stderr, "simulate: %d nodes settled in %s; counting gossip for %s\n", n, took.Round(100*time.Millisecond), window)
 	g := c.MeasureGossip(window)
+	fmt.Fprintf(os.Stderr, "simulate: counting gossip for %s more with every node's load changing\n", window)
+	c.Busy(true)
+	busy := c.MeasureGossip(window)
+	c.Busy(false)
 	k, err := c.Deliver(deliveries, users, replicas, 1)
 	if err != nil {
 		return err
@@ -91,8 +110,8 @@ func simulateOne(ctx context.Context, out io.Writer, c *clustersim.Cluster, n, d
 	d := float64(k.Deliveries)
 	per := func(x int) float64 { return float64(x) / d }
 	sec := func(t time.Duration) string { return fmt.Sprintf("%.1f s", t.Seconds()) }
-	fmt.Fprintf(out, "%5d %8s %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %9.0f %12.0f %12.1f %10s %10s %10s %6d %8d %6d\n",
+	fmt.Fprintf(out, "%5d %8s %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %9.0f %12.0f %12.1f %10.0f %11.1f %10s %10s %10s %6d %8d %6d\n",
 		n, sec(took), per(k.Total()), per(k.Lookup), per(k.Alloc), per(k.Write), per(k.Push), per(k.Confirm), per(k.BodyCopies),
-		g.Bytes, g.MaxBytes, g.Messages, sec(fl.First), sec(fl.Median), sec(fl.Converged), fl.Moved, fl.Gainers, fl.Scans)
+		g.Bytes, g.MaxBytes, g.Messages, busy.Bytes, busy.Messages, sec(fl.First), sec(fl.Median), sec(fl.Converged), fl.Moved, fl.Gainers, fl.Scans)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quillmail/quill/internal/balance"
@@ -26,6 +27,10 @@ type Node struct {
 	mu sync.Mutex
 	// adopted is when the node took its current user map.
 	adopted time.Time
+	// load is the pending disk operations the node gossips: while the
+	// cluster is Busy it changes at every look, so every node gossips
+	// new metadata at each refresh (a loaded cluster's worst case).
+	load int
 }
 
 // Adopted returns when the node took its current user map.
@@ -41,7 +46,17 @@ type Cluster struct {
 	Nodes []*Node
 	// Down are the nodes cut off.
 	Down map[cluster.NodeID]bool
+	busy atomic.Bool
 }
+
+// Busy makes every node's load change at each gossip refresh (on) or
+// stand still (off).
+func (c *Cluster) Busy(on bool) { c.busy.Store(on) }
+
+// startParallel is how many nodes join at once: a join is a few round
+// trips between goroutines, and one after the other they added up to
+// minutes at 256 nodes on a busy machine.
+const startParallel = 16
 
 // Start starts n nodes, every one joining the first, as `quill serve
 // --join` does; it returns once they are started, not settled (Settle).
@@ -50,32 +65,67 @@ func Start(n int) (*Cluster, error) {
 		return nil, fmt.Errorf("simulated cluster of %d nodes: want 1 to 60000", n)
 	}
 	c := &Cluster{Net: NewNetwork(), Down: map[cluster.NodeID]bool{}}
-	var seed []string
 	for i := range n {
 		addr := fmt.Sprintf("10.0.%d.%d:7946", i/250, i%250+1)
 		end, err := c.Net.Endpoint(addr)
 		if err != nil {
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, &Node{ID: cluster.NodeID(fmt.Sprintf("sim-%03d", i)), end: end})
+	}
+	if err := c.startNode(c.Nodes[0], nil); err != nil {
+		return nil, err
+	}
+	seed := []string{c.Nodes[0].end.addr}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sem := make(chan struct{}, startParallel)
+	for _, node := range c.Nodes[1:] {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs <- c.startNode(node, seed)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
 			c.Stop()
 			return nil, err
 		}
-		node := &Node{ID: cluster.NodeID(fmt.Sprintf("sim-%03d", i)), end: end}
-		m, err := cluster.StartMembership(cluster.MembershipConfig{
-			Self: node.ID, Boot: 1, Bind: addr, RPC: addr, Seeds: seed, Transport: end,
-			OnChange: func(_, _ *cluster.UserMap) {
-				node.mu.Lock()
-				node.adopted = time.Now()
-				node.mu.Unlock()
-			},
-		})
-		if err != nil {
-			c.Stop()
-			return nil, fmt.Errorf("simulated node %s: %w", node.ID, err)
-		}
-		node.M = m
-		c.Nodes = append(c.Nodes, node)
-		seed = []string{c.Nodes[0].end.addr}
 	}
 	return c, nil
+}
+
+// startNode starts one node's membership on its endpoint.
+func (c *Cluster) startNode(node *Node, seed []string) error {
+	addr := node.end.addr
+	m, err := cluster.StartMembership(cluster.MembershipConfig{
+		Self: node.ID, Boot: 1, Bind: addr, RPC: addr, Seeds: seed, Transport: node.end,
+		Load: func() (int, bool) {
+			node.mu.Lock()
+			defer node.mu.Unlock()
+			if c.busy.Load() {
+				node.load = (node.load + 1) % 8
+			}
+			return node.load, false
+		},
+		OnChange: func(_, _ *cluster.UserMap) {
+			node.mu.Lock()
+			node.adopted = time.Now()
+			node.mu.Unlock()
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("simulated node %s: %w", node.ID, err)
+	}
+	node.mu.Lock()
+	node.M = m
+	node.mu.Unlock()
+	return nil
 }
 
 // Live returns the nodes not cut off.
@@ -300,13 +350,16 @@ func (c *Cluster) Kill(ctx context.Context, victim *Node) (Failure, error) {
 func (c *Cluster) Stop() {
 	var wg sync.WaitGroup
 	for _, n := range c.Nodes {
-		if n.M == nil {
+		n.mu.Lock()
+		m := n.M
+		n.mu.Unlock()
+		if m == nil {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n.M.Shutdown()
+			m.Shutdown()
 		}()
 	}
 	wg.Wait()
