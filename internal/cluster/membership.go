@@ -134,6 +134,9 @@ type MembershipConfig struct {
 	// simulation's in-memory network, internal/clustersim); Bind is then
 	// only the address the node advertises.
 	Transport memberlist.NodeAwareTransport
+	// Tune, if set, changes memberlist's settings after Quill's (the
+	// simulation slows every timer down on a busy machine).
+	Tune func(*memberlist.Config)
 	// Deferred makes StartMembership only set up gossip; the caller then
 	// calls Start once whatever OnChange uses is in place.
 	Deferred bool
@@ -227,6 +230,9 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		}
 		m.traffic = countTraffic(t)
 		mc.Transport = m.traffic
+		if cfg.Tune != nil {
+			cfg.Tune(mc)
+		}
 		ml, err := memberlist.Create(mc)
 		if err != nil {
 			m.traffic.Shutdown()

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cluster"
 )
@@ -46,7 +47,9 @@ type Cluster struct {
 	Nodes []*Node
 	// Down are the nodes cut off.
 	Down map[cluster.NodeID]bool
-	busy atomic.Bool
+	// Scale is how many times slower than real time memberlist runs.
+	Scale float64
+	busy  atomic.Bool
 }
 
 // Busy makes every node's load change at each gossip refresh (on) or
@@ -60,11 +63,20 @@ const startParallel = 16
 
 // Start starts n nodes, every one joining the first, as `quill serve
 // --join` does; it returns once they are started, not settled (Settle).
-func Start(n int) (*Cluster, error) {
+// scale (1: real time) stretches every memberlist timer (probes, their
+// timeouts, gossip, push-pull, stream timeouts) by that factor: the
+// simulated network has no latency, so the protocol runs the same, only
+// scale times slower, on a machine that could not give a few hundred
+// nodes their CPU in real time. Durations measured are then scale times
+// too long and rates scale times too low (Scale undoes both).
+func Start(n int, scale float64) (*Cluster, error) {
 	if n < 1 || n > 60000 {
 		return nil, fmt.Errorf("simulated cluster of %d nodes: want 1 to 60000", n)
 	}
-	c := &Cluster{Net: NewNetwork(), Down: map[cluster.NodeID]bool{}}
+	if scale < 1 {
+		return nil, fmt.Errorf("time scale %g: want 1 or more", scale)
+	}
+	c := &Cluster{Net: NewNetwork(), Down: map[cluster.NodeID]bool{}, Scale: scale}
 	for i := range n {
 		addr := fmt.Sprintf("10.0.%d.%d:7946", i/250, i%250+1)
 		end, err := c.Net.Endpoint(addr)
@@ -112,6 +124,13 @@ func (c *Cluster) startNode(node *Node, seed []string) error {
 				node.load = (node.load + 1) % 8
 			}
 			return node.load, false
+		},
+		Tune: func(mc *memberlist.Config) {
+			stretch := func(d *time.Duration) { *d = time.Duration(float64(*d) * c.Scale) }
+			for _, d := range []*time.Duration{&mc.ProbeInterval, &mc.ProbeTimeout, &mc.GossipInterval, &mc.PushPullInterval,
+				&mc.GossipToTheDeadTime, &mc.TCPTimeout, &mc.DeadNodeReclaimTime} {
+				stretch(d)
+			}
 		},
 		OnChange: func(_, _ *cluster.UserMap) {
 			node.mu.Lock()
@@ -191,7 +210,8 @@ type Gossip struct {
 	MaxBytes        float64 // per second, the busiest node
 }
 
-// MeasureGossip counts what the live nodes send over d.
+// MeasureGossip counts what the live nodes send over d (of the real
+// clock), per second of simulated time.
 func (c *Cluster) MeasureGossip(d time.Duration) Gossip {
 	live := c.Live()
 	before := make([]cluster.GossipStats, len(live))
@@ -200,7 +220,7 @@ func (c *Cluster) MeasureGossip(d time.Duration) Gossip {
 	}
 	start := time.Now()
 	time.Sleep(d)
-	secs := time.Since(start).Seconds()
+	secs := time.Since(start).Seconds() / c.Scale
 	var g Gossip
 	for i, n := range live {
 		s := n.M.Gossip()
@@ -299,7 +319,7 @@ func (c *Cluster) Deliver(deliveries, users, replicas int, seed uint64) (Calls, 
 type Failure struct {
 	Victim cluster.NodeID
 	// Converged is the time from the crash to every survivor holding the
-	// same user map without the victim; First and Median the first and
+	// same user map without the victim, in simulated time; First and Median the first and
 	// the median survivor's adoption of it.
 	Converged, First, Median time.Duration
 	// Moved are the buckets the victim managed, now on Gainers nodes;
@@ -326,10 +346,11 @@ func (c *Cluster) Kill(ctx context.Context, victim *Node) (Failure, error) {
 		}
 		time.Sleep(pollEvery)
 	}
-	f.Converged = time.Since(start)
+	simTime := func(d time.Duration) time.Duration { return time.Duration(float64(d) / c.Scale) }
+	f.Converged = simTime(time.Since(start))
 	var took []time.Duration
 	for _, n := range c.Live() {
-		took = append(took, n.Adopted().Sub(start))
+		took = append(took, simTime(n.Adopted().Sub(start)))
 	}
 	slices.Sort(took)
 	f.First, f.Median = took[0], took[len(took)/2]

@@ -16,7 +16,7 @@ const simNodes = 16
 // placement implies, then crashes one node and checks that every survivor
 // ends on one user map without it, its buckets moved and nothing else.
 func TestSimulatedFailureConverges(t *testing.T) {
-	c, err := Start(simNodes)
+	c, err := Start(simNodes, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
