@@ -168,9 +168,14 @@ func (c *counting) DialAddressTimeout(a memberlist.Address, timeout time.Duratio
 	return &countedConn{Conn: conn, c: c}, nil
 }
 
+// Shutdown stops the inner transport first, while the relays still take
+// what its listeners hand over (NetTransport's Shutdown waits for them,
+// and one blocked on a packet nobody reads would keep it waiting for
+// good), then the relays.
 func (c *counting) Shutdown() error {
+	err := c.NodeAwareTransport.Shutdown()
 	close(c.stop)
-	return c.NodeAwareTransport.Shutdown()
+	return err
 }
 
 // countedConn counts a stream's bytes both ways.
