@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -103,6 +103,17 @@ faults-long:
 REPAIR_OBJECTS ?= 60000
 repair-bench:
 	QUILL_REPAIR_OBJECTS=$(REPAIR_OBJECTS) $(GO) test -count=1 -timeout 40m -run 'TestRepairThroughput$$' -v ./tests/cluster/
+
+# Flat costs from 1 to 16 nodes (issue 16): 1, 2, 4, 8 and 16 real nodes
+# under the same SMTP load, per-message RPC calls, bytes and fsyncs and
+# per-node gossip (about 6 minutes), then the 64-256-node simulation
+# (bench-sim, about 6 minutes); docs/benchmarks.md records the figures.
+bench-scale: build
+	scripts/bench-scale.sh $(CURDIR)/$(BIN) /tmp/quill-bench-scale
+	$(BIN) simulate --nodes 64,128,256
+
+bench-sim: build
+	$(BIN) simulate --nodes 64,128,256
 
 # testssl.sh against every TLS listener of a fresh node (about 9 minutes);
 # docs/security.md records the result.

@@ -189,7 +189,7 @@ var families = []string{
 	"quill_pebble_compaction_debt_bytes", "quill_pebble_flushes_total", "quill_pebble_memtable_size_bytes",
 	"quill_pebble_memtables", "quill_pebble_wal_files", "quill_pebble_wal_size_bytes", "quill_pebble_wal_written_bytes_total",
 	"quill_pebble_block_cache_size_bytes", "quill_pebble_block_cache_hits_total", "quill_pebble_block_cache_misses_total",
-	"quill_pebble_wal_fsync_seconds",
+	"quill_pebble_wal_fsync_seconds", "quill_gossip_bytes_total", "quill_gossip_messages_total",
 }
 
 // TestMetricsOfRunningNodes scrapes real nodes' /metrics: every family is

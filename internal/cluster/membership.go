@@ -130,6 +130,13 @@ type MembershipConfig struct {
 	// OnChange is called, from one goroutine, whenever the user map or
 	// the set of live (node, boot) pairs changed.
 	OnChange func(old, new *UserMap)
+	// Transport carries the gossip instead of UDP and TCP on Bind (the
+	// simulation's in-memory network, internal/clustersim); Bind is then
+	// only the address the node advertises.
+	Transport memberlist.NodeAwareTransport
+	// Tune, if set, changes memberlist's settings after Quill's (the
+	// simulation slows every timer down on a busy machine).
+	Tune func(*memberlist.Config)
 	// Deferred makes StartMembership only set up gossip; the caller then
 	// calls Start once whatever OnChange uses is in place.
 	Deferred bool
@@ -164,6 +171,8 @@ type Membership struct {
 	// notices are messages for every node (Broadcast), piggybacked on
 	// gossip by memberlist.
 	notices *memberlist.TransmitLimitedQueue
+	// traffic counts the gossip's packets, streams and bytes.
+	traffic *counting
 	// lives holds, per live member that something called, a context that
 	// ends when the member stops being live in this node's view (declared
 	// dead, left, or back with another boot): calls to it in flight are
@@ -211,8 +220,22 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		if cfg.Logger != nil {
 			mc.Logger = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)
 		}
+		t := cfg.Transport
+		if t == nil {
+			nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: mc.Logger})
+			if err != nil {
+				return nil, fmt.Errorf("gossip on %s: %w", cfg.Bind, err)
+			}
+			t = nodeAware{nt}
+		}
+		m.traffic = countTraffic(t)
+		mc.Transport = m.traffic
+		if cfg.Tune != nil {
+			cfg.Tune(mc)
+		}
 		ml, err := memberlist.Create(mc)
 		if err != nil {
+			m.traffic.Shutdown()
 			return nil, fmt.Errorf("gossip on %s: %w", cfg.Bind, err)
 		}
 		m.ml = ml
@@ -236,6 +259,15 @@ func (m *Membership) Start() {
 	m.recompute()
 	m.wg.Add(1)
 	go m.loop()
+}
+
+// Gossip returns the membership traffic of this node so far (zero for a
+// cluster of one).
+func (m *Membership) Gossip() GossipStats {
+	if m.traffic == nil {
+		return GossipStats{}
+	}
+	return m.traffic.Stats()
 }
 
 // UserMap returns the current user map.

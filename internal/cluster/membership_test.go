@@ -91,6 +91,15 @@ func TestMembershipUserMapConverges(t *testing.T) {
 	if mi, ok := nodes[1].Lookup("n2"); !ok || mi.RPC != "rpc-n2" {
 		t.Fatalf("meta of n2 not gossiped: %+v", mi)
 	}
+	// Every node's gossip went through the counting transport: it sent and
+	// received packets (probes and acks) and joined or was joined by a
+	// stream (push-pull), so it counted bytes both ways.
+	for i, n := range nodes {
+		g := n.Gossip()
+		if g.SentMessages == 0 || g.ReceivedMessages == 0 || g.SentBytes < g.SentMessages || g.ReceivedBytes < g.ReceivedMessages {
+			t.Errorf("node n%d gossip counted %+v: want messages and bytes both ways", i, g)
+		}
+	}
 	// n2 leaves: the others take its buckets.
 	nodes[2].Shutdown()
 	nodes = nodes[:2]

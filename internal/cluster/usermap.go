@@ -10,6 +10,7 @@ import (
 	"hash/fnv"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // Buckets is the width of the user map. Porcupine uses 256 (§6.1); the
@@ -60,11 +61,15 @@ type UserMap struct {
 func Compute(members []Member, epoch uint64, prev *UserMap) UserMap {
 	var m UserMap
 	m.Epoch = epoch
+	ws := make([]*[Buckets]uint64, len(members))
+	for i, n := range members {
+		ws[i] = nodeWeights(n.ID)
+	}
 	for b := 0; b < Buckets; b++ {
 		var best Member
 		var bestW uint64
-		for _, n := range members {
-			w := weight(b, n.ID)
+		for i, n := range members {
+			w := ws[i][b]
 			if best.ID == "" || w > bestW || (w == bestW && n.ID < best.ID) {
 				best, bestW = n, w
 			}
@@ -78,6 +83,26 @@ func Compute(members []Member, epoch uint64, prev *UserMap) UserMap {
 		}
 	}
 	return m
+}
+
+// weights caches every node's weights for the 256 buckets: each node
+// computes the user map at every membership change, and hashing every
+// (bucket, node) pair again each time was most of that work at a hundred
+// nodes and more (the simulation, internal/clustersim). It holds one entry
+// (2 KB) per node id the process has seen.
+var weights sync.Map // NodeID -> *[Buckets]uint64
+
+// nodeWeights returns n's weight for every bucket.
+func nodeWeights(n NodeID) *[Buckets]uint64 {
+	if w, ok := weights.Load(n); ok {
+		return w.(*[Buckets]uint64)
+	}
+	w := new([Buckets]uint64)
+	for b := range w {
+		w[b] = weight(b, n)
+	}
+	v, _ := weights.LoadOrStore(n, w)
+	return v.(*[Buckets]uint64)
 }
 
 func weight(bucket int, n NodeID) uint64 {
@@ -103,7 +128,7 @@ func weight(bucket int, n NodeID) uint64 {
 func Ranked(bucket uint8, members []Member) []Member {
 	out := append([]Member(nil), members...)
 	sort.Slice(out, func(i, j int) bool {
-		wi, wj := weight(int(bucket), out[i].ID), weight(int(bucket), out[j].ID)
+		wi, wj := nodeWeights(out[i].ID)[bucket], nodeWeights(out[j].ID)[bucket]
 		if wi != wj {
 			return wi > wj
 		}
