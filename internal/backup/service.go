@@ -28,6 +28,10 @@ type Server struct {
 	Dir  string
 	DB   Checkpointer
 	Node cluster.NodeID
+	// Hold, if set, keeps files the checkpoint may name from being
+	// removed until the archive is written (the sweep of body files):
+	// it returns the release.
+	Hold func() (release func())
 }
 
 // Register exposes the service to the other nodes.
@@ -35,6 +39,9 @@ func (s *Server) Register(r grpc.ServiceRegistrar) { nodepb.RegisterBackupServer
 
 // WriteTo streams this node's archive to w.
 func (s *Server) WriteTo(ctx context.Context, w io.Writer) (*Manifest, error) {
+	if s.Hold != nil {
+		defer s.Hold()()
+	}
 	return Write(ctxWriter{ctx: ctx, w: w}, s.Dir, s.DB, string(s.Node))
 }
 

@@ -346,7 +346,7 @@ func New(o Options) (*Core, error) {
 	c.Boxes.Register(c.RPC.Registrar())
 	c.Repl.Register(c.RPC.Registrar())
 	c.Queue.Register(c.RPC.Registrar())
-	c.Backup = &backup.Server{Dir: dataDir, DB: db, Node: id}
+	c.Backup = &backup.Server{Dir: dataDir, DB: db, Node: id, Hold: c.Boxes.HoldFileSweep}
 	c.Backup.Register(c.RPC.Registrar())
 	if o.Register != nil {
 		o.Register(c.RPC.Registrar())

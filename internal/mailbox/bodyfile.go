@@ -69,6 +69,13 @@ type bodyFiles struct {
 	mu sync.Mutex
 	// read counts the bytes read from body files (FileBytesRead).
 	read atomic.Int64
+	// sweeping is held for reading by each HoldFileSweep in force and
+	// for writing by a sweep: no file is swept while a backup may still
+	// copy it, and a hold waits for a sweep under way.
+	sweeping sync.RWMutex
+	// synced holds the directories known durable in their parents
+	// (mkdirSynced).
+	synced sync.Map
 }
 
 // FileBytesRead is how many bytes were read from body files since the
@@ -103,6 +110,17 @@ func (f *bodyFiles) put(body []byte) (bodyHash, error) {
 	err := os.Chtimes(p, now, now)
 	f.mu.Unlock()
 	if err == nil {
+		// The file is there, but its writer may not have fsync'd the
+		// directories that name it yet (the same message to two users
+		// of this node at once): they are made durable here too before
+		// this reference commits. The bytes were fsync'd before the
+		// rename that made the name visible.
+		if err := f.dirs(p); err != nil {
+			return h, fmt.Errorf("body file %s: %w", p, err)
+		}
+		if err := syncDir(filepath.Dir(p)); err != nil {
+			return h, fmt.Errorf("body file %s: %w", p, err)
+		}
 		return h, nil
 	}
 	if err := f.write(p, body); err != nil {
@@ -114,13 +132,7 @@ func (f *bodyFiles) put(body []byte) (bodyHash, error) {
 // write writes body to a temporary file, fsyncs it, renames it to p and
 // fsyncs p's directory (and the directories above it that it created).
 func (f *bodyFiles) write(p string, body []byte) error {
-	if err := mkdirSynced(f.tmp); err != nil {
-		return err
-	}
-	if err := mkdirSynced(f.dir); err != nil {
-		return err
-	}
-	if err := mkdirSynced(filepath.Dir(p)); err != nil {
+	if err := f.dirs(p); err != nil {
 		return err
 	}
 	var r [8]byte
@@ -147,16 +159,34 @@ func (f *bodyFiles) write(p string, body []byte) error {
 	return syncDir(filepath.Dir(p)) // the name is durable before the commit that refers to it
 }
 
-// mkdirSynced makes dir if it is missing, and fsyncs its parent so the
-// new entry survives a crash.
-func mkdirSynced(dir string) error {
-	if _, err := os.Stat(dir); err == nil {
+// dirs makes the directories a body file at p needs (the temporary one,
+// bodies/ and p's own), each durable in its parent.
+func (f *bodyFiles) dirs(p string) error {
+	for _, d := range []string{f.tmp, f.dir, filepath.Dir(p)} {
+		if err := f.mkdirSynced(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mkdirSynced makes dir if it is missing and fsyncs its parent so the
+// entry survives a crash. The first use of a directory in this process
+// fsyncs its parent even when it exists: another write may have just made
+// it and not fsync'd the parent yet (and a crash before this process may
+// have left it unsynced); after that the directory is known durable.
+func (f *bodyFiles) mkdirSynced(dir string) error {
+	if _, ok := f.synced.Load(dir); ok {
 		return nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(dir))
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	f.synced.Store(dir, true)
+	return nil
 }
 
 func syncDir(dir string) error {
@@ -212,12 +242,24 @@ func bodyRef(r store.Reader, user, id string) (bodyHash, int64, bool, error) {
 	return h, n, true, nil
 }
 
-// hasBody reports whether r holds a message's body, in Pebble or as a file.
-func hasBody(r store.Reader, user, id string) (bool, error) {
+// hasBody reports whether r holds a message's body, in Pebble or as a
+// file. A reference whose file is missing (lost to a crash or a damaged
+// disk) counts as no body, so the message's next update asks for its
+// content again and another replica's copy heals it.
+func (m *Manager) hasBody(r store.Reader, user, id string) (bool, error) {
 	if ok, err := hasIn(r, bodyKey(user, id)); ok || err != nil {
 		return ok, err
 	}
-	return hasIn(r, bodyFileKey(user, id))
+	h, _, ok, err := bodyRef(r, user, id)
+	if !ok || err != nil {
+		return false, err
+	}
+	if _, err := os.Stat(m.files.path(h)); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("user %s message %s: body file: %w", user, id, err)
+	}
+	return true, nil
 }
 
 // setBody stores a message's body in the transaction: a large one as a
@@ -325,9 +367,18 @@ func (m *Manager) OpenBody(user, id string) (BodyReader, error) {
 	}
 	f, err := m.files.open(h)
 	if err != nil {
-		return nil, fmt.Errorf("user %s message %s: body file: %w", user, id, err)
+		return nil, fileErr(user, id, err)
 	}
 	return fileBody{f, size, &m.files.read}, nil
+}
+
+// fileErr names a body file that could not be opened; a missing one is
+// ErrNoMessage, as a body that is not here (hasBody).
+func fileErr(user, id string, err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("user %s message %s: body file missing: %w", user, id, ErrNoMessage)
+	}
+	return fmt.Errorf("user %s message %s: body file: %w", user, id, err)
 }
 
 // fileBodyOf reads a message's body from its file, if it is kept as one.
@@ -338,7 +389,7 @@ func (m *Manager) fileBodyOf(user, id string) ([]byte, bool, error) {
 	}
 	f, err := m.files.open(h)
 	if err != nil {
-		return nil, false, fmt.Errorf("user %s message %s: body file: %w", user, id, err)
+		return nil, false, fileErr(user, id, err)
 	}
 	defer f.Close()
 	b := make([]byte, size)
@@ -350,11 +401,24 @@ func (m *Manager) fileBodyOf(user, id string) ([]byte, bool, error) {
 	return b, true, nil
 }
 
+// HoldFileSweep stops SweepFiles from removing any body file until the
+// release it returns is called: a backup's checkpoint names files whose
+// references may go before the archive has copied them.
+func (m *Manager) HoldFileSweep() (release func()) {
+	m.files.sweeping.RLock()
+	var once sync.Once
+	return func() { once.Do(m.files.sweeping.RUnlock) }
+}
+
 // SweepFiles removes the body files no reference names whose modification
 // time is older than bodyFileGrace (see above), and the temporary files
 // of writes cut short, and reports how many it removed.
 func (m *Manager) SweepFiles(now time.Time) (int, error) {
 	f := m.files
+	if !f.sweeping.TryLock() {
+		return 0, nil // a backup is copying the files: the next sweep
+	}
+	defer f.sweeping.Unlock()
 	// Read the references first: a file written after this point is
 	// younger than the grace, so it cannot be taken for garbage.
 	named := map[bodyHash]bool{}

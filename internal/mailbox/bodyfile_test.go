@@ -2,6 +2,7 @@ package mailbox
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"os"
 	"path/filepath"
@@ -161,5 +162,56 @@ func TestDeleteUserTakesBodyFiles(t *testing.T) {
 	}
 	if files := bodyFilesIn(t, dir); len(files) != 0 {
 		t.Fatalf("files left: %v", files)
+	}
+}
+
+// A reference whose file is gone (a crash, a damaged disk) counts as no
+// body: reads say ErrNoMessage and the census reports it missing, so the
+// next update asks for the content again; a store of the same bytes heals
+// it. A hold keeps the sweep from removing files a backup may copy.
+func TestMissingBodyFileIsNoBody(t *testing.T) {
+	m, dir := newManager(t)
+	u := "u@x.org"
+	raw := bigBody(200<<10, 1)
+	if err := m.StoreAt([]Placed{place(u, "INBOX", v1, 1, 1)}, "big1", raw, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	files := bodyFilesIn(t, dir)
+	if len(files) != 1 {
+		t.Fatalf("body files %v", files)
+	}
+	if ok, err := m.hasBody(m.db, u, "big1"); !ok || err != nil {
+		t.Fatalf("hasBody before: %v %v", ok, err)
+	}
+	os.Remove(files[0])
+	if ok, err := m.hasBody(m.db, u, "big1"); ok || err != nil {
+		t.Fatalf("hasBody with the file gone: %v %v, want false", ok, err)
+	}
+	if _, err := m.Body(u, "big1"); !errors.Is(err, ErrNoMessage) {
+		t.Fatalf("Body with the file gone: %v, want ErrNoMessage", err)
+	}
+	if _, err := m.OpenBody(u, "big1"); !errors.Is(err, ErrNoMessage) {
+		t.Fatalf("OpenBody with the file gone: %v, want ErrNoMessage", err)
+	}
+	if err := m.StoreAt([]Placed{place(u, "INBOX", v1, 2, 2)}, "big2", raw, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.Body(u, "big1"); err != nil || !bytes.Equal(got, raw) {
+		t.Fatalf("after the same bytes were stored again: %d bytes, %v", len(got), err)
+	}
+
+	// Held, the sweep removes nothing, even an old orphan.
+	orphan := m.files.path(bodyHash(sha256.Sum256([]byte("x"))))
+	os.MkdirAll(filepath.Dir(orphan), 0o700)
+	os.WriteFile(orphan, []byte("x"), 0o600)
+	old := time.Now().Add(-2 * bodyFileGrace)
+	os.Chtimes(orphan, old, old)
+	release := m.HoldFileSweep()
+	if n, err := m.SweepFiles(time.Now()); n != 0 || err != nil {
+		t.Fatalf("sweep under a hold removed %d (%v)", n, err)
+	}
+	release()
+	if n, err := m.SweepFiles(time.Now()); n != 1 || err != nil {
+		t.Fatalf("sweep after the release removed %d (%v), want the orphan", n, err)
 	}
 }

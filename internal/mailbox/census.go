@@ -29,7 +29,7 @@ func (m *Manager) Census(fn func(c Census) error) error {
 			return err
 		}
 		c.Stamp = rec.Stamp
-		has, err := hasBody(m.db, c.User, c.Message.ID)
+		has, err := m.hasBody(m.db, c.User, c.Message.ID)
 		if err != nil {
 			return err
 		}

@@ -122,8 +122,11 @@ func (m *Manager) Apply(ups []*replica.Update, logw func(b *store.Batch, outs []
 		}
 		users[i] = objs[i].User
 	}
-	fresh := m.minted.fresh(objs)
 	defer m.lockUsers(users)()
+	// Under the users' locks: of two Applies of one minted id (a late
+	// delivery and a newer change of it), the one that runs first takes
+	// the mark and really finds nothing; the other reads what it wrote.
+	fresh := m.minted.fresh(objs)
 	t := m.newTx()
 	outs := make([]replica.Outcome, len(ups))
 	for i, o := range objs {
@@ -203,7 +206,7 @@ func (t *tx) applyObject(o *Object, u *replica.Update, fresh bool) (replica.Outc
 		// or to a message held here already (for its text index entry).
 		have := false
 		if u.Blob == nil || (rec != nil && !rec.Deleted) {
-			if have, err = hasBody(t.b, o.User, o.ID); err != nil {
+			if have, err = t.m.hasBody(t.b, o.User, o.ID); err != nil {
 				return 0, err
 			}
 		}
@@ -376,7 +379,7 @@ func (t *tx) dropBody(o *Object) error {
 	if !o.Deleted {
 		return t.deleteBody(o.User, o.ID)
 	}
-	have, err := hasBody(t.b, o.User, o.ID)
+	have, err := t.m.hasBody(t.b, o.User, o.ID)
 	if err != nil || !have {
 		return err
 	}
