@@ -118,10 +118,14 @@ const (
 	// at 1.1x this size and keeps up to MemTableStopWritesThreshold+1
 	// flushed WAL files for reuse, so an idle store holds two to four WAL
 	// files of this size on disk: at the former 64 MiB that was about
-	// 280 MB before a single message. 4 MiB holds about a second of
-	// deliveries at this machine's peak (compressed bodies, bodycodec.go),
-	// and flushes into L0 tables of a few MB.
-	memTableSize = 4 << 20
+	// 280 MB before a single message. Smaller is not free: a store's keys
+	// are spread over every user's bucket, so each flushed memtable
+	// overlaps the whole of the bottom level and its compaction rewrites
+	// it. Measured under the Porcupine workload (docs/benchmarks.md, "Issue
+	// 16: the memtable's size"): 4 MiB spent 44% of the CPU compacting and
+	// delivered 0.64 of 64 MiB's rate, 16 MiB 0.86; 16 MiB keeps the WAL
+	// files near 70 MB on disk.
+	memTableSize = 16 << 20
 	// memTableStopWrites is how many memtables (the one written and those
 	// waiting for their flush) may exist before writes wait: Pebble's
 	// default, named here because memory is memTableSize times it.
