@@ -25,7 +25,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from conftest import STORE
-from mailutil import free_port, send, wait_for
+from mailutil import free_port, send, smtp, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("QUILL_TEST_OUTPUT", REPO / "test-output")) / "console"
@@ -76,6 +76,16 @@ def trio(quill_factory):
 def shot(page, name: str) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
+
+
+def rcpt_accepted(node, rcpt: str) -> bool:
+    """Whether node's SMTP accepts rcpt (RCPT only: nothing is delivered)."""
+    with smtp(node) as s:
+        s.ehlo()
+        s.mail("sender@remote.test")
+        code, _ = s.rcpt(rcpt)
+        s.rset()
+        return code == 250
 
 
 def test_console_in_a_real_browser(trio):
@@ -131,6 +141,10 @@ def test_console_in_a_real_browser(trio):
             # on A's page.
             page.click("nav >> text=Cluster")
             expect(page.locator("#alive-count")).to_have_text("3 of 3")
+            # On the Cassandra store a clusterwide change reaches another
+            # node at its next re-read (a peer's digest, about 1-3 s), not
+            # with the acknowledgement: wait until B knows the alias.
+            wait_for(f"node B to accept {SALES}", lambda: rcpt_accepted(b, SALES), timeout=20)
             before = int(page.locator("#message-count").inner_text())
             for i in range(4):
                 refused = send(b, SALES, f"From: x@remote.test\r\nTo: {SALES}\r\nSubject: console {i}\r\n\r\nhello {i}\r\n".encode())
