@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"strconv"
@@ -165,8 +166,13 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 				// Copied from the store as it is read: a large message
 				// is never held whole here.
 				wc := rw.WriteBodySection(bs, ranges[k].n)
-				if _, err := io.Copy(wc, nulMapper{io.LimitReader(ranges[k].r, ranges[k].n)}); err != nil {
+				if got, err := io.Copy(wc, nulMapper{io.LimitReader(ranges[k].r, ranges[k].n)}); err != nil {
 					return err
+				} else if got < ranges[k].n {
+					// The literal's length is sent: a store that holds
+					// fewer bytes than it said (a truncated file) must
+					// end the response, not leave it short.
+					return fmt.Errorf("message %s: %d of %d bytes read: %w", m.id, got, ranges[k].n, io.ErrUnexpectedEOF)
 				}
 				if err := wc.Close(); err != nil {
 					return err

@@ -105,11 +105,7 @@ func (f *bodyFiles) path(h bodyHash) string {
 func (f *bodyFiles) put(body []byte) (bodyHash, error) {
 	h := bodyHash(sha256.Sum256(body))
 	p := f.path(h)
-	f.mu.Lock()
-	now := time.Now()
-	err := os.Chtimes(p, now, now)
-	f.mu.Unlock()
-	if err == nil {
+	if err := f.touch(h); err == nil {
 		// The file is there, but its writer may not have fsync'd the
 		// directories that name it yet (the same message to two users
 		// of this node at once): they are made durable here too before
@@ -127,6 +123,16 @@ func (f *bodyFiles) put(body []byte) (bodyHash, error) {
 		return h, fmt.Errorf("body file %s: %w", p, err)
 	}
 	return h, nil
+}
+
+// touch makes a body file young again, under the lock the sweep looks at
+// its age under: a write that reuses it, or a new reference to it, keeps
+// it from the sweep for another grace.
+func (f *bodyFiles) touch(h bodyHash) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	return os.Chtimes(f.path(h), now, now)
 }
 
 // write writes body to a temporary file, fsyncs it, renames it to p and
@@ -263,22 +269,27 @@ func (m *Manager) hasBody(r store.Reader, user, id string) (bool, error) {
 }
 
 // setBody stores a message's body in the transaction: a large one as a
-// file (durable before this returns), the others in Pebble.
-func (t *tx) setBody(user, id string, body []byte) error {
+// file (durable before this returns), the others in Pebble. known says
+// the message may be held here already, in the other form, which is then
+// deleted; a new message (the delivery path) writes no such tombstone.
+func (t *tx) setBody(user, id string, body []byte, known bool) error {
+	put, other := bodyKey(user, id), bodyFileKey(user, id)
+	var v []byte
 	if len(body) < LargeBody {
-		if err := t.b.Delete(bodyFileKey(user, id)); err != nil {
+		v = encodeBody(body)
+	} else {
+		h, err := t.m.files.put(body)
+		if err != nil {
+			return fmt.Errorf("user %s message %s: %w", user, id, err)
+		}
+		put, other, v = other, put, encodeBodyRef(h, len(body))
+	}
+	if known {
+		if err := t.b.Delete(other); err != nil {
 			return err
 		}
-		return t.b.Set(bodyKey(user, id), encodeBody(body))
 	}
-	h, err := t.m.files.put(body)
-	if err != nil {
-		return fmt.Errorf("user %s message %s: %w", user, id, err)
-	}
-	if err := t.b.Delete(bodyKey(user, id)); err != nil {
-		return err
-	}
-	return t.b.Set(bodyFileKey(user, id), encodeBodyRef(h, len(body)))
+	return t.b.Set(put, v)
 }
 
 // copyBody makes message id share the body of message from (an IMAP COPY
@@ -293,10 +304,7 @@ func (t *tx) copyBody(user, from, id string) (bool, error) {
 			// The file was due for the sweep if the only reference
 			// went meanwhile: touched, it waits another grace.
 			if h, _, derr := decodeBodyRef(v); derr == nil {
-				now := time.Now()
-				t.m.files.mu.Lock()
-				os.Chtimes(t.m.files.path(h), now, now)
-				t.m.files.mu.Unlock()
+				t.m.files.touch(h)
 			}
 		}
 		return err == nil, err

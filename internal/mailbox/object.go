@@ -213,7 +213,7 @@ func (t *tx) applyObject(o *Object, u *replica.Update, fresh bool) (replica.Outc
 		hadBody = have
 		switch {
 		case u.Blob != nil:
-			if err := t.setBody(o.User, o.ID, u.Blob); err != nil {
+			if err := t.setBody(o.User, o.ID, u.Blob, rec != nil); err != nil {
 				return 0, err
 			}
 		case have:

@@ -73,11 +73,7 @@ func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) Cont
 			if removed != nil && removed(msg.ID, msg.Version) {
 				continue
 			}
-			if slices.Equal(msg.Replicas, lastReplicas) {
-				msg.Replicas = lastReplicas
-			} else {
-				lastReplicas = slices.Clip(msg.Replicas)
-			}
+			msg.Replicas = reuse(&lastReplicas, msg.Replicas)
 			vm := byID[msg.ID]
 			if vm == nil {
 				byID[msg.ID] = &ViewMsg{Message: msg, Holders: holders}
@@ -183,4 +179,16 @@ func (c *counters) continueFrom(prev counters) {
 func (c *counters) follow(uid uint32, modseq uint64) {
 	c.uidNext = max(c.uidNext, uid)
 	c.modseq = max(c.modseq, modseq)
+}
+
+// reuse returns *last if ns holds the same nodes, else makes ns the last
+// one: runs of messages with the same node set then share one slice
+// instead of a slice each. It is clipped, so an append to one message's
+// set copies rather than changes the others'.
+func reuse(last *[]cluster.NodeID, ns []cluster.NodeID) []cluster.NodeID {
+	if slices.Equal(ns, *last) {
+		return *last
+	}
+	*last = slices.Clip(ns)
+	return *last
 }

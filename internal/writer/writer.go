@@ -218,20 +218,9 @@ type boxView struct {
 	// the audit should take that for a message to show.
 	gone map[string]goneMsg
 	// holders is the last confirmed message's holder set, which the next
-	// ones with the same set share (share).
+	// ones with the same set share (reuse): a mailbox's deliveries mostly
+	// land on the same nodes.
 	holders []cluster.NodeID
-}
-
-// share returns the view's last holder set if ns equals it, else makes ns
-// the last one: a mailbox's deliveries mostly land on the same nodes, and
-// one slice for all of them saves a slice per message. It is clipped, so
-// an append to a message's holders copies rather than changes the others'.
-func (b *boxView) share(ns []cluster.NodeID) []cluster.NodeID {
-	if slices.Equal(ns, b.holders) {
-		return b.holders
-	}
-	b.holders = slices.Clip(ns)
-	return b.holders
 }
 
 // settle records that an allocation was confirmed or cancelled.
@@ -607,7 +596,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 			// than hide one of them.
 			b.reloadSoon()
 		}
-		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: b.share(uniq(req.Nodes))}
+		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: reuse(&b.holders, uniq(req.Nodes))}
 	}
 	w.changed(m, user, v)
 	return nil

@@ -1,5 +1,6 @@
 """Crash test: kill -9 in the middle of a delivery stream loses no
-acknowledged message, duplicates none and tears none.
+acknowledged message, duplicates none and tears none, large ones (kept as
+files) included.
 
 Porcupine's contract for delivery (§2.3.1, §4.1): the SMTP 250 after DATA
 is sent only once the message is durable. Several client threads deliver
@@ -41,10 +42,14 @@ def recipients(seq: int) -> list[str]:
 
 
 def make_message(seq: int) -> bytes:
-    """A deterministic message for seq: 8-bit, dot lines, 0.2 to 12 KB."""
+    """A deterministic message for seq: 8-bit, dot lines, 0.2 to 12 KB; every
+    tenth 80 to 200 KB, over mailbox.LargeBody (64 KiB), so its body is a file
+    (to every user at once: one file three references share), and the crash
+    also checks that a body file is durable before its 250."""
     rnd = random.Random(seq)
+    count = rnd.randint(1000, 2500) if seq % 10 == 0 else rnd.randint(2, 150)
     lines = [f"line {i} of seq {seq}: ".encode() + rnd.randbytes(rnd.randint(0, 60)).hex().encode()
-             for i in range(rnd.randint(2, 150))]
+             for i in range(count)]
     lines.insert(1, b".leading dot " + bytes(range(0x80, 0x90)))
     lines.insert(2, b".")
     body = b"\r\n".join(lines) + b"\r\n"
