@@ -68,15 +68,17 @@ wait_idle() {
 du_bytes() { du -s --block-size=1 "$1" | cut -f1; }
 mb() { awk -v b="$1" 'BEGIN{printf "%.1f", b/1e6}'; }
 
-quill_start() { # data dir; sets QPID
-	"$QUILL" serve --data "$1" --smtp "$QSMTP" --pop3 "$QPOP3" --http "$QHTTP" --imap "$QIMAP" \
-		--smtps= --pop3s= --imaps= --submission= >"$1.log" 2>&1 &
+quill_start() { # data dir [more flags]; sets QPID
+	d=$1
+	shift
+	"$QUILL" serve --data "$d" --smtp "$QSMTP" --pop3 "$QPOP3" --http "$QHTTP" --imap "$QIMAP" \
+		--smtps= --pop3s= --imaps= --submission= "$@" >"$d.log" 2>&1 &
 	QPID=$!
 	for _ in $(seq 1 100); do
-		[ -s "$1/admin.token" ] && curl -sf "http://$QHTTP/healthz" >/dev/null 2>&1 && return
+		[ -s "$d/admin.token" ] && curl -sf "http://$QHTTP/healthz" >/dev/null 2>&1 && return
 		sleep 0.2
 	done
-	echo "quill did not start: see $1.log" >&2
+	echo "quill did not start: see $d.log" >&2
 	exit 1
 }
 
@@ -87,7 +89,9 @@ footprint() {
 	data=$WORK/quill-$n
 	rm -rf "$data" "$data.log"
 	mkdir -p "$data"
-	quill_start "$data"
+	# The text index at once: the footprint is of the mail with its whole
+	# index, and wait_idle would otherwise end before the index's delay.
+	quill_start "$data" --text-index-delay 0
 	"$QUILL" bench --smtp "$QSMTP" --pop3 "$QPOP3" --admin "http://$QHTTP" --admin-token "$(cat "$data/admin.token")" \
 		--mix 1 --count "$n" --duration 6h --concurrency "$CONCURRENCY" --body-text "$BODY_TEXT" \
 		--server-pid "$QPID" --quiet --json-file "$WORK/quill-$n.json"

@@ -15,7 +15,8 @@
 # 10000), SIZE (4800), USERS (recipients, 1: smtp-source's one -t address;
 # more runs one smtp-source per user, the sessions split among them),
 # SOURCE_OPTS (more smtp-source options, e.g. -d to keep a connection for
-# many messages), PROFILE (seconds: a CPU and an allocation profile of the
+# many messages), QUILL_ARGS (more flags for the quill node, not base: e.g.
+# "--text-index-delay 0" to count the text index inside the run), PROFILE (seconds: a CPU and an allocation profile of the
 # node during the last round's largest session count, into OUTDIR).
 set -eu
 Q=${1:-bin/quill}
@@ -70,6 +71,8 @@ node() {
 		--imaps 127.0.0.1:0 --pop3s 127.0.0.1:0 --smtps 127.0.0.1:0 --submission 127.0.0.1:0 --filter-workers 0 \
 		--log-level warn
 	[ "$PROFILE" -gt 0 ] && set -- "$@" --pprof
+	# shellcheck disable=SC2086 # QUILL_ARGS is a list of flags
+	[ "$name" = quill ] && set -- "$@" ${QUILL_ARGS:-}
 	"$bin" "$@" >"$OUT/$name.log" 2>&1 &
 	pid=$!
 	PIDS="$PIDS $pid"

@@ -220,6 +220,9 @@ type Options struct {
 	// (usermgr/audit.go); 0 is usermgr.DefaultAuditInterval, negative
 	// turns it off (tests of what it would hide).
 	AuditInterval time.Duration
+	// TextIndexDelay is how long a stored message waits before the text
+	// index reads it (0: at once; quill serve: mailbox.DefaultTextIndexDelay).
+	TextIndexDelay time.Duration
 }
 
 // DefaultReplicas is how many copies of each message a cluster keeps unless
@@ -274,7 +277,7 @@ func New(o Options) (*Core, error) {
 	c.checkDisk()
 	clock := hlc.NewSkewed(o.ClockSkew)
 	c.Boxes = mailbox.New(db)
-	c.Boxes.Self, c.Boxes.Log = id, log
+	c.Boxes.Self, c.Boxes.Log, c.Boxes.TextIndexDelay = id, log, o.TextIndexDelay
 	client := rpc.NewClient()
 	c.Peers = &cluster.Peers{RPC: client}
 	// Below half of MinFree the node refuses message content even as a

@@ -167,7 +167,10 @@ type Manager struct {
 	Log  *slog.Logger
 
 	Notifier
-	text textIndex
+	// TextIndexDelay is how long a stored message waits before the text
+	// index reads it (DefaultTextIndexDelay for quill serve; 0: at once).
+	TextIndexDelay time.Duration
+	text           textIndex
 	// minted are the ids handed out here not yet applied (minted.go).
 	minted mintedIDs
 	// files holds the bodies too large for Pebble (bodyfile.go).

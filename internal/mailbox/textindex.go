@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,10 +173,22 @@ type textChange struct {
 	loc  docLoc
 }
 
-// queueText puts a message held here on the text index's queue.
+// queueText puts a message held here on the text index's queue, with the
+// time it was queued (the indexer leaves it for TextIndexDelay).
 func (t *tx) queueText(user, id string) error {
 	t.textQueued = true
-	return t.b.Set(toIndexKey(user, id), nil)
+	return t.b.Set(toIndexKey(user, id), queuedAt(time.Now()))
+}
+
+// queuedAt is a queue entry's value: when the message was queued, in Unix
+// nanoseconds. An empty value (queueUnindexed, or a store of before the
+// delay) is due at once.
+func queuedAt(t time.Time) []byte { return binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano())) }
+
+// dueBy reports whether a queue entry's value says it was queued at or
+// before cutoff.
+func dueBy(v []byte, cutoff int64) bool {
+	return len(v) != 8 || int64(binary.BigEndian.Uint64(v)) <= cutoff
 }
 
 // moveText points a message's document at its new place (nothing if it
@@ -263,22 +277,44 @@ func (m *Manager) wakeTextIndex() {
 	}
 }
 
-// textIndexBatch is how many queued messages one pass of the indexer takes.
-const textIndexBatch = 256
+// textIndexBatch is how many due queue entries one step of the indexer
+// takes; textIndexScan how many it steps over at most looking for them
+// (entries not yet due stay where they are).
+const (
+	textIndexBatch = 256
+	textIndexScan  = 16 * textIndexBatch
+)
 
-// textIndexIdle is how often an idle indexer looks at its queue anyway.
+// textIndexGroupBytes bounds the bodies one batch of the index reads and
+// writes: a user's messages are indexed together, one Merge per distinct
+// term for all of them (a term per message each was most of the keys, and
+// so most of the compactions, of the Porcupine workload: issue 16).
+const textIndexGroupBytes = 4 << 20
+
+// textIndexIdle is how often an idle indexer looks at its queue anyway,
+// and with a delay how often it looks for entries that came due.
 const textIndexIdle = 10 * time.Second
 
 // textIndexGather is how long the indexer lets deliveries gather after
-// being woken: every pass starts by stepping over the tombstones of the
-// queue entries taken before, which, a pass per delivery, cost more under
-// load than the indexing itself. A search meanwhile reads what is not
-// indexed yet.
+// being woken (no delay): every pass starts by stepping over the
+// tombstones of the queue entries taken before, which, a pass per
+// delivery, cost more under load than the indexing itself. A search
+// meanwhile reads what is not indexed yet.
 const textIndexGather = 100 * time.Millisecond
+
+// DefaultTextIndexDelay is how long a delivered message waits before the
+// indexer reads it (quill serve --text-index-delay). Mail fetched and
+// deleted within it, as POP3 clients do, is never indexed: indexing was
+// half of a node's CPU under the Porcupine workload, where nothing
+// searches (docs/benchmarks.md, "Issue 16: the text index's cost"). A
+// SEARCH indexes its user's waiting messages first (catchUpText), so the
+// delay does not slow searches of new mail.
+const DefaultTextIndexDelay = 30 * time.Second
 
 // RunTextIndex indexes the queued messages until stop closes. It first
 // queues every message held here that has no document yet (a store made
-// before the index existed, or an index dropped to be rebuilt).
+// before the index existed, or an index dropped to be rebuilt). Messages
+// are indexed once they have waited TextIndexDelay.
 func (m *Manager) RunTextIndex(stop <-chan struct{}) {
 	m.wakeTextIndex()
 	m.text.mu.Lock()
@@ -287,13 +323,21 @@ func (m *Manager) RunTextIndex(stop <-chan struct{}) {
 	if err := m.queueUnindexed(); err != nil {
 		m.logf("text index: queueing the messages held here: %v", err)
 	}
-	idle := time.NewTicker(textIndexIdle)
+	delay := m.TextIndexDelay
+	period := textIndexIdle
+	if delay > 0 && delay < period {
+		period = delay
+	}
+	idle := time.NewTicker(period)
 	defer idle.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-wake:
+			if delay > 0 {
+				continue // nothing a delivery queues is due yet: the ticker takes it
+			}
 			select {
 			case <-stop:
 				return
@@ -301,17 +345,18 @@ func (m *Manager) RunTextIndex(stop <-chan struct{}) {
 			}
 		case <-idle.C:
 		}
-		// Each pass goes on from where the last one stopped: the entries
+		cutoff := time.Now().Add(-delay).UnixNano()
+		// Each step goes on from where the last one stopped: the entries
 		// it took are deleted, and a scan from the start would step over
 		// all their tombstones again.
 		var from []byte
 		for {
-			n, last, err := m.indexFrom(from, textIndexBatch)
+			_, more, last, err := m.indexFrom(from, textIndexBatch, cutoff)
 			if err != nil {
 				m.logf("text index: %v", err)
 				break
 			}
-			if n < textIndexBatch {
+			if !more {
 				break
 			}
 			from = last
@@ -402,18 +447,18 @@ func (m *Manager) TextQueued() (int, error) {
 	return m.countKeys(store.KindPrefix(store.KindToIndex))
 }
 
-// IndexQueued indexes up to max queued messages and reports how many
-// queue entries it took.
+// IndexQueued indexes up to max queued messages, due or not, and reports
+// how many queue entries it took.
 func (m *Manager) IndexQueued(max int) (int, error) {
-	n, _, err := m.indexFrom(nil, max)
+	n, _, _, err := m.indexFrom(nil, max, math.MaxInt64)
 	return n, err
 }
 
-// indexFrom indexes up to max queued messages whose entries come after
-// the key from (all when nil), and returns the last entry's key.
-func (m *Manager) indexFrom(from []byte, max int) (int, []byte, error) {
-	type item struct{ user, id string }
-	var items []item
+// indexFrom indexes up to max queued messages queued at or before cutoff
+// (Unix nanoseconds) whose entries come after the key from (all when nil).
+// It reports how many it took, whether it stopped at a limit before the
+// queue's end, and the last entry it looked at.
+func (m *Manager) indexFrom(from []byte, max int, cutoff int64) (int, bool, []byte, error) {
 	p := store.KindPrefix(store.KindToIndex)
 	lower := p
 	if from != nil {
@@ -421,26 +466,83 @@ func (m *Manager) indexFrom(from []byte, max int) (int, []byte, error) {
 	}
 	it, err := m.db.NewIter(&store.IterOptions{LowerBound: lower, UpperBound: store.UpperBound(p)})
 	if err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
-	var last []byte
-	for it.First(); it.Valid() && len(items) < max; it.Next() {
+	var (
+		users  []string
+		ids    [][]string
+		last   []byte
+		taken  int
+		looked int
+	)
+	for it.First(); it.Valid() && taken < max && looked < textIndexScan; it.Next() {
+		looked++
 		last = bytes.Clone(it.Key())
-		if user, id, ok := splitUserKey(it.Key()); ok {
-			items = append(items, item{user, id})
+		user, id, ok := splitUserKey(it.Key())
+		if !ok || !dueBy(it.Value(), cutoff) {
+			continue
 		}
+		// Keys sort by bucket and user: a user's entries are together.
+		if len(users) == 0 || users[len(users)-1] != user {
+			users, ids = append(users, user), append(ids, nil)
+		}
+		ids[len(ids)-1] = append(ids[len(ids)-1], id)
+		taken++
 	}
+	more := it.Valid()
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
-	for _, x := range items {
-		// One message that fails stays queued for the next pass and does
-		// not hold up the others.
-		if err := m.indexOne(x.user, x.id); err != nil {
-			m.logf("text index: user %s message %s: %v", x.user, x.id, err)
+	for i, user := range users {
+		// A user whose messages fail stays queued for the next pass and
+		// does not hold up the others.
+		if err := m.indexMessages(user, ids[i]); err != nil {
+			m.logf("text index: user %s: %v", user, err)
 		}
 	}
-	return len(items), last, nil
+	return taken, more, last, nil
+}
+
+// textSearchCatchUp bounds how long a search spends indexing its user's
+// waiting messages before it answers: the proxy waits textTimeout (2 s)
+// for every node's answer, and what is left is read by the search.
+const textSearchCatchUp = 500 * time.Millisecond
+
+// textCatchUpStep is how many of a user's waiting messages a search
+// indexes between looks at its deadline.
+const textCatchUpStep = 32
+
+// catchUpText indexes the user's queued messages, due or not, for up to
+// textSearchCatchUp: a search then narrows by the index instead of reading
+// the messages that wait for TextIndexDelay (as Dovecot's fts indexes at
+// the first search).
+func (m *Manager) catchUpText(user string) error {
+	deadline := time.Now().Add(textSearchCatchUp)
+	p := store.UserPrefix(store.KindToIndex, user)
+	lower := p
+	for time.Now().Before(deadline) {
+		it, err := m.db.NewIter(&store.IterOptions{LowerBound: lower, UpperBound: store.UpperBound(p)})
+		if err != nil {
+			return err
+		}
+		var ids []string
+		for it.First(); it.Valid() && len(ids) < textCatchUpStep; it.Next() {
+			ids = append(ids, string(it.Key()[len(p):]))
+			// On from the last one taken: a message that failed stays
+			// queued and is not tried again by this search.
+			lower = append(bytes.Clone(it.Key()), 0)
+		}
+		if err := errors.Join(it.Error(), it.Close()); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		if err := m.indexMessages(user, ids); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // maxIndexedBody is the largest body the index reads: reading a body
@@ -452,91 +554,166 @@ func (m *Manager) indexFrom(from []byte, max int) (int, []byte, error) {
 // than maxDocTerms terms.
 const maxIndexedBody = 4 << 20
 
-// indexOne gives a queued message its document and its terms' postings.
-// The terms are read from the body outside the user's lock; the document
-// is written under it, where the message's place cannot change.
-func (m *Manager) indexOne(user, id string) error {
-	var terms map[string][]string
-	if _, size, ok, err := bodyRef(m.db, user, id); err != nil {
-		return err
-	} else if !ok || size <= maxIndexedBody {
-		body, err := m.Body(user, id)
-		if err == nil {
-			terms = fts.Terms(body)
-		} else if !errors.Is(err, ErrNoMessage) {
+// textDocIn is a queued message and the terms read from its body (nil:
+// no body, or too large to read).
+type textDocIn struct {
+	id    string
+	terms map[string][]string
+}
+
+// indexMessages gives a user's queued messages their documents and their
+// terms' postings, in batches of at most textIndexGroupBytes of bodies.
+func (m *Manager) indexMessages(user string, ids []string) error {
+	for len(ids) > 0 {
+		var in []textDocIn
+		read := 0
+		for len(ids) > 0 && read < textIndexGroupBytes {
+			id := ids[0]
+			ids = ids[1:]
+			terms, n, err := m.readTerms(user, id)
+			if err != nil {
+				// It stays queued for the next pass.
+				m.logf("text index: user %s message %s: %v", user, id, err)
+				continue
+			}
+			read += n
+			in = append(in, textDocIn{id: id, terms: terms})
+		}
+		if err := m.writeDocs(user, in); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// readTerms reads a message's terms from its body, outside the user's
+// lock, and the body's size.
+func (m *Manager) readTerms(user, id string) (map[string][]string, int, error) {
+	_, size, ok, err := bodyRef(m.db, user, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if ok && size > maxIndexedBody {
+		return nil, 0, nil
+	}
+	body, err := m.Body(user, id)
+	if errors.Is(err, ErrNoMessage) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return fts.Terms(body), len(body), nil
+}
+
+// writeDocs writes the documents of messages whose terms were read, under
+// the user's lock, where a message's place cannot change: one batch, one
+// posting Merge and one vocabulary key per distinct term of them all.
+func (m *Manager) writeDocs(user string, in []textDocIn) error {
+	if len(in) == 0 {
+		return nil
 	}
 	defer m.lockUser(user)()
 	b := m.db.NewBatch()
 	defer b.Close()
-	if err := b.Delete(toIndexKey(user, id)); err != nil {
-		return err
-	}
-	var rec objectRecord
-	ok, err := getJSON(m.db, objectKey(user, id), &rec)
-	if err != nil {
-		return err
-	}
-	has, err := m.hasKey(textKey(user, textID, []byte(id)))
-	if err != nil {
-		return err
-	}
-	if !ok || rec.Deleted || terms == nil || has || countTerms(terms) > maxDocTerms {
-		// Gone, bodiless or indexed already: only the entry goes. A
-		// message of more terms than maxDocTerms, or larger than
-		// maxIndexedBody, gets no document, so searches always read it.
-		return b.Commit(store.NoSync)
-	}
 	ut := m.lockText(user)
 	defer ut.mu.Unlock()
-	if ut.next == 0 {
-		if ut.next, err = m.readNextDoc(user); err != nil {
+	type added struct {
+		doc uint32
+		loc docLoc
+	}
+	var (
+		docs     []added
+		postings = map[string][]byte{} // field 0 term -> the new docs
+		order    []string
+	)
+	next := ut.next
+	for _, d := range in {
+		if err := b.Delete(toIndexKey(user, d.id)); err != nil {
+			return err
+		}
+		var rec objectRecord
+		ok, err := getJSON(m.db, objectKey(user, d.id), &rec)
+		if err != nil {
+			return err
+		}
+		has, err := m.hasKey(textKey(user, textID, []byte(d.id)))
+		if err != nil {
+			return err
+		}
+		if !ok || rec.Deleted || d.terms == nil || has || countTerms(d.terms) > maxDocTerms {
+			// Gone, bodiless or indexed already: only the entry goes. A
+			// message of more terms than maxDocTerms, or larger than
+			// maxIndexedBody, gets no document, so searches always read it.
+			continue
+		}
+		if next == 0 {
+			if next, err = m.readNextDoc(user); err != nil {
+				return err
+			}
+		}
+		doc := next
+		next++
+		loc := docLoc{v: rec.UIDValidity, uid: rec.UID, idh: idHash(d.id)}
+		if err := errors.Join(
+			b.Set(textKey(user, textDoc, docBytes(doc)), docValue(loc, d.id)),
+			b.Set(textKey(user, textID, []byte(d.id)), docBytes(doc)),
+		); err != nil {
+			return err
+		}
+		docs = append(docs, added{doc, loc})
+		for field, list := range d.terms {
+			for _, term := range list {
+				k := field + "\x00" + term
+				p, seen := postings[k]
+				if !seen {
+					order = append(order, k)
+				}
+				postings[k] = binary.AppendUvarint(p, uint64(doc))
+			}
+		}
+	}
+	if len(docs) > 0 {
+		if err := b.Set(textKey(user, textNext), docBytes(next)); err != nil {
 			return err
 		}
 	}
-	doc := ut.next
-	loc := docLoc{v: rec.UIDValidity, uid: rec.UID, idh: idHash(id)}
-	if err := errors.Join(
-		b.Set(textKey(user, textDoc, docBytes(doc)), docValue(loc, id)),
-		b.Set(textKey(user, textID, []byte(id)), docBytes(doc)),
-		b.Set(textKey(user, textNext), docBytes(doc+1)),
-	); err != nil {
-		return err
-	}
-	posting := binary.AppendUvarint(nil, uint64(doc))
 	var fresh [][2]string
 	prefix := store.UserPrefix(store.KindText, user)
 	var key []byte
-	for field, list := range terms {
-		for _, term := range list {
-			// The vocabulary key is written whether or not the term is
-			// known: asking the store was a point read per term, most of
-			// what indexing cost under load (compactions keep one).
-			key = appendTermKey(key[:0], prefix, textPost, field, term)
-			if err := b.Merge(key, posting); err != nil {
-				return err
-			}
-			key = appendTermKey(key[:0], prefix, textVocab, field, term)
-			if err := b.Set(key, nil); err != nil {
-				return err
-			}
-			if ut.loaded[field] {
-				if _, known := ut.vocab[field][term]; !known {
-					fresh = append(fresh, [2]string{field, term})
-				}
+	for _, k := range order {
+		field, term, _ := strings.Cut(k, "\x00")
+		// The vocabulary key is written whether or not the term is
+		// known: asking the store was a point read per term, most of
+		// what indexing cost under load (compactions keep one).
+		key = appendTermKey(key[:0], prefix, textPost, field, term)
+		if err := b.Merge(key, postings[k]); err != nil {
+			return err
+		}
+		key = appendTermKey(key[:0], prefix, textVocab, field, term)
+		if err := b.Set(key, nil); err != nil {
+			return err
+		}
+		if ut.loaded[field] {
+			if _, known := ut.vocab[field][term]; !known {
+				fresh = append(fresh, [2]string{field, term})
 			}
 		}
 	}
 	if err := b.Commit(store.NoSync); err != nil {
 		return err
 	}
-	ut.next = doc + 1
+	if len(docs) > 0 {
+		ut.next = next
+		metrics.TextIndexed.Add(float64(len(docs)))
+	}
 	if ut.docs != nil {
-		for len(ut.docs) <= int(doc) {
-			ut.docs = append(ut.docs, docLoc{})
+		for _, a := range docs {
+			for len(ut.docs) <= int(a.doc) {
+				ut.docs = append(ut.docs, docLoc{})
+			}
+			ut.docs[a.doc] = a.loc
 		}
-		ut.docs[doc] = loc
 	}
 	for _, ft := range fresh {
 		ut.addTerm(ft[0], ft[1])
@@ -582,6 +759,10 @@ type TextAnswer struct {
 // and for each query those that certainly match it. Messages not indexed
 // yet are in neither.
 func (m *Manager) TextExcluded(user string, v uint32, queries []fts.Query) (*TextAnswer, error) {
+	if err := m.catchUpText(user); err != nil {
+		// The messages still queued are read by the search.
+		m.logf("text index: user %s: indexing before a search: %v", user, err)
+	}
 	ut := m.lockText(user)
 	defer ut.mu.Unlock()
 	if err := m.loadDocs(ut, user); err != nil {

@@ -67,13 +67,12 @@ func TestTextIndexLifecycle(t *testing.T) {
 	if n, _ := m.TextQueued(); n != 4 {
 		t.Fatalf("%d queued, want 4", n)
 	}
-	// Before indexing nothing is excluded: unindexed messages are read.
-	if got := excluded(t, m, user, v1, "word2"); len(got) != 0 {
-		t.Fatalf("before indexing, excluded %v", got)
-	}
-	indexAll(t, m)
+	// A search first indexes its user's waiting messages.
 	if got := excluded(t, m, user, v1, "word2"); !slices.Equal(got, []uint32{1, 3, 4}) {
 		t.Fatalf("BODY word2 excludes %v, want [1 3 4]", got)
+	}
+	if n, _ := m.TextQueued(); n != 0 {
+		t.Fatalf("%d still queued after a search", n)
 	}
 
 	// Move id-2 to UID 9 of another mailbox (a newer version of its object).
@@ -139,5 +138,57 @@ func TestTextIndexLifecycle(t *testing.T) {
 	}
 	if got := excluded(t, m, user, v1, "word4"); !slices.Equal(got, []uint32{1}) {
 		t.Fatalf("rebuilt: BODY word4 excludes %v, want [1]", got)
+	}
+}
+
+// The indexer leaves a message for TextIndexDelay: one expunged before
+// then is never read, one that stays is indexed once it is due, and
+// entries without a time (a store queued again whole) are due at once.
+func TestTextIndexDelay(t *testing.T) {
+	m, _ := newManager(t)
+	const user = "d@x.org"
+	for uid := uint32(1); uid <= 3; uid++ {
+		raw := fmt.Sprintf("Subject: s%d\r\n\r\nword%d here\r\n", uid, uid)
+		if err := m.StoreAt([]Placed{place(user, "INBOX", v1, uid, uint64(uid))}, fmt.Sprintf("id-%d", uid), []byte(raw), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	if n, more, _, err := m.indexFrom(nil, textIndexBatch, now.Add(-time.Minute).UnixNano()); err != nil || n != 0 || more {
+		t.Fatalf("a minute's delay took %d entries (more %v, err %v), want none due", n, more, err)
+	}
+	// id-1 goes before it is due: its entry goes with it.
+	stamp := replica.Stamp{Clock: hlc.Timestamp(time.Now().UnixNano()), Node: m.Self}
+	u, err := (&Object{User: user, ID: "id-1", Deleted: true, Replicas: []cluster.NodeID{m.Self}}).Update(stamp, []cluster.NodeID{m.Self}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Apply([]*replica.Update{u}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := m.TextQueued(); n != 2 {
+		t.Fatalf("%d queued after an expunge, want 2", n)
+	}
+	// id-3 is queued again without a time: due at once.
+	if err := m.db.Set(toIndexKey(user, "id-3"), nil, store.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _, err := m.indexFrom(nil, textIndexBatch, now.Add(-time.Minute).UnixNano()); err != nil || n != 1 {
+		t.Fatalf("took %d entries (err %v), want the one without a time", n, err)
+	}
+	if n, _, _, err := m.indexFrom(nil, textIndexBatch, time.Now().UnixNano()); err != nil || n != 1 {
+		t.Fatalf("took %d entries once due (err %v), want 1", n, err)
+	}
+	if n, _ := m.TextQueued(); n != 0 {
+		t.Fatalf("%d still queued", n)
+	}
+	ut := m.lockText(user)
+	next := ut.next
+	ut.mu.Unlock()
+	if next != 3 {
+		t.Fatalf("next document %d, want 3 (two indexed, the expunged one never)", next)
+	}
+	if got := excluded(t, m, user, v1, "word2"); !slices.Equal(got, []uint32{3}) {
+		t.Fatalf("BODY word2 excludes %v, want [3]", got)
 	}
 }

@@ -64,6 +64,11 @@ var (
 	// not have to read.
 	TextExcluded = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quill_text_index_excluded_total", Help: "Messages this node's text index ruled out of SEARCH and SORT, for sessions on any node."})
+	// TextIndexed counts the messages this node's text index read and
+	// wrote a document for (issue 16: mail deleted within
+	// --text-index-delay never is).
+	TextIndexed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_text_index_indexed_total", Help: "Messages this node's text index read and indexed."})
 	// TextSure counts the (message, string key) pairs this node's text
 	// index proved to match, which a search then did not read for it.
 	TextSure = prometheus.NewCounter(prometheus.CounterOpts{
@@ -204,7 +209,7 @@ func init() {
 		SoftStateRebuildSeconds.WithLabelValues(o)
 	}
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
-		Queued, Outbound, QueueEntries, TextExcluded, TextSure,
+		Queued, Outbound, QueueEntries, TextExcluded, TextIndexed, TextSure,
 		Commands, Refusals, Logins, ConnectionsRefused, UserMapChanges, BucketsMoved, SoftStateRebuildSeconds,
 		RepairRounds, RepairRehomed, nodes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))

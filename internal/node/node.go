@@ -26,6 +26,7 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
+	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
@@ -126,6 +127,9 @@ type Config struct {
 	// AuditInterval is how often the writers' anti-entropy audit runs (0
 	// turns it off).
 	AuditInterval time.Duration `flag:"audit-interval" help:"how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)"`
+	// TextIndexDelay is how long a stored message waits for the text
+	// index (mailbox.DefaultTextIndexDelay).
+	TextIndexDelay time.Duration `flag:"text-index-delay" help:"how long a delivered message waits before the search index reads it: mail deleted sooner (POP3) is never indexed, and a SEARCH first indexes its user's waiting mail (0: at once)"`
 	// CheckInbound checks SPF, DKIM and DMARC of mail from other servers
 	// (internal/mailauth).
 	CheckInbound bool `flag:"check-inbound" help:"check SPF, DKIM and DMARC of mail from other servers, record the results in Authentication-Results, and refuse what the sender domain's DMARC policy says to reject"`
@@ -191,6 +195,7 @@ func DefaultConfig() Config {
 		ReplaceAfter:        replica.DefaultReplaceAfter,
 		LogMaxAge:           replica.DefaultMaxAge,
 		AuditInterval:       writer.DefaultAuditInterval,
+		TextIndexDelay:      mailbox.DefaultTextIndexDelay,
 		ACMEDirectory:       acmecert.LetsEncrypt,
 		ACMEHTTP:            ":80",
 		OutboundPort:        25,
@@ -297,6 +302,7 @@ func Start(cfg Config) (*Node, error) {
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
+		TextIndexDelay: cfg.TextIndexDelay,
 		Register: func(r grpc.ServiceRegistrar) {
 			relaySvc.Register(r)
 			reporter.Register(r)
