@@ -133,7 +133,7 @@ func readPassword(flag string, confirm bool) (string, error) {
 func init() {
 	var c adminClient
 	var password, policy string
-	var replicas int
+	var replicas, spread int
 	var isAdmin bool
 	cmd := &cobra.Command{Use: "user", Short: "Manage users on a running node"}
 	c.flags(cmd)
@@ -145,7 +145,7 @@ func init() {
 			if err != nil {
 				return err
 			}
-			body := map[string]any{"address": args[0], "password": pw, "replicas": replicas, "write_policy": policy, "admin": isAdmin}
+			body := map[string]any{"address": args[0], "password": pw, "replicas": replicas, "write_policy": policy, "spread": spread, "admin": isAdmin}
 			if err := c.do("POST", "/api/users", body, nil); err != nil {
 				return err
 			}
@@ -158,21 +158,62 @@ func init() {
 	replFlags := func(cmd *cobra.Command) {
 		cmd.Flags().IntVar(&replicas, "replicas", 0, "copies of each of the user's messages (0: the cluster's --replicas)")
 		cmd.Flags().StringVar(&policy, "write-policy", "", "replicas durable before delivery is acknowledged: one, quorum or all (empty: the cluster's --write-policy)")
+		cmd.Flags().IntVar(&spread, "spread", 0, "nodes the user's mail may spread over (0: the cluster's --spread)")
 	}
 	replFlags(add)
 
 	set := &cobra.Command{
-		Use: "set ADDRESS", Short: "Change a user's replication settings (--replicas, --write-policy)", Args: cobra.ExactArgs(1),
+		Use:   "set ADDRESS",
+		Short: "Change a user's placement settings (--replicas and --write-policy together, --spread)",
+		Long: "Change a user's placement settings. --replicas and --write-policy are set together (one not given\n" +
+			"goes back to the cluster's default); --spread alone leaves them as they are.",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body := map[string]any{"replicas": replicas, "write_policy": policy}
-			if err := c.do("PUT", "/api/users/"+url.PathEscape(args[0])+"/replication", body, nil); err != nil {
-				return err
+			path := "/api/users/" + url.PathEscape(args[0])
+			onlySpread := cmd.Flags().Changed("spread") && !cmd.Flags().Changed("replicas") && !cmd.Flags().Changed("write-policy")
+			if !onlySpread {
+				body := map[string]any{"replicas": replicas, "write_policy": policy}
+				if err := c.do("PUT", path+"/replication", body, nil); err != nil {
+					return err
+				}
+				fmt.Printf("%s: replicas %s, write policy %s\n", args[0], orDefault(replicas), policyOrDefault(policy))
 			}
-			fmt.Printf("%s: replicas %s, write policy %s\n", args[0], orDefault(replicas), policyOrDefault(policy))
+			if cmd.Flags().Changed("spread") {
+				if err := c.do("PUT", path+"/spread", map[string]int{"spread": spread}, nil); err != nil {
+					return err
+				}
+				fmt.Printf("%s: spread %s\n", args[0], orDefault(spread))
+			}
 			return nil
 		},
 	}
 	replFlags(set)
+
+	show := &cobra.Command{
+		Use:   "show ADDRESS",
+		Short: "Show a user's settings, mail map and the nodes holding its mail",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var u struct {
+				shownSettings
+				MailMap []cluster.NodeID `json:"mail_map"`
+				Holders []cluster.NodeID `json:"holders"`
+			}
+			if err := c.do("GET", "/api/users/"+url.PathEscape(args[0]), nil, &u); err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "address\t%s\n", u.Address)
+			fmt.Fprintf(w, "created\t%s\n", u.Created.Local().Format(time.DateTime))
+			fmt.Fprintf(w, "replicas\t%s\n", orDefault(u.Replicas))
+			fmt.Fprintf(w, "write policy\t%s\n", policyOrDefault(u.WritePolicy))
+			fmt.Fprintf(w, "spread\t%s\n", orDefault(u.Spread))
+			fmt.Fprintf(w, "console\t%v\n", u.Admin)
+			fmt.Fprintf(w, "mail map\t%s\n", nodeList(u.MailMap))
+			fmt.Fprintf(w, "holding mail\t%s\n", nodeList(u.Holders))
+			return w.Flush()
+		},
+	}
 
 	passwd := &cobra.Command{
 		Use: "passwd ADDRESS", Short: "Change a user's password", Args: cobra.ExactArgs(1),
@@ -246,18 +287,14 @@ func init() {
 		Use: "list", Short: "List users", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var users []struct {
-				Address     string         `json:"address"`
-				Created     time.Time      `json:"created"`
-				Replicas    int            `json:"replicas"`
-				WritePolicy string         `json:"write_policy"`
-				Admin       bool           `json:"admin"`
-				Stale       *cluster.Stale `json:"stale"`
+				shownSettings
+				Stale *cluster.Stale `json:"stale"`
 			}
 			if err := c.do("GET", "/api/users", nil, &users); err != nil {
 				return err
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY\tCONSOLE\t")
+			fmt.Fprintln(w, "ADDRESS\tCREATED\tREPLICAS\tWRITE POLICY\tSPREAD\tCONSOLE\t")
 			stale := 0
 			for _, u := range users {
 				console, mark := "", ""
@@ -267,7 +304,8 @@ func init() {
 				if u.Stale != nil {
 					mark, stale = fmt.Sprintf("(as of %.1fs ago)", u.Stale.Age), stale+1
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas), policyOrDefault(u.WritePolicy), console, mark)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", u.Address, u.Created.Local().Format(time.DateTime), orDefault(u.Replicas),
+					policyOrDefault(u.WritePolicy), orDefault(u.Spread), console, mark)
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -278,7 +316,7 @@ func init() {
 			return nil
 		},
 	}
-	cmd.AddCommand(add, passwd, set, adm, del, list, hash, quotaCommand(&c))
+	cmd.AddCommand(add, passwd, set, show, adm, del, list, hash, quotaCommand(&c))
 	rootCmd.AddCommand(cmd)
 }
 
@@ -294,4 +332,26 @@ func policyOrDefault(p string) string {
 		return "default"
 	}
 	return p
+}
+
+// shownSettings is a user as the admin API lists and shows it.
+type shownSettings struct {
+	Address     string    `json:"address"`
+	Created     time.Time `json:"created"`
+	Replicas    int       `json:"replicas"`
+	WritePolicy string    `json:"write_policy"`
+	Spread      int       `json:"spread"`
+	Admin       bool      `json:"admin"`
+}
+
+// nodeList prints node ids separated by spaces, "none" for none.
+func nodeList(ns []cluster.NodeID) string {
+	if len(ns) == 0 {
+		return "none"
+	}
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = string(n)
+	}
+	return strings.Join(out, " ")
 }

@@ -145,7 +145,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/users", s.listUsers)
 	mux.HandleFunc("POST /api/users", s.addUser)
 	mux.HandleFunc("PUT /api/users/{address}/password", s.setPassword)
+	mux.HandleFunc("GET /api/users/{address}", s.showUser)
 	mux.HandleFunc("PUT /api/users/{address}/replication", s.setReplication)
+	mux.HandleFunc("PUT /api/users/{address}/spread", s.setSpread)
 	mux.HandleFunc("PUT /api/users/{address}/admin", s.setAdmin)
 	mux.HandleFunc("DELETE /api/users/{address}", s.deleteUser)
 	mux.HandleFunc("GET /api/users/{address}/quota", s.getQuota)
@@ -202,6 +204,9 @@ type userJSON struct {
 	// "": the cluster's defaults).
 	Replicas    int    `json:"replicas,omitempty"`
 	WritePolicy string `json:"write_policy,omitempty"`
+	// Spread is over how many nodes the user's mail may spread (0: the
+	// cluster's --spread), Porcupine §5.
+	Spread int `json:"spread,omitempty"`
 	// Admin lets the user sign in to the console.
 	Admin bool `json:"admin,omitempty"`
 }
@@ -262,7 +267,7 @@ func (s *Server) listUsers(w http.ResponseWriter, r *http.Request) {
 	out := make([]listedUserJSON, len(l.Profiles))
 	for i, p := range l.Profiles {
 		out[i] = listedUserJSON{userJSON: userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas,
-			WritePolicy: p.WritePolicy, Admin: p.Admin}, Stale: p.Stale}
+			WritePolicy: p.WritePolicy, Spread: p.Spread, Admin: p.Admin}, Stale: p.Stale}
 	}
 	if len(l.Unreachable) > 0 {
 		var names []string
@@ -311,6 +316,12 @@ func (s *Server) createUser(ctx context.Context, u userJSON) (*userdb.Profile, e
 			return nil, err
 		}
 	}
+	if u.Spread != 0 {
+		if err := s.Users.SetSpread(ctx, p.Address, u.Spread); err != nil {
+			return nil, err
+		}
+		p.Spread = u.Spread
+	}
 	if u.Admin {
 		if err := s.Users.SetAdmin(ctx, p.Address, true); err != nil {
 			return nil, err
@@ -349,6 +360,63 @@ func (s *Server) setReplication(w http.ResponseWriter, r *http.Request) {
 	}
 	s.Logger.Info("replication settings changed", "user", addr, "replicas", u.Replicas, "write_policy", u.WritePolicy)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// spreadJSON is PUT /api/users/{address}/spread.
+type spreadJSON struct {
+	Spread int `json:"spread"`
+}
+
+func (s *Server) setSpread(w http.ResponseWriter, r *http.Request) {
+	var u spreadJSON
+	if err := readJSON(r, &u); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	addr := r.PathValue("address")
+	if err := s.Users.SetSpread(r.Context(), addr, u.Spread); err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	s.Logger.Info("spread changed", "user", addr, "spread", u.Spread, "by", whoOf(r.Context()))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// shownUserJSON is GET /api/users/{address}: the user's settings, its mail
+// map (the soft state the user's manager keeps: the nodes the balancer and
+// the mailbox views look at) and the nodes that answer, now, that they
+// hold some of its mail (the hard state the map stands for; Porcupine
+// §3.3). Both are empty on the Cassandra store, which holds every user's
+// mail.
+type shownUserJSON struct {
+	userJSON
+	MailMap []cluster.NodeID `json:"mail_map"`
+	Holders []cluster.NodeID `json:"holders"`
+}
+
+func (s *Server) showUser(w http.ResponseWriter, r *http.Request) {
+	addr := r.PathValue("address")
+	// The holders first: a node that stores a new message is in the mail
+	// map by the time its delivery is confirmed, so a map read after the
+	// holders names every holder but one in mid-delivery.
+	holders, err := s.Users.MailHolders(r.Context(), addr)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	p, mailMap, err := s.Users.Lookup(r.Context(), addr)
+	if err != nil {
+		writeError(w, statusOf(err), err)
+		return
+	}
+	if mailMap == nil {
+		mailMap = []cluster.NodeID{}
+	}
+	if holders == nil {
+		holders = []cluster.NodeID{}
+	}
+	writeJSON(w, http.StatusOK, shownUserJSON{userJSON: userJSON{Address: p.Address, Created: p.Created, Replicas: p.Replicas,
+		WritePolicy: p.WritePolicy, Spread: p.Spread, Admin: p.Admin}, MailMap: mailMap, Holders: holders})
 }
 
 func (s *Server) setAdmin(w http.ResponseWriter, r *http.Request) {

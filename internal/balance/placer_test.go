@@ -31,3 +31,33 @@ func TestSetAvoidsSuspects(t *testing.T) {
 		t.Fatalf("set of 3 from 2 live and 1 suspect: %v, want the suspect last", set)
 	}
 }
+
+// A user's mail, placed message after message with the chosen nodes added
+// to its mail map as a delivery's confirmation adds them, stays on the
+// cluster's spread when the user sets none (NewPlacer's, from --spread) and
+// on the user's own when it does; never fewer nodes than the replicas.
+func TestSetKeepsAUsersMailWithinItsSpread(t *testing.T) {
+	all := members{member("a", "alive"), member("b", "alive"), member("c", "alive"), member("d", "alive"), member("e", "alive")}
+	for _, tc := range []struct {
+		cluster, user, r, want int
+	}{
+		{cluster: 1, user: 0, r: 1, want: 1},
+		{cluster: 1, user: 3, r: 1, want: 3},
+		{cluster: 3, user: 0, r: 2, want: 3},
+		{cluster: 1, user: 0, r: 2, want: 2}, // at least R
+		{cluster: 5, user: 2, r: 1, want: 2},
+	} {
+		p := NewPlacer(all, NewTracker(), tc.cluster)
+		var mailMap []cluster.NodeID
+		for i := 0; i < 200; i++ {
+			for _, n := range p.Set(mailMap, tc.user, tc.r, nil) {
+				if !slices.Contains(mailMap, n) {
+					mailMap = append(mailMap, n)
+				}
+			}
+		}
+		if len(mailMap) != tc.want {
+			t.Errorf("cluster spread %d, user spread %d, R=%d: mail on %v, want %d nodes", tc.cluster, tc.user, tc.r, mailMap, tc.want)
+		}
+	}
+}

@@ -100,6 +100,7 @@ func (u *bucketUsers) ViewGen(string) uint64                                    
 func (u *bucketUsers) CompleteBuckets() []uint8                                  { return nil }
 func (u *bucketUsers) MissingFromMailMap(string, cluster.NodeID) (bool, bool)    { return false, false }
 func (u *bucketUsers) NoteAndReload(string, cluster.NodeID)                      {}
+func (u *bucketUsers) Forget(string, cluster.NodeID)                             {}
 
 // noPeers: the writer asks its peers only who is alive (allocations from a
 // node that left expire; these come from no node) and, through For, who

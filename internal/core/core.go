@@ -197,6 +197,9 @@ type Options struct {
 	// (0 and "": 2 and one, as Porcupine).
 	Replicas    int
 	WritePolicy replica.Policy
+	// Spread is over how many nodes a user's mail may spread, for users
+	// who set none (0: balance.DefaultSpread), Porcupine §5.
+	Spread int
 	// ReplaceAfter is how long a node may be away before its replicas are
 	// made elsewhere; LogMaxAge how long update log entries wait for an
 	// absent node (0: the replica package's defaults).
@@ -334,7 +337,7 @@ func New(o Options) (*Core, error) {
 	}
 	c.Users = usermgr.New(ucfg)
 	c.Writers = c.Users.Writers()
-	c.Placer = balance.NewPlacer(c.Peers, c.Loads, balance.DefaultSpread)
+	c.Placer = balance.NewPlacer(c.Peers, c.Loads, o.Spread)
 	if nativeQueue != nil {
 		nativeQueue.Placer = c.Placer
 	}

@@ -25,6 +25,10 @@ type AuditBox struct {
 type AuditRequest struct {
 	// Buckets: list the users with fragments in these buckets.
 	Buckets []uint8 `json:"buckets,omitempty"`
+	// Users: list those of these users that have messages here (a
+	// manager asking whether a node may leave a user's mail map, and the
+	// admin API's user view).
+	Users []string `json:"users,omitempty"`
 	// Boxes: digest these mailboxes; with List, list their messages.
 	Boxes []AuditBox `json:"boxes,omitempty"`
 	List  bool       `json:"list,omitempty"`
@@ -80,6 +84,15 @@ func (m *Manager) Audit(req *AuditRequest) (*AuditReply, error) {
 			return nil
 		}); err != nil {
 			return nil, err
+		}
+	}
+	for _, u := range req.Users {
+		held, err := m.HoldsMail(u)
+		if err != nil {
+			return nil, err
+		}
+		if held {
+			out.Users = append(out.Users, u)
 		}
 	}
 	for _, box := range req.Boxes {

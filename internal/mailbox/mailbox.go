@@ -567,6 +567,18 @@ func (m *Manager) FragmentUsers(bucket int, fn func(user string, messages int) e
 	return it.Error()
 }
 
+// HoldsMail reports whether this node holds any message of the user, in
+// any mailbox: what FragmentUsers counts, so a mail map kept by it agrees
+// with one rebuilt from the scans.
+func (m *Manager) HoldsMail(user string) (bool, error) {
+	it, err := m.db.PrefixIter(nil, store.UserPrefix(store.KindMessage, user))
+	if err != nil {
+		return false, err
+	}
+	defer it.Close()
+	return it.First(), it.Error()
+}
+
 func (m *Manager) countMessages(user string) (int, error) {
 	return m.countKeys(store.UserPrefix(store.KindMessage, user))
 }

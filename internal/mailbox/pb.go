@@ -284,7 +284,7 @@ func (r *FragmentRequest) toPB() *nodepb.FragmentRequest {
 }
 
 func (r *AuditRequest) toPB() *nodepb.AuditRequest {
-	out := &nodepb.AuditRequest{List: r.List, Before: uint64(r.Before)}
+	out := &nodepb.AuditRequest{List: r.List, Before: uint64(r.Before), Users: r.Users}
 	for _, b := range r.Buckets {
 		out.Buckets = append(out.Buckets, uint32(b))
 	}
@@ -295,7 +295,7 @@ func (r *AuditRequest) toPB() *nodepb.AuditRequest {
 }
 
 func auditRequestFromPB(p *nodepb.AuditRequest) *AuditRequest {
-	out := &AuditRequest{List: p.List, Before: hlc.Timestamp(p.Before)}
+	out := &AuditRequest{List: p.List, Before: hlc.Timestamp(p.Before), Users: p.Users}
 	for _, b := range p.Buckets {
 		out.Buckets = append(out.Buckets, uint8(b))
 	}

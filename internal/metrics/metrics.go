@@ -45,6 +45,10 @@ var (
 	AuditRepairs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quill_audit_repairs_total", Help: "Differences the anti-entropy audit found between writers' views or mail maps and the fragments, and repaired."},
 		[]string{"kind"})
+	// MailMapLeaves counts nodes taken out of a user's mail map because
+	// their fragment of the user emptied (writer/vacate.go).
+	MailMapLeaves = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_mail_map_leaves_total", Help: "Nodes taken out of a user's mail map because they no longer hold any of the user's mail."})
 	// Handoffs counts buckets handed to a new manager, by outcome.
 	Handoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quill_bucket_handoffs_total", Help: "Buckets handed over to their new manager, by outcome at the receiver (merged, rebuilt) or sender (given_up)."},
@@ -208,7 +212,7 @@ func init() {
 	for _, o := range []string{"complete", "timeout"} {
 		SoftStateRebuildSeconds.WithLabelValues(o)
 	}
-	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs,
+	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs, MailMapLeaves,
 		Queued, Outbound, QueueEntries, TextExcluded, TextIndexed, TextSure,
 		Commands, Refusals, Logins, ConnectionsRefused, UserMapChanges, BucketsMoved, SoftStateRebuildSeconds,
 		RepairRounds, RepairRehomed, nodes,

@@ -21,6 +21,7 @@ import (
 	"github.com/quillmail/quill/internal/acmecert"
 	"github.com/quillmail/quill/internal/admin"
 	"github.com/quillmail/quill/internal/backup"
+	"github.com/quillmail/quill/internal/balance"
 	"github.com/quillmail/quill/internal/cassandra"
 	"github.com/quillmail/quill/internal/core"
 	"github.com/quillmail/quill/internal/guard"
@@ -111,6 +112,11 @@ type Config struct {
 	// none.
 	Replicas    int    `flag:"replicas" help:"copies of each message, for users who set none"`
 	WritePolicy string `flag:"write-policy" help:"replicas that must hold a message before SMTP says 250, for users who set none: one, quorum or all"`
+	// Spread is over how many nodes a user's mail may spread, for users
+	// who set none (Porcupine §5: a new message goes to the least loaded
+	// of the nodes already holding the user's mail plus random others up
+	// to the spread; at least the replica count).
+	Spread int `flag:"spread" help:"nodes a user's mail may spread over, for users who set none (native store; at least --replicas)"`
 	// Store says where the hard state of mail and users lives: the native
 	// Porcupine store, or Apache Cassandra (issue 15, docs/cassandra.md).
 	Store          string   `flag:"store" help:"where mail and profiles live: native (the nodes' data directories, replicated among them) or cassandra (the keyspace --keyspace of --cassandra)"`
@@ -187,6 +193,7 @@ func DefaultConfig() Config {
 		MinFree:             256 << 20,
 		Replicas:            core.DefaultReplicas,
 		WritePolicy:         string(replica.One),
+		Spread:              balance.DefaultSpread,
 		Store:               "native",
 		Keyspace:            cassandra.DefaultKeyspace,
 		CassandraRF:         "1",
@@ -292,6 +299,9 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Spread < 1 {
+		return nil, fmt.Errorf("--spread %d: a user's mail needs at least one node", cfg.Spread)
+	}
 	cass, err := cassandraConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -300,7 +310,7 @@ func Start(cfg Config) (*Node, error) {
 	var self *Node
 	reporter := newReporter(&self)
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
-		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, ReplaceAfter: cfg.ReplaceAfter,
+		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, Spread: cfg.Spread, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
 		TextIndexDelay: cfg.TextIndexDelay,
 		Register: func(r grpc.ServiceRegistrar) {

@@ -191,11 +191,13 @@ func (x *AuditBox) GetUidValidity() uint32 {
 }
 
 type AuditRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Buckets       []uint32               `protobuf:"varint,1,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
-	Boxes         []*AuditBox            `protobuf:"bytes,2,rep,name=boxes,proto3" json:"boxes,omitempty"`
-	List          bool                   `protobuf:"varint,3,opt,name=list,proto3" json:"list,omitempty"`
-	Before        uint64                 `protobuf:"varint,4,opt,name=before,proto3" json:"before,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Buckets []uint32               `protobuf:"varint,1,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	Boxes   []*AuditBox            `protobuf:"bytes,2,rep,name=boxes,proto3" json:"boxes,omitempty"`
+	List    bool                   `protobuf:"varint,3,opt,name=list,proto3" json:"list,omitempty"`
+	Before  uint64                 `protobuf:"varint,4,opt,name=before,proto3" json:"before,omitempty"`
+	// users: list in the reply's users those of them with messages here.
+	Users         []string `protobuf:"bytes,5,rep,name=users,proto3" json:"users,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -256,6 +258,13 @@ func (x *AuditRequest) GetBefore() uint64 {
 		return x.Before
 	}
 	return 0
+}
+
+func (x *AuditRequest) GetUsers() []string {
+	if x != nil {
+		return x.Users
+	}
+	return nil
 }
 
 type AuditMessage struct {
@@ -773,12 +782,13 @@ const file_quill_v1_fragment_proto_rawDesc = "" +
 	"\bmessages\x18\x03 \x03(\v2\x11.quill.v1.MessageR\bmessages\"A\n" +
 	"\bAuditBox\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12!\n" +
-	"\fuid_validity\x18\x02 \x01(\rR\vuidValidity\"~\n" +
+	"\fuid_validity\x18\x02 \x01(\rR\vuidValidity\"\x94\x01\n" +
 	"\fAuditRequest\x12\x18\n" +
 	"\abuckets\x18\x01 \x03(\rR\abuckets\x12(\n" +
 	"\x05boxes\x18\x02 \x03(\v2\x12.quill.v1.AuditBoxR\x05boxes\x12\x12\n" +
 	"\x04list\x18\x03 \x01(\bR\x04list\x12\x16\n" +
-	"\x06before\x18\x04 \x01(\x04R\x06before\"[\n" +
+	"\x06before\x18\x04 \x01(\x04R\x06before\x12\x14\n" +
+	"\x05users\x18\x05 \x03(\tR\x05users\"[\n" +
 	"\fAuditMessage\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12)\n" +

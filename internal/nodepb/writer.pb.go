@@ -247,6 +247,7 @@ type ApplyRequest struct {
 	QuotaStorage  int64                  `protobuf:"varint,7,opt,name=quota_storage,json=quotaStorage,proto3" json:"quota_storage,omitempty"`    // op quota
 	QuotaMessages int64                  `protobuf:"varint,8,opt,name=quota_messages,json=quotaMessages,proto3" json:"quota_messages,omitempty"` // op quota
 	Admin         bool                   `protobuf:"varint,9,opt,name=admin,proto3" json:"admin,omitempty"`                                      // op admin
+	Spread        int32                  `protobuf:"varint,10,opt,name=spread,proto3" json:"spread,omitempty"`                                   // op spread
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,6 +343,13 @@ func (x *ApplyRequest) GetAdmin() bool {
 		return x.Admin
 	}
 	return false
+}
+
+func (x *ApplyRequest) GetSpread() int32 {
+	if x != nil {
+		return x.Spread
+	}
+	return 0
 }
 
 type MailboxRequest struct {
@@ -1265,7 +1273,7 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\v2\x11.quill.v1.MessageR\amessage\x12\x14\n" +
 	"\x05nodes\x18\x03 \x03(\tR\x05nodes\x12\x16\n" +
 	"\x06cancel\x18\x04 \x01(\bR\x06cancel\x12\x16\n" +
-	"\x06unused\x18\x05 \x01(\bR\x06unused\"\x85\x02\n" +
+	"\x06unused\x18\x05 \x01(\bR\x06unused\"\x9d\x02\n" +
 	"\fApplyRequest\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\tR\x02op\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
@@ -1275,7 +1283,9 @@ const file_quill_v1_writer_proto_rawDesc = "" +
 	"\fscram_sha256\x18\x06 \x01(\tR\vscramSha256\x12#\n" +
 	"\rquota_storage\x18\a \x01(\x03R\fquotaStorage\x12%\n" +
 	"\x0equota_messages\x18\b \x01(\x03R\rquotaMessages\x12\x14\n" +
-	"\x05admin\x18\t \x01(\bR\x05admin\"\xc7\x01\n" +
+	"\x05admin\x18\t \x01(\bR\x05admin\x12\x16\n" +
+	"\x06spread\x18\n" +
+	" \x01(\x05R\x06spread\"\xc7\x01\n" +
 	"\x0eMailboxRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +

@@ -116,3 +116,15 @@ func (m *Manager) NoteAndReload(user string, n cluster.NodeID) {
 		bk.viewGen++
 	}
 }
+
+// Forget takes n out of the user's mail map (writer.Users): the user's
+// writer found that n holds none of the user's mail, under the writer lock
+// that every allocation takes, so no delivery to n is between its
+// allocation and its note (writer/vacate.go).
+func (m *Manager) Forget(user string, n cluster.NodeID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if bk := m.buckets[cluster.Bucket(user)]; bk != nil {
+		forgetLocked(bk, user, n)
+	}
+}

@@ -357,11 +357,8 @@ func (m *Manager) applyMap(um cluster.UserMap, alive []cluster.MemberInfo, reset
 				for _, h := range bk.holders {
 					delete(h, n)
 				}
-				for u, nodes := range bk.mailMap {
-					delete(nodes, n)
-					if len(nodes) == 0 {
-						delete(bk.mailMap, u)
-					}
+				for u := range bk.mailMap {
+					forgetLocked(bk, u, n)
 				}
 			}
 		}
@@ -738,7 +735,7 @@ func (m *Manager) dropDeleted(n cluster.NodeID, users []string) {
 		m.log.Info("mail of a deleted user left on a node: dropped", "user", u, "node", n)
 		m.mu.Lock()
 		if bk := m.buckets[cluster.Bucket(u)]; bk != nil {
-			delete(bk.mailMap[u], n)
+			forgetLocked(bk, u, n)
 		}
 		m.mu.Unlock()
 	}
@@ -751,6 +748,15 @@ func noteLocked(bk *bucket, user string, n cluster.NodeID) {
 		bk.mailMap[user] = s
 	}
 	s[n] = true
+}
+
+// forgetLocked takes n out of the user's mail map; a user whose map
+// empties has none, as after a rebuild.
+func forgetLocked(bk *bucket, user string, n cluster.NodeID) {
+	delete(bk.mailMap[user], n)
+	if len(bk.mailMap[user]) == 0 {
+		delete(bk.mailMap, user)
+	}
 }
 
 // RefreshInterval is how often a manager asks every live node again for
@@ -979,6 +985,42 @@ func (m *Manager) Lookup(ctx context.Context, addr string) (*userdb.Profile, []c
 		return nil, rep.MailMap, fmt.Errorf("user %s: %w", addr, userdb.ErrNotFound)
 	}
 	return rep.Profile, rep.MailMap, nil
+}
+
+// MailHolders asks every live node whether it holds any of the user's
+// mail: the hard state the mail map stands for, which the admin API shows
+// beside it. Nil on the shared store, which holds every user's mail.
+func (m *Manager) MailHolders(ctx context.Context, addr string) ([]cluster.NodeID, error) {
+	if m.shared != nil {
+		return nil, nil
+	}
+	addr = userdb.Normalize(addr)
+	alive := m.peers.Alive()
+	held := make([]bool, len(alive))
+	errs := make([]error, len(alive))
+	var wg sync.WaitGroup
+	for i, a := range alive {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, rpc.DefaultTimeout)
+			defer cancel()
+			rep, err := m.boxes.On(m.peers, a.ID).Audit(cctx, &mailbox.AuditRequest{Users: []string{addr}})
+			held[i], errs[i] = err == nil && len(rep.Users) > 0, err
+		}()
+	}
+	wg.Wait()
+	var out []cluster.NodeID
+	for i, a := range alive {
+		if errs[i] != nil {
+			return nil, fmt.Errorf("user %s: does node %s hold mail of it: %w", addr, a.ID, errs[i])
+		}
+		if held[i] {
+			out = append(out, a.ID)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // ServesDomain reports whether any user lives in the domain, anywhere in the
@@ -1244,6 +1286,24 @@ func (m *Manager) SetReplication(ctx context.Context, addr string, replicas int,
 		return fmt.Errorf("user %s: %w", addr, err)
 	}
 	_, err = m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "replication", Address: addr, Replicas: replicas, Policy: string(pol)})
+	return err
+}
+
+// maxSpread bounds a user's spread: past the size of any cluster Quill
+// runs, a larger number means the same (every node) and is more likely a
+// typing mistake.
+const maxSpread = 1000
+
+// SetSpread sets over how many nodes a user's mail may spread (Porcupine
+// §5: the balancer stores a new message on the nodes already holding the
+// user's mail plus random others up to this many); 0 goes back to the
+// cluster's --spread. New mail follows it; mail already stored stays.
+func (m *Manager) SetSpread(ctx context.Context, addr string, spread int) error {
+	addr = userdb.Normalize(addr)
+	if spread < 0 || spread > maxSpread {
+		return fmt.Errorf("user %s: spread %d: want 0 (cluster default) to %d", addr, spread, maxSpread)
+	}
+	_, err := m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "spread", Address: addr, Spread: spread})
 	return err
 }
 

@@ -212,6 +212,7 @@ func (m *Manager) delete(ctx context.Context, req *MailboxRequest) error {
 		if err := m.store.DropMailbox(ctx, p.Address, v); err != nil {
 			m.log.Warn("could not drop a deleted mailbox's messages", "user", p.Address, "mailbox", def.Name, "err", err)
 		}
+		m.vacateSoon(p.Address) // the mailbox's nodes may hold nothing else
 		w.changed(m, p.Address, v)
 		return nil
 	})
@@ -406,13 +407,18 @@ func (m *Manager) expunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, e
 			changes[i] = &Change{Obj: o, Holders: vm.Holders}
 		}
 		m.store.Write(ctx, changes)
+		var removed []*ViewMsg
 		for i, vm := range gone {
 			if err := changes[i].Err; err != nil {
 				m.log.Warn("expunge not replicated", "user", p.Address, "uid", vm.UID, "err", err)
 				continue
 			}
 			b.remove(vm, changes[i].Stamp)
+			removed = append(removed, vm)
 			out.UIDs = append(out.UIDs, vm.UID)
+		}
+		if len(emptied(removed, b.msgs)) > 0 {
+			m.vacateSoon(p.Address) // a node's fragment may be empty now
 		}
 		b.modseq++
 		b.markUsed(0, b.modseq)

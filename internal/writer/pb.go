@@ -284,7 +284,7 @@ func (s server) Confirm(ctx context.Context, p *nodepb.ConfirmRequest) (*nodepb.
 }
 func (s server) Apply(ctx context.Context, p *nodepb.ApplyRequest) (*nodepb.Profile, error) {
 	prof, err := s.l.Apply(ctx, &ApplyRequest{Op: p.Op, Address: p.Address, Hash: p.Hash, SCRAM: p.ScramSha256, Replicas: int(p.Replicas), Policy: p.Policy,
-		QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages, Admin: p.Admin})
+		QuotaStorage: p.QuotaStorage, QuotaMessages: p.QuotaMessages, Admin: p.Admin, Spread: int(p.Spread)})
 	if err != nil {
 		return nil, err
 	}
@@ -390,7 +390,7 @@ func (r *ConfirmRequest) toPB() *nodepb.ConfirmRequest {
 
 func (r *ApplyRequest) toPB() *nodepb.ApplyRequest {
 	return &nodepb.ApplyRequest{Op: r.Op, Address: r.Address, Hash: r.Hash, ScramSha256: r.SCRAM, Replicas: int32(r.Replicas), Policy: r.Policy,
-		QuotaStorage: r.QuotaStorage, QuotaMessages: r.QuotaMessages, Admin: r.Admin}
+		QuotaStorage: r.QuotaStorage, QuotaMessages: r.QuotaMessages, Admin: r.Admin, Spread: int32(r.Spread)}
 }
 
 func (r *MailboxRequest) toPB() *nodepb.MailboxRequest {

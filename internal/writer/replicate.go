@@ -91,6 +91,7 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 		}
 		m.store.Write(ctx, changes)
 		var firstErr error
+		leaving := false
 		for i, c := range changes {
 			if c.Err != nil {
 				if firstErr == nil {
@@ -103,6 +104,10 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 			for _, n := range c.Obj.Replicas {
 				m.noteUser(p.Address, n)
 			}
+			leaving = leaving || len(c.Leaving) > 0
+		}
+		if leaving {
+			m.vacateSoon(p.Address) // a node left may hold nothing else
 		}
 		return firstErr
 	})

@@ -100,6 +100,9 @@ type Users interface {
 	// NoteAndReload adds n to the user's mail map and makes the views of
 	// the user's bucket load again (audit.go).
 	NoteAndReload(user string, n cluster.NodeID)
+	// Forget takes n out of the user's mail map: n holds none of the
+	// user's mail (vacate.go, which calls it under the writer lock).
+	Forget(user string, n cluster.NodeID)
 }
 
 // Peers is what the writer needs of the cluster.
@@ -133,6 +136,9 @@ type Manager struct {
 	cancel  context.CancelFunc
 
 	audit auditState
+	// vacates are the users whose mail map is being checked for nodes
+	// that hold none of their mail (vacate.go); under mu.
+	vacates vacateState
 }
 
 // New returns the node's writer, keeping its mailboxes in store.
@@ -607,7 +613,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 
 // ApplyRequest changes a user's profile.
 type ApplyRequest struct {
-	Op      string `json:"op"` // add, passwd, scram, replication, quota, delete
+	Op      string `json:"op"` // add, passwd, scram, replication, spread, quota, admin, delete
 	Address string `json:"address"`
 	// Hash is the new password's argon2id hash (add, passwd), or for op
 	// scram the hash the SCRAM keys were derived beside: they are stored
@@ -626,6 +632,9 @@ type ApplyRequest struct {
 	// Admin is whether the user may sign in to the admin console (op
 	// admin).
 	Admin bool `json:"admin,omitempty"`
+	// Spread is how many nodes the user's mail may spread over (op
+	// spread; 0 restores the cluster default), Porcupine §5.
+	Spread int `json:"spread,omitempty"`
 }
 
 // apply runs a profile change at the user's manager.
@@ -679,6 +688,12 @@ func (m *Manager) apply(ctx context.Context, req *ApplyRequest) (*userdb.Profile
 			return nil, err
 		}
 		p.Replicas, p.WritePolicy = req.Replicas, req.Policy
+		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
+	case "spread":
+		if err != nil {
+			return nil, err
+		}
+		p.Spread = req.Spread
 		return p, m.saveProfile(ctx, p, userdb.ProfileReplicas)
 	case "quota":
 		if err != nil {
