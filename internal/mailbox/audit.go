@@ -58,6 +58,10 @@ type AuditDigest struct {
 type AuditReply struct {
 	Users []string      `json:"users,omitempty"`
 	Boxes []AuditDigest `json:"boxes,omitempty"`
+	// UsersAnswered: the request's Users were looked up. A node older
+	// than the field leaves it false, and its empty Users then do not
+	// mean it holds no mail of them (a mail map must never lose a holder).
+	UsersAnswered bool `json:"users_answered,omitempty"`
 }
 
 // DigestHash is one message's share of a digest: XORed over a mailbox's
@@ -86,6 +90,7 @@ func (m *Manager) Audit(req *AuditRequest) (*AuditReply, error) {
 			return nil, err
 		}
 	}
+	out.UsersAnswered = len(req.Users) > 0
 	for _, u := range req.Users {
 		held, err := m.HoldsMail(u)
 		if err != nil {

@@ -306,7 +306,7 @@ func auditRequestFromPB(p *nodepb.AuditRequest) *AuditRequest {
 }
 
 func (r *AuditReply) toPB() *nodepb.AuditReply {
-	out := &nodepb.AuditReply{Users: r.Users}
+	out := &nodepb.AuditReply{Users: r.Users, UsersAnswered: r.UsersAnswered}
 	for _, d := range r.Boxes {
 		pd := &nodepb.AuditDigest{Box: &nodepb.AuditBox{User: d.User, UidValidity: d.UIDValidity}, Count: int64(d.Count), Hash: d.Hash}
 		for _, m := range d.Messages {
@@ -318,7 +318,7 @@ func (r *AuditReply) toPB() *nodepb.AuditReply {
 }
 
 func auditReplyFromPB(p *nodepb.AuditReply) *AuditReply {
-	out := &AuditReply{Users: p.Users}
+	out := &AuditReply{Users: p.Users, UsersAnswered: p.UsersAnswered}
 	for _, pd := range p.Boxes {
 		d := AuditDigest{Count: int(pd.Count), Hash: pd.Hash}
 		if pd.Box != nil {

@@ -396,9 +396,12 @@ func (x *AuditDigest) GetMessages() []*AuditMessage {
 }
 
 type AuditReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Users         []string               `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
-	Boxes         []*AuditDigest         `protobuf:"bytes,2,rep,name=boxes,proto3" json:"boxes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Users []string               `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
+	Boxes []*AuditDigest         `protobuf:"bytes,2,rep,name=boxes,proto3" json:"boxes,omitempty"`
+	// users_answered: the request's users were looked up (a node older than
+	// the field leaves it false, and its empty users then say nothing).
+	UsersAnswered bool `protobuf:"varint,3,opt,name=users_answered,json=usersAnswered,proto3" json:"users_answered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -445,6 +448,13 @@ func (x *AuditReply) GetBoxes() []*AuditDigest {
 		return x.Boxes
 	}
 	return nil
+}
+
+func (x *AuditReply) GetUsersAnswered() bool {
+	if x != nil {
+		return x.UsersAnswered
+	}
+	return false
 }
 
 type BodyRequest struct {
@@ -797,11 +807,12 @@ const file_quill_v1_fragment_proto_rawDesc = "" +
 	"\x03box\x18\x01 \x01(\v2\x12.quill.v1.AuditBoxR\x03box\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x12\n" +
 	"\x04hash\x18\x03 \x01(\x04R\x04hash\x122\n" +
-	"\bmessages\x18\x04 \x03(\v2\x16.quill.v1.AuditMessageR\bmessages\"O\n" +
+	"\bmessages\x18\x04 \x03(\v2\x16.quill.v1.AuditMessageR\bmessages\"v\n" +
 	"\n" +
 	"AuditReply\x12\x14\n" +
 	"\x05users\x18\x01 \x03(\tR\x05users\x12+\n" +
-	"\x05boxes\x18\x02 \x03(\v2\x15.quill.v1.AuditDigestR\x05boxes\"1\n" +
+	"\x05boxes\x18\x02 \x03(\v2\x15.quill.v1.AuditDigestR\x05boxes\x12%\n" +
+	"\x0eusers_answered\x18\x03 \x01(\bR\rusersAnswered\"1\n" +
 	"\vBodyRequest\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"\x1d\n" +

@@ -197,8 +197,8 @@ func (m *Manager) Vacate(ctx context.Context, user string) (gone []cluster.NodeI
 		}
 		for _, n := range ask {
 			rep, err := m.auditCall(ctx, n, &mailbox.AuditRequest{Users: []string{p.Address}}, vacateAskTimeout)
-			if err != nil || len(rep.Users) > 0 {
-				continue // holds mail, or cannot tell: stays
+			if err != nil || !rep.UsersAnswered || len(rep.Users) > 0 {
+				continue // holds mail, or cannot tell (an older node does not answer Users): stays
 			}
 			m.users.Forget(p.Address, n)
 			gone = append(gone, n)
