@@ -453,14 +453,19 @@ const readWait = cluster.FanOutWait
 // context for the user's lock, held by the user's other work (a view
 // loading from a node that stands still). A read is safe to leave running.
 func withinReadWait[T any](ctx context.Context, read func(context.Context) (T, error)) (T, error) {
+	// The deadline is cancelled here, not by the read's goroutine: that
+	// goroutine cancelling as it finished made the select below see the
+	// result and a cancelled context at once, and pick the cancellation
+	// half the time (a read that answered in 1 ms reported "no answer",
+	// as a 400: CI under load, TestNoStallManagerKilled).
 	ctx, cancel := context.WithTimeout(ctx, readWait)
+	defer cancel()
 	type result struct {
 		v   T
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		defer cancel()
 		v, err := read(ctx)
 		done <- result{v, err}
 	}()
@@ -468,6 +473,11 @@ func withinReadWait[T any](ctx context.Context, read func(context.Context) (T, e
 	case r := <-done:
 		return r.v, r.err
 	case <-ctx.Done():
+		select {
+		case r := <-done: // answered as the deadline came
+			return r.v, r.err
+		default:
+		}
 		var zero T
 		return zero, fmt.Errorf("no answer within %v: %w", readWait, ctx.Err())
 	}
