@@ -66,6 +66,12 @@ wait_idle() {
 }
 
 du_bytes() { du -s --block-size=1 "$1" | cut -f1; }
+# mail_bytes DATA [du flag]: what a node's mail takes: the store and the body
+# files of 64 KiB and more beside it (DATA/bodies), not the disk reserve's
+# ballast or the node's small files.
+mail_bytes() {
+	du -s ${2:-} --block-size=1 "$1/store" "$1/bodies" 2>/dev/null | awk '{ s += $1 } END { print s }'
+}
 mb() { awk -v b="$1" 'BEGIN{printf "%.1f", b/1e6}'; }
 
 quill_start() { # data dir [more flags]; sets QPID
@@ -96,10 +102,10 @@ footprint() {
 		--mix 1 --count "$n" --duration 6h --concurrency "$CONCURRENCY" --body-text "$BODY_TEXT" \
 		--server-pid "$QPID" --quiet --json-file "$WORK/quill-$n.json"
 	wait_idle "$QPID"
-	qrun=$(du_bytes "$data/store")
-	qapp=$(du -s --apparent-size --block-size=1 "$data/store" | cut -f1)
+	qrun=$(mail_bytes "$data")
+	qapp=$(mail_bytes "$data" --apparent-size)
 	quill_stop
-	qstop=$(du_bytes "$data/store")
+	qstop=$(mail_bytes "$data")
 	qall=$(du_bytes "$data")
 	load1=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -135,7 +141,7 @@ wamp() {
 		--server-pid "$QPID" --quiet --json-file "$WORK/quill-wamp.json"
 	wait_idle "$QPID"
 	curl -sf -H "Authorization: Bearer $(cat "$data/admin.token")" "http://$QHTTP/metrics" >"$WORK/wamp.metrics"
-	store=$(du_bytes "$data/store")
+	store=$(mail_bytes "$data")
 	quill_stop
 	load=$(cut -d' ' -f1-3 /proc/loadavg)
 	awk -v dur="$1" -v store="$store" -v load="$load" '
@@ -153,7 +159,7 @@ wamp() {
 case ${1:-footprint} in
 footprint)
 	[ $# -gt 0 ] && shift
-	echo "| messages | Quill store, running (apparent) MB | Quill store, stopped MB | Quill data dir (with the reserve's ballast) MB | Quill delivered, server CPU | Postfix Maildir MB | Quill / Maildir | load averages (Quill / Postfix) |"
+	echo "| messages | Quill store + body files, running (apparent) MB | Quill store + body files, stopped MB | Quill data dir (with the reserve's ballast) MB | Quill delivered, server CPU | Postfix Maildir MB | Quill / Maildir | load averages (Quill / Postfix) |"
 	echo "|---|---|---|---|---|---|---|---|"
 	[ $# -gt 0 ] || set -- 10000 100000
 	for n in "$@"; do footprint "$n"; done
