@@ -995,28 +995,27 @@ func (m *Manager) MailHolders(ctx context.Context, addr string) ([]cluster.NodeI
 		return nil, nil
 	}
 	addr = userdb.Normalize(addr)
-	alive := m.peers.Alive()
-	held := make([]bool, len(alive))
-	errs := make([]error, len(alive))
-	var wg sync.WaitGroup
-	for i, a := range alive {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, rpc.DefaultTimeout)
-			defer cancel()
-			rep, err := m.boxes.On(m.peers, a.ID).Audit(cctx, &mailbox.AuditRequest{Users: []string{addr}})
-			held[i], errs[i] = err == nil && len(rep.Users) > 0, err
-		}()
+	var ids []cluster.NodeID
+	for _, a := range m.peers.Alive() {
+		ids = append(ids, a.ID)
 	}
-	wg.Wait()
-	var out []cluster.NodeID
-	for i, a := range alive {
-		if errs[i] != nil {
-			return nil, fmt.Errorf("user %s: does node %s hold mail of it: %w", addr, a.ID, errs[i])
+	// One question to every live node at once, each bounded (the admin
+	// API's fan-out); nothing is recalled between calls.
+	var ask cluster.Recall[bool]
+	answers := ask.Ask(ctx, ids, rpc.DefaultTimeout, func(cctx context.Context, n cluster.NodeID) (bool, error) {
+		rep, err := m.boxes.On(m.peers, n).Audit(cctx, &mailbox.AuditRequest{Users: []string{addr}})
+		if err == nil && !rep.UsersAnswered {
+			err = errors.New("the node is too old to say which users it holds mail of")
 		}
-		if held[i] {
-			out = append(out, a.ID)
+		return err == nil && len(rep.Users) > 0, err
+	})
+	var out []cluster.NodeID
+	for _, a := range answers {
+		if a.Err != nil {
+			return nil, fmt.Errorf("user %s: does node %s hold mail of it: %w", addr, a.Node, a.Err)
+		}
+		if a.Value {
+			out = append(out, a.Node)
 		}
 	}
 	slices.Sort(out)
