@@ -8,7 +8,6 @@ import (
 	"hash/fnv"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -624,8 +623,8 @@ func (m *Manager) writeDocs(user string, in []textDocIn) error {
 	}
 	var (
 		docs     []added
-		postings = map[string][]byte{} // field 0 term -> the new docs
-		order    []string
+		postings = map[[2]string][]byte{} // field, term -> the new docs
+		order    [][2]string
 	)
 	next := ut.next
 	for _, d := range in {
@@ -664,7 +663,7 @@ func (m *Manager) writeDocs(user string, in []textDocIn) error {
 		docs = append(docs, added{doc, loc})
 		for field, list := range d.terms {
 			for _, term := range list {
-				k := field + "\x00" + term
+				k := [2]string{field, term}
 				p, seen := postings[k]
 				if !seen {
 					order = append(order, k)
@@ -682,7 +681,7 @@ func (m *Manager) writeDocs(user string, in []textDocIn) error {
 	prefix := store.UserPrefix(store.KindText, user)
 	var key []byte
 	for _, k := range order {
-		field, term, _ := strings.Cut(k, "\x00")
+		field, term := k[0], k[1]
 		// The vocabulary key is written whether or not the term is
 		// known: asking the store was a point read per term, most of
 		// what indexing cost under load (compactions keep one).
