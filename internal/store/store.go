@@ -115,10 +115,10 @@ func OpenReadOnly(dir string) (*DB, error) {
 // disk footprint should be a fraction of Maildir's for the same mail.
 const (
 	// memTableSize bounds one memtable. Pebble preallocates each WAL file
-	// at 1.1x this size and keeps up to MemTableStopWritesThreshold+1
-	// flushed WAL files for reuse, so an idle store holds two to four WAL
-	// files of this size on disk: at the former 64 MiB that was about
-	// 280 MB before a single message. Smaller is not free: a store's keys
+	// at 1.1x this size, and would keep up to MemTableStopWritesThreshold+1
+	// flushed WAL files for reuse (see walCleaner), so an idle store held
+	// four WAL files of this size on disk: at the former 64 MiB that was
+	// about 280 MB before a single message. Smaller is not free: a store's keys
 	// are spread over every user's bucket, so each flushed memtable
 	// overlaps the whole of the bottom level and its compaction rewrites
 	// it. Measured under the Porcupine workload (docs/benchmarks.md, "Issue
@@ -152,6 +152,7 @@ func open(path string, readOnly bool) (*DB, error) {
 		Cache:                       cache,
 		WALBytesPerSync:             walBytesPerSync,
 		Logger:                      quietLogger{},
+		Cleaner:                     walCleaner{},
 		ReadOnly:                    readOnly,
 	}
 	// Bloom filters let a point read of a key that is not there (a UID
@@ -174,6 +175,25 @@ func open(path string, readOnly bool) (*DB, error) {
 	d.gate.init(path)
 	return d, nil
 }
+
+// walCleaner deletes obsolete files (Pebble's DeleteCleaner) and turns off
+// Pebble's recycling of flushed WAL files. Pebble v1 has no option for
+// that: it recycles unless its cleaner says it needs the files' contents,
+// which only ArchiveCleaner says (an unexported marker method). Embedding
+// ArchiveCleaner one level deeper than DeleteCleaner takes the marker
+// from the first and Clean from the second. Recycling saves creating and
+// preallocating a WAL file at each memtable switch (every 16 MiB of
+// writes), but kept three spare 17.6 MB files on disk for good: 53 MB of
+// a 10,000-message store of 119 MB (docs/benchmarks.md, "Issue 16: WAL
+// recycling"). TestWALNotRecycled fails if a Pebble upgrade changes this.
+type walCleaner struct {
+	pebble.DeleteCleaner
+	noRecycle
+}
+
+// noRecycle carries ArchiveCleaner's marker (and a Clean shadowed by
+// DeleteCleaner's).
+type noRecycle struct{ pebble.ArchiveCleaner }
 
 // lockHeld reports whether Pebble refused to open because its lock file is
 // held: by another process (fcntl's EAGAIN or EACCES), or by this one

@@ -2,8 +2,13 @@ package store
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/cockroachdb/pebble"
 	"time"
 )
 
@@ -138,5 +143,43 @@ func TestOpenInUse(t *testing.T) {
 	}
 	if _, err := OpenReadOnly(t.TempDir()); err == nil {
 		t.Fatal("read-only open of an empty directory made a store")
+	}
+}
+
+// TestWALNotRecycled checks that flushed WAL files are deleted rather than
+// kept for reuse (walCleaner): an idle store holds its live WAL file and
+// no spares. With Pebble's recycling on, this store kept four .log files.
+func TestWALNotRecycled(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	val := make([]byte, 4096)
+	for round := 0; round < 6; round++ {
+		for i := 0; i < 50; i++ {
+			if err := d.Set([]byte(fmt.Sprintf("k%d-%d", round, i)), val, pebble.Sync); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A flush switches the memtable and with it the WAL file.
+		if err := d.p.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "store", "*.log"))
+	if len(logs) > 2 {
+		t.Fatalf("%d WAL files after 6 flushes (%v), want the live one (and at most one not yet deleted)", len(logs), logs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "store", "archive")); err == nil {
+		t.Fatal("obsolete files were archived, not deleted")
+	}
+	m, err := d.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.WAL.ObsoleteFiles != 0 {
+		t.Fatalf("%d WAL files kept for reuse, want 0", m.WAL.ObsoleteFiles)
 	}
 }
