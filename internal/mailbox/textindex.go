@@ -35,8 +35,12 @@ import (
 //	'd' doc(4)                  -> UIDVALIDITY(4) UID(4) message id
 //	'i' message id              -> doc(4)
 //	'p' field 0 term            -> docs, each a uvarint, appended by Merge
-//	'v' field 0 term            -> (the field's vocabulary)
 //	'n'                         -> the next doc number (4)
+//
+// A field's vocabulary (the terms a substring query is matched against) is
+// its 'p' keys. Layout 1 also kept it as 'v' field 0 term keys, half the
+// index's keys for what the postings' keys already say; layout 2 drops
+// them (dropVocabKeys).
 //
 // Postings are only appended: a document that goes (expunge, move away)
 // is deleted from 'd' and 'i' and its numbers in postings then name nothing.
@@ -46,7 +50,7 @@ const (
 	textDoc   = 'd'
 	textID    = 'i'
 	textPost  = 'p'
-	textVocab = 'v'
+	textVocab = 'v' // layout 1 only: dropped at the upgrade
 	textNext  = 'n'
 )
 
@@ -65,7 +69,7 @@ func termKey(user string, sub byte, field, term string) []byte {
 }
 
 // appendTermKey appends termKey to k, prefix being the user's text prefix:
-// indexing a message writes two keys per term, and one buffer for them all
+// indexing a message writes a key per term, and one buffer for them all
 // saves a few allocations per key (the batch copies what it is given).
 func appendTermKey(k, prefix []byte, sub byte, field, term string) []byte {
 	k = append(append(k, prefix...), sub)
@@ -370,9 +374,9 @@ func (m *Manager) RunTextIndex(stop <-chan struct{}) {
 
 // textIndexVersion names the index's layout: a node whose store was
 // indexed under another (or none) queues every message held here that has
-// no document. (A layout that changes documents must also drop the old
-// keys.)
-const textIndexVersion = "1"
+// no document, and one of layout 1 drops its vocabulary keys. (A layout
+// that changes documents must also drop the old keys.)
+const textIndexVersion = "2"
 
 func textVersionKey() []byte {
 	return append(store.KindPrefix(store.KindNode), "text-index-version"...)
@@ -388,6 +392,9 @@ func (m *Manager) queueUnindexed() error {
 			return nil
 		}
 	} else if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if err := m.dropVocabKeys(); err != nil {
 		return err
 	}
 	b := m.db.NewBatch()
@@ -423,6 +430,42 @@ func (m *Manager) queueUnindexed() error {
 	if queued > 0 {
 		m.logf("text index: %d messages held here queued for indexing", queued)
 	}
+	return b.Commit(store.NoSync)
+}
+
+// dropVocabKeys deletes layout 1's vocabulary keys: a range deletion per
+// user, found by seeking from one user's text keys to the next's (a
+// thousand users are a thousand seeks, not a walk of the whole index).
+func (m *Manager) dropVocabKeys() error {
+	it, err := m.db.PrefixIter(nil, store.KindPrefix(store.KindText))
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	b := m.db.NewBatch()
+	defer b.Close()
+	users := 0
+	for ok := it.First(); ok; {
+		user, _, good := splitUserKey(it.Key())
+		if !good {
+			ok = it.Next()
+			continue
+		}
+		p := store.UserPrefix(store.KindText, user)
+		v := append(bytes.Clone(p), textVocab)
+		if err := b.DeleteRange(v, store.UpperBound(v)); err != nil {
+			return err
+		}
+		users++
+		ok = it.SeekGE(store.UpperBound(p))
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	if users == 0 {
+		return nil
+	}
+	m.logf("text index: layout %s: vocabulary keys of %d users dropped", textIndexVersion, users)
 	return b.Commit(store.NoSync)
 }
 
@@ -607,7 +650,7 @@ func (m *Manager) readTerms(user, id string) (map[string][]string, int, error) {
 
 // writeDocs writes the documents of messages whose terms were read, under
 // the user's lock, where a message's place cannot change: one batch, one
-// posting Merge and one vocabulary key per distinct term of them all.
+// posting Merge per distinct term of them all.
 func (m *Manager) writeDocs(user string, in []textDocIn) error {
 	if len(in) == 0 {
 		return nil
@@ -682,15 +725,8 @@ func (m *Manager) writeDocs(user string, in []textDocIn) error {
 	var key []byte
 	for _, k := range order {
 		field, term := k[0], k[1]
-		// The vocabulary key is written whether or not the term is
-		// known: asking the store was a point read per term, most of
-		// what indexing cost under load (compactions keep one).
 		key = appendTermKey(key[:0], prefix, textPost, field, term)
 		if err := b.Merge(key, postings[k]); err != nil {
-			return err
-		}
-		key = appendTermKey(key[:0], prefix, textVocab, field, term)
-		if err := b.Set(key, nil); err != nil {
 			return err
 		}
 		if ut.loaded[field] {
@@ -856,7 +892,9 @@ func (r textReader) Terms(field string) ([]string, error) {
 	if ut.loaded[field] {
 		return ut.terms[field], nil
 	}
-	p := termKey(r.user, textVocab, field, "")
+	// The postings' keys are the vocabulary; reading them merges each
+	// term's operands too, which the term's Postings read needs next.
+	p := termKey(r.user, textPost, field, "")
 	it, err := r.m.db.PrefixIter(nil, p)
 	if err != nil {
 		return nil, err

@@ -192,3 +192,74 @@ func TestTextIndexDelay(t *testing.T) {
 		t.Fatalf("BODY word2 excludes %v, want [3]", got)
 	}
 }
+
+// A store indexed under layout 1 kept a vocabulary key per term beside its
+// posting: the upgrade drops them (every user's), queues nothing that has
+// a document, and substring searches still find their terms (now from the
+// postings' keys).
+func TestTextIndexUpgradeDropsVocabulary(t *testing.T) {
+	m, dir := newManager(t)
+	users := []string{"a@x.org", "b@y.org", "c@z.org"}
+	for _, user := range users {
+		for uid := uint32(1); uid <= 3; uid++ {
+			raw := fmt.Sprintf("Subject: s%d\r\n\r\nword%d here\r\n", uid, uid)
+			if err := m.StoreAt([]Placed{place(user, "INBOX", v1, uid, uint64(uid))}, fmt.Sprintf("id-%d", uid), []byte(raw), time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	indexAll(t, m)
+	vocab := func() (n int) {
+		it, err := m.db.PrefixIter(nil, store.KindPrefix(store.KindText))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer it.Close()
+		for it.First(); it.Valid(); it.Next() {
+			if _, rest, ok := splitUserKey(it.Key()); ok && rest != "" && rest[0] == textVocab {
+				n++
+			}
+		}
+		return n
+	}
+	if n := vocab(); n != 0 {
+		t.Fatalf("layout %s wrote %d vocabulary keys", textIndexVersion, n)
+	}
+	// Make it a layout-1 store: a vocabulary key per posting.
+	b := m.db.NewBatch()
+	it, err := m.db.PrefixIter(nil, store.KindPrefix(store.KindText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for it.First(); it.Valid(); it.Next() {
+		if user, rest, ok := splitUserKey(it.Key()); ok && rest != "" && rest[0] == textPost {
+			k := append(store.UserPrefix(store.KindText, user), textVocab)
+			b.Set(append(k, rest[1:]...), nil)
+		}
+	}
+	it.Close()
+	b.Set(textVersionKey(), []byte("1"))
+	if err := b.Commit(store.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if n := vocab(); n < 3*3 {
+		t.Fatalf("%d vocabulary keys written for the test, want at least 9", n)
+	}
+	m = reopen(t, m, dir)
+	if err := m.queueUnindexed(); err != nil {
+		t.Fatal(err)
+	}
+	if n := vocab(); n != 0 {
+		t.Fatalf("%d vocabulary keys left after the upgrade", n)
+	}
+	if n, _ := m.TextQueued(); n != 0 {
+		t.Fatalf("the upgrade queued %d messages that have documents", n)
+	}
+	for _, user := range users {
+		// "ord2" is a substring of the term word2: found through the
+		// vocabulary, so messages 1 and 3 are left out.
+		if got := excluded(t, m, user, v1, "ord2"); !slices.Equal(got, []uint32{1, 3}) {
+			t.Fatalf("%s: BODY ord2 excludes %v, want [1 3]", user, got)
+		}
+	}
+}
