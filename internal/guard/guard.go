@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quillmail/quill/internal/metrics"
@@ -299,6 +300,17 @@ type conn struct {
 func (c *conn) Close() error {
 	c.once.Do(func() { c.g.close(c.ip) })
 	return c.Conn.Close()
+}
+
+// SyscallConn gives hangup.Watch the socket under the guard's wrapper:
+// without it a command's work went on to its deadline after the client
+// hung up, on every connection the guard let in.
+func (c *conn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("guard: connection has no socket")
+	}
+	return sc.SyscallConn()
 }
 
 // failDelay is the delay after the n-th failed login (n ≥ 1) of an address

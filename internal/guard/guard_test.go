@@ -2,11 +2,15 @@ package guard
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/quillmail/quill/internal/hangup"
 )
 
 func TestAdmitCapsTotalPerAddressAndRate(t *testing.T) {
@@ -162,4 +166,37 @@ func TestLockoutSharedWithPeers(t *testing.T) {
 		t.Error("a peer's lockout lasted more than a day")
 	}
 	b.LockOut(netip.Addr{}, now.Add(time.Hour)) // garbage: ignored
+}
+
+// A connection the guard let in still shows its socket, so a command's
+// work is cancelled when the client hangs up (hangup.Watch): the guard's
+// wrapper hid it, and the watch did nothing on every protocol listener.
+func TestGuardedConnHangUpNoticed(t *testing.T) {
+	g := New(Limits{MaxConnsPerIP: 2}, nil)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := g.Listener("imap", raw, nil)
+	defer l.Close()
+	client, err := net.Dial("tcp", raw.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	if _, ok := server.(syscall.Conn); !ok {
+		t.Fatalf("guarded connection %T hides its socket", server)
+	}
+	ctx, stop := hangup.Watch(context.Background(), server)
+	defer stop()
+	client.Close()
+	select {
+	case <-ctx.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("hang-up of a guarded connection not noticed")
+	}
 }
