@@ -169,7 +169,7 @@ func TestLockoutSharedWithPeers(t *testing.T) {
 }
 
 // A connection the guard let in still shows its socket, so a command's
-// work is cancelled when the client hangs up (hangup.Watch): the guard's
+// work is cancelled when the client resets it (hangup.Watch): the guard's
 // wrapper hid it, and the watch did nothing on every protocol listener.
 func TestGuardedConnHangUpNoticed(t *testing.T) {
 	g := New(Limits{MaxConnsPerIP: 2}, nil)
@@ -193,6 +193,7 @@ func TestGuardedConnHangUpNoticed(t *testing.T) {
 	}
 	ctx, stop := hangup.Watch(context.Background(), server)
 	defer stop()
+	client.(*net.TCPConn).SetLinger(0) // Close sends a reset
 	client.Close()
 	select {
 	case <-ctx.Done():

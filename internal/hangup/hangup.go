@@ -4,9 +4,10 @@
 // a long command (a view loaded from fragments on other nodes, a delivery
 // replicated to them) would keep that remote work going to its deadline.
 //
-// While a command runs, Watch asks the kernel whether the peer has hung up
-// (Linux's POLLRDHUP), without reading anything from the socket: bytes the
-// client pipelined stay for the server to read. Written by hand because no
+// While a command runs, Watch asks the kernel whether the connection is
+// gone (reset: POLLHUP, POLLERR), without reading anything from the socket:
+// bytes the client pipelined stay for the server to read, and a client that
+// only closed its sending side may still read its replies (hungUp). Written by hand because no
 // library offers it; where the platform or the connection cannot tell, the
 // command simply runs to its deadline as before.
 package hangup
@@ -74,15 +75,23 @@ func rawConn(conn net.Conn) syscall.RawConn {
 	return rc
 }
 
-// hungUp reports whether the peer has closed its side (or the connection
-// failed). Control holds the file descriptor open while it runs, so it
+// hungUp reports whether the connection is gone: reset by the peer, or
+// failed. Control holds the file descriptor open while it runs, so it
 // cannot be closed and reused under the poll.
+//
+// A peer that only shut down its sending side (POLLRDHUP: a script piping
+// its commands into nc -N, or a client that closed politely) is not taken
+// for gone: the first may still read the replies, and from here the two
+// look alike, since the commands it pipelined already sit in the session's
+// read buffer, not the socket's. Cutting the last command of such a client
+// short would refuse mail that Postfix accepts; the work of one that left
+// runs to its deadline instead, as it did before.
 func hungUp(rc syscall.RawConn) bool {
 	gone := false
 	rc.Control(func(fd uintptr) {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
 		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
-			gone = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+			gone = fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
 		}
 	})
 	return gone
