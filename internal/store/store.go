@@ -33,6 +33,7 @@ import (
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
+	"github.com/cockroachdb/pebble/vfs"
 	"github.com/quillmail/quill/internal/cluster"
 )
 
@@ -114,17 +115,17 @@ func OpenReadOnly(dir string) (*DB, error) {
 // about 150 MB of RSS with 1,000 users and 100,000 messages, and whose idle
 // disk footprint should be a fraction of Maildir's for the same mail.
 const (
-	// memTableSize bounds one memtable. Pebble preallocates each WAL file
-	// at 1.1x this size, and would keep up to MemTableStopWritesThreshold+1
-	// flushed WAL files for reuse (see walCleaner), so an idle store held
-	// four WAL files of this size on disk: at the former 64 MiB that was
-	// about 280 MB before a single message. Smaller is not free: a store's keys
+	// memTableSize bounds one memtable. Pebble allocates each WAL file
+	// 1.1x this size ahead and would keep up to
+	// MemTableStopWritesThreshold+1 flushed WAL files for reuse: at the
+	// former 64 MiB an idle store held about 280 MB of WAL before a single
+	// message (walCleaner and walFS now keep it near what was written).
+	// Smaller is not free: a store's keys
 	// are spread over every user's bucket, so each flushed memtable
 	// overlaps the whole of the bottom level and its compaction rewrites
 	// it. Measured under the Porcupine workload (docs/benchmarks.md, "Issue
 	// 16: the memtable's size"): 4 MiB spent 44% of the CPU compacting and
-	// delivered 0.64 of 64 MiB's rate, 16 MiB 0.86; 16 MiB keeps the WAL
-	// files near 70 MB on disk.
+	// delivered 0.64 of 64 MiB's rate, 16 MiB 0.86.
 	memTableSize = 16 << 20
 	// memTableStopWrites is how many memtables (the one written and those
 	// waiting for their flush) may exist before writes wait: Pebble's
@@ -153,6 +154,7 @@ func open(path string, readOnly bool) (*DB, error) {
 		WALBytesPerSync:             walBytesPerSync,
 		Logger:                      quietLogger{},
 		Cleaner:                     walCleaner{},
+		FS:                          walFS{vfs.Default},
 		ReadOnly:                    readOnly,
 	}
 	// Bloom filters let a point read of a key that is not there (a UID

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/cockroachdb/pebble"
@@ -181,5 +182,37 @@ func TestWALNotRecycled(t *testing.T) {
 	}
 	if m.WAL.ObsoleteFiles != 0 {
 		t.Fatalf("%d WAL files kept for reuse, want 0", m.WAL.ObsoleteFiles)
+	}
+}
+
+// TestWALAllocatedInSteps checks that an idle store's WAL file holds about
+// what was written, not the 17.6 MB Pebble allocates ahead (walFS).
+func TestWALAllocatedInSteps(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	val := make([]byte, 4096)
+	for i := 0; i < 100; i++ {
+		if err := d.Set([]byte(fmt.Sprintf("k%d", i)), val, pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "store", "*.log"))
+	var blocks int64
+	for _, l := range logs {
+		var st syscall.Stat_t
+		if err := syscall.Stat(l, &st); err != nil {
+			t.Fatal(err)
+		}
+		blocks += st.Blocks * 512
+	}
+	if len(logs) == 0 || blocks > 2*walPreallocChunk {
+		t.Fatalf("%d WAL files take %d bytes on disk after 400 KB written, want at most %d", len(logs), blocks, 2*walPreallocChunk)
+	}
+	if blocks < 400<<10 {
+		t.Fatalf("WAL files take %d bytes on disk, less than the 400 KB written", blocks)
 	}
 }
