@@ -18,14 +18,15 @@
 #
 # Needs root for Postfix (setup.sh installs it if missing). Environment:
 # QUILL (the binary, default bin/quill), WORK (default /tmp/bench-disk),
-# PORT_BASE (default 36100: Quill uses PORT_BASE+0..3, Postfix +10..12),
+# PORT_BASE (default 29100, below the kernel's ephemeral ports, which an
+# outgoing connection may hold: Quill uses PORT_BASE+0..3, Postfix +10..12),
 # CONCURRENCY (16), BODY_TEXT (default: README.md and docs/*.md of this
 # checkout, English prose about mail).
 set -eu
 cd "$(dirname "$0")/.."
 QUILL=${QUILL:-bin/quill}
 WORK=${WORK:-/tmp/bench-disk}
-PORT_BASE=${PORT_BASE:-36100}
+PORT_BASE=${PORT_BASE:-29100}
 CONCURRENCY=${CONCURRENCY:-16}
 # A server that used less than IDLE_PERCENT of one core over IDLE_SECONDS is
 # idle (its text index built, its queue empty): a node's gossip, sweeps and
