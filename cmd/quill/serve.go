@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -102,6 +103,9 @@ func serve(cfg node.Config, configNote string) error {
 	cfg.Logger = logger
 	if configNote != "" {
 		cfg.Logger.Warn(configNote)
+	}
+	if cfg.MemoryLimit > 0 {
+		debug.SetMemoryLimit(cfg.MemoryLimit)
 	}
 	n, err := node.Start(cfg)
 	if err != nil {

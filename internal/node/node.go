@@ -136,6 +136,10 @@ type Config struct {
 	// TextIndexDelay is how long a stored message waits for the text
 	// index (mailbox.DefaultTextIndexDelay).
 	TextIndexDelay time.Duration `flag:"text-index-delay" help:"how long a delivered message waits before the search index reads it: mail deleted sooner (POP3) is never indexed, and a SEARCH first indexes its user's waiting mail (0: at once)"`
+	// MemoryLimit is the Go runtime's soft memory limit, which `quill
+	// serve` sets (process-wide, so not in Start: tests run several nodes
+	// in one process).
+	MemoryLimit int64 `flag:"memory-limit" help:"soft limit in bytes on the memory the Go runtime holds (heap, stacks; not Pebble's memtables and block cache): garbage is collected sooner as it nears, trading CPU for resident memory; 0: none (GOMEMLIMIT in the environment still applies)"`
 	// CheckInbound checks SPF, DKIM and DMARC of mail from other servers
 	// (internal/mailauth).
 	CheckInbound bool `flag:"check-inbound" help:"check SPF, DKIM and DMARC of mail from other servers, record the results in Authentication-Results, and refuse what the sender domain's DMARC policy says to reject"`
