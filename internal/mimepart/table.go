@@ -107,7 +107,9 @@ func (d *decoder) part(p *Part, depth int) {
 			d.err = ErrTable
 			return
 		}
-		p.Children = make([]Part, n)
+		if n > 0 {
+			p.Children = make([]Part, n)
+		}
 		for i := range p.Children {
 			d.part(&p.Children[i], depth+1)
 		}
