@@ -86,7 +86,7 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			continue
 		}
 		var raw []byte
-		var ranges []section // the sections' bytes, when read as ranges
+		var ranges []section   // the sections' bytes, when read as ranges
 		var parts *partsAnswer // the items, when answered from the part table
 		if needBody {
 			// A message another session expunged (m.gone) is served while
