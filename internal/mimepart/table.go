@@ -65,10 +65,23 @@ func Unmarshal(b []byte) (*Table, error) {
 	d := decoder{b: b[1:]}
 	t := &Table{Size: d.int(), HeaderLen: d.int()}
 	d.part(&t.Root, 0)
-	if d.err != nil || len(d.b) != 0 {
+	if d.err != nil || len(d.b) != 0 || !within(&t.Root, 0, t.Size) || t.HeaderLen > t.Size {
 		return nil, ErrTable
 	}
 	return t, nil
+}
+
+// within reports whether p and the parts under it lie between lo and hi.
+func within(p *Part, lo, hi int64) bool {
+	if !(lo <= p.Hdr && p.Hdr <= p.Body && p.Body <= p.End && p.End <= hi) {
+		return false
+	}
+	for i := range p.Children {
+		if !within(&p.Children[i], p.Body, p.End) {
+			return false
+		}
+	}
+	return p.Inner == nil || within(p.Inner, p.Body, p.End)
 }
 
 type decoder struct {
