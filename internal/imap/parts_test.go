@@ -257,7 +257,7 @@ func bigMultipart(size int) (string, []byte) {
 	return b.String(), att
 }
 
-// A FETCH of the parts of a 25 MB message kept as a file reads the
+// A FETCH of the parts of a 27 MB message kept as a file reads the
 // headers on the way and the ranges it answers, and answers what a
 // server reading the message whole answers.
 func TestFetchPartsOfLargeBody(t *testing.T) {
