@@ -19,11 +19,15 @@ import (
 // partTable is the encoded part table of a body about to be kept as a
 // file. The scan reads the bytes in memory once more (and its quoted-
 // printable and base64 parts once again, for their decoded sizes): tens of
-// milliseconds for 25 MB, against the fsync that follows. A body the scan
-// fails on (it cannot, reading memory) gets no table and is scanned when
-// first fetched.
+// milliseconds for 25 MB, against the fsync that follows. A body of more
+// parts than a table keeps gets mimepart.NoTable (it is read whole when
+// fetched); one the scan fails on otherwise (it cannot, reading memory)
+// gets no table and is scanned when first fetched.
 func partTable(body []byte) []byte {
 	t, err := mimepart.Scan(bytes.NewReader(body), int64(len(body)))
+	if errors.Is(err, mimepart.ErrTooManyParts) {
+		return mimepart.NoTable
+	}
 	if err != nil {
 		return nil
 	}
@@ -50,7 +54,8 @@ func (c *partTables) get(h bodyHash) (*mimepart.Table, bool) {
 	if !ok {
 		return nil, false
 	}
-	return v.(*mimepart.Table), true
+	t, _ := v.(*mimepart.Table)
+	return t, true
 }
 
 func (c *partTables) add(h bodyHash, t *mimepart.Table) {
@@ -78,12 +83,18 @@ func (m *Manager) OpenParts(user, id string) (BodyReader, *mimepart.Table, error
 	}
 	h, size, enc, err := decodeBodyRefTable(v)
 	var t *mimepart.Table
+	noTable := false
 	if err == nil && len(enc) > 0 {
-		t, _ = mimepart.Unmarshal(enc) // one it cannot read is scanned again
+		var uerr error
+		t, uerr = mimepart.Unmarshal(enc) // one it cannot read is scanned again
+		noTable = errors.Is(uerr, mimepart.ErrNoTable)
 	}
 	closer.Close()
 	if err != nil {
 		return nil, nil, fmt.Errorf("user %s message %s: body file reference: %w", user, id, err)
+	}
+	if noTable {
+		return nil, nil, nil
 	}
 	f, err := m.files.open(h)
 	if err != nil {
@@ -94,9 +105,18 @@ func (m *Manager) OpenParts(user, id string) (BodyReader, *mimepart.Table, error
 		return r, t, nil
 	}
 	if t, ok := m.files.tables.get(h); ok {
+		if t == nil { // too many parts
+			r.Close()
+			return nil, nil, nil
+		}
 		return r, t, nil
 	}
-	if t, err = mimepart.Scan(r, size); err != nil {
+	if t, err = mimepart.Scan(r, size); errors.Is(err, mimepart.ErrTooManyParts) {
+		m.files.tables.add(h, nil)
+		r.Close()
+		return nil, nil, nil
+	}
+	if err != nil {
 		r.Close()
 		return nil, nil, fmt.Errorf("user %s message %s: body file: %w", user, id, err)
 	}

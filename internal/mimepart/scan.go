@@ -39,6 +39,16 @@ const MaxDepth = fts.MaxMIMEDepth
 // BODYSTRUCTURE does.
 const MaxParts = 10000
 
+// MaxTableParts bounds the parts of one table: a message of more (a
+// crafted one, as real mail has a few) gets no table (ErrTooManyParts),
+// so that its table costs at most a few hundred KiB of store and memory;
+// it is then read whole, as a small message is.
+const MaxTableParts = 20000
+
+// ErrTooManyParts is Scan's error for a message of more than MaxTableParts
+// parts.
+var ErrTooManyParts = errors.New("mimepart: more parts than a table keeps")
+
 // Kind is what a part holds.
 type Kind uint8
 
@@ -179,12 +189,16 @@ func Scan(r io.ReaderAt, size int64) (*Table, error) {
 	br := bufio.NewReader(c)
 	h, err := textproto.ReadHeader(br)
 	t.Root = Part{Hdr: 0, Body: c.n - int64(br.Buffered()), End: size, HdrErr: err != nil}
-	entity(&t.Root, h, br, "", 0)
+	var sc scanner
+	sc.entity(&t.Root, h, br, "", 0)
 	if t.Root.Inner != nil {
 		setEnd(t.Root.Inner, size, false)
 	}
 	if src.err != nil {
 		return nil, src.err
+	}
+	if sc.parts > MaxTableParts {
+		return nil, ErrTooManyParts
 	}
 	hl, err := headerLen(r, size)
 	if err != nil {
@@ -212,9 +226,16 @@ func (e *errReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// scanner counts the parts a scan found.
+type scanner struct{ parts int }
+
 // entity fills p, whose header is h and whose body body yields from
-// p.Body on, as imap.partStructure walks it; p.End is the caller's.
-func entity(p *Part, h textproto.Header, body io.Reader, parent string, depth int) {
+// p.Body on, as imap.partStructure walks it; p.End is the caller's. Past
+// MaxTableParts it stops: the table will not be kept.
+func (s *scanner) entity(p *Part, h textproto.Header, body io.Reader, parent string, depth int) {
+	if s.parts++; s.parts > MaxTableParts {
+		return
+	}
 	p.Enc = Encoding(h)
 	mediaType, params := MediaType(h, parent)
 	typ, _, _ := strings.Cut(mediaType, "/")
@@ -228,7 +249,7 @@ func entity(p *Part, h textproto.Header, body io.Reader, parent string, depth in
 			}
 			p.Children = append(p.Children, Part{Hdr: hdr, Body: start})
 			c := &p.Children[len(p.Children)-1]
-			entity(c, prt.header, prt, mediaType, depth+1)
+			s.entity(c, prt.header, prt, mediaType, depth+1)
 			prt.close()
 			c.End = c.Body + prt.total
 			c.Truncated = prt.err != io.EOF
@@ -245,7 +266,7 @@ func entity(p *Part, h textproto.Header, body io.Reader, parent string, depth in
 		br := bufio.NewReader(lc)
 		ch, err := textproto.ReadHeader(br)
 		p.Inner = &Part{Hdr: p.Body, Body: p.Body + lc.n - int64(br.Buffered()), HdrErr: err != nil}
-		entity(p.Inner, ch, br, "", depth+1)
+		s.entity(p.Inner, ch, br, "", depth+1)
 	}
 	io.Copy(io.Discard, lc)
 	p.Lines = lc.lines()

@@ -1,13 +1,23 @@
 package mimepart
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
 // tableVersion is the first byte of an encoded table; a table in another
 // version is not read (the caller scans the message again).
 const tableVersion = 1
+
+// NoTable is what is kept in a table's place for a message that has none
+// (ErrTooManyParts): Unmarshal says ErrNoTable, and the message is read
+// whole without another scan.
+var NoTable = []byte{0}
+
+// ErrNoTable is Unmarshal's error for NoTable.
+var ErrNoTable = errors.New("mimepart: the message has no part table")
 
 // Flags of a part in the encoding.
 const (
@@ -59,6 +69,9 @@ func appendPart(b []byte, p *Part) []byte {
 
 // Unmarshal decodes a table Marshal made; ErrTable if it cannot.
 func Unmarshal(b []byte) (*Table, error) {
+	if bytes.Equal(b, NoTable) {
+		return nil, ErrNoTable
+	}
 	if len(b) == 0 || b[0] != tableVersion {
 		return nil, fmt.Errorf("%w: version %v", ErrTable, b[:min(1, len(b))])
 	}

@@ -2,6 +2,7 @@ package mimepart
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"runtime"
 	"testing"
@@ -56,5 +57,20 @@ func TestScanHoldsNoBody(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > 256<<10 {
 		t.Fatalf("scanning a %d-byte part allocated %d bytes", len(body), n)
+	}
+}
+
+// A message of more parts than a table keeps gets none.
+func TestTooManyParts(t *testing.T) {
+	msg := []byte("Content-Type: multipart/digest; boundary=x\r\n\r\n")
+	for range MaxParts {
+		msg = append(msg, "--x\r\n\r\nSubject: a\r\nContent-Type: multipart/mixed; boundary=y\r\n\r\n--y\r\n\r\n--y--\r\n\r\n"...)
+	}
+	msg = append(msg, "--x--\r\n"...)
+	if _, err := Scan(bytes.NewReader(msg), int64(len(msg))); !errors.Is(err, ErrTooManyParts) {
+		t.Fatalf("scan of %d parts: %v, want ErrTooManyParts", 4*MaxParts, err)
+	}
+	if _, err := Unmarshal(NoTable); !errors.Is(err, ErrNoTable) {
+		t.Fatalf("Unmarshal(NoTable): %v", err)
 	}
 }
