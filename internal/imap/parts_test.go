@@ -282,6 +282,8 @@ func TestFetchPartsOfLargeBody(t *testing.T) {
 		items   string
 		maxRead int64 // bytes of the file the table's answer may read
 	}{
+		{"ENVELOPE", 16 << 10}, // header only (headercache.go)
+		{"BODY.PEEK[HEADER.FIELDS (From To)]", 16 << 10},
 		{"BINARY.PEEK[2]<0.4096>", 32 << 10},
 		{"BODY.PEEK[2]<1000000.4096>", 16 << 10},
 		{"BODYSTRUCTURE ENVELOPE", 16 << 10},
