@@ -73,7 +73,7 @@ func (s *session) headerBytes(id string) ([]byte, error) {
 		if t != nil {
 			defer r.Close()
 			if t.HeaderLen <= maxPartHeader {
-				return newPartsBody(r, t).read(0, t.HeaderLen)
+				return newPartsBody(id, r, t).read(0, t.HeaderLen)
 			}
 		}
 	}

@@ -41,6 +41,7 @@ const maxPartHeader = 1 << 20
 
 // partsBody is a large message's bytes with its part table.
 type partsBody struct {
+	id      string // the message's, for errors
 	r       io.ReaderAt
 	t       *mimepart.Table
 	headers map[*mimepart.Part]headerBytes
@@ -51,15 +52,15 @@ type headerBytes struct {
 	raw []byte
 }
 
-func newPartsBody(r io.ReaderAt, t *mimepart.Table) *partsBody {
-	return &partsBody{r: r, t: t, headers: map[*mimepart.Part]headerBytes{}}
+func newPartsBody(id string, r io.ReaderAt, t *mimepart.Table) *partsBody {
+	return &partsBody{id: id, r: r, t: t, headers: map[*mimepart.Part]headerBytes{}}
 }
 
 // read reads n bytes from off.
 func (b *partsBody) read(off, n int64) ([]byte, error) {
 	buf := make([]byte, n)
 	if _, err := b.r.ReadAt(buf, off); err != nil && !(err == io.EOF && n == 0) {
-		return nil, fmt.Errorf("body at %d+%d: %w", off, n, err)
+		return nil, fmt.Errorf("message %s: reading %d bytes of its body at %d: %w", b.id, n, off, err)
 	}
 	return buf, nil
 }
@@ -374,13 +375,16 @@ func (s *session) fromParts(bp BodyParter, id string, options *imap.FetchOptions
 			r.Close()
 		}
 	}()
-	a, err := answerFromParts(newPartsBody(r, t), options)
+	a, err := answerFromParts(newPartsBody(id, r, t), options)
 	if a != nil {
 		a.file = r
 	}
 	if errors.Is(err, errWhole) {
-		raw, err := io.ReadAll(io.NewSectionReader(r, 0, r.Size()))
-		return nil, raw, err
+		raw := make([]byte, r.Size())
+		if _, err := r.ReadAt(raw, 0); err != nil && !(err == io.EOF && len(raw) == 0) {
+			return nil, nil, fmt.Errorf("message %s: reading its body: %w", id, err)
+		}
+		return nil, raw, nil
 	}
 	if err != nil {
 		return nil, nil, err

@@ -98,7 +98,7 @@ func compareParts(t testing.TB, raw []byte) (native, whole int) {
 	if err != nil || !reflect.DeepEqual(back, tab) {
 		t.Fatalf("table round trip: %v\n%+v\n%+v", err, back, tab)
 	}
-	pb := newPartsBody(bytes.NewReader(raw), tab)
+	pb := newPartsBody("test", bytes.NewReader(raw), tab)
 	count := func(err error) bool {
 		if errors.Is(err, errWhole) {
 			whole++
