@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/mailbox"
+	"github.com/quillmail/quill/internal/mimepart"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/writer"
@@ -35,6 +36,11 @@ func (f failingBodies) Body(ctx context.Context, user, id string) ([]byte, error
 // OpenRange fails as Body does: ranges are read from the same holders.
 func (f failingBodies) OpenRange(ctx context.Context, user, id string, off, n int64) (io.ReadCloser, int64, error) {
 	return nil, 0, f.err
+}
+
+// OpenParts fails as Body does.
+func (f failingBodies) OpenParts(ctx context.Context, user, id string) (mailbox.BodyReader, *mimepart.Table, error) {
+	return nil, nil, f.err
 }
 
 // lockedBuffer is a log destination safe to read while sessions write.

@@ -28,6 +28,8 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 	hdrOnly := needBody && headerOnly(options, w.Preview(), wantEmailID)
 	ranger, _ := s.srv.store.(BodyRanger)
 	ranged := needBody && !hdrOnly && ranger != nil && rangesOnly(options, w.Preview(), wantEmailID)
+	parter, _ := s.srv.store.(BodyParter)
+	parted := needBody && !hdrOnly && !ranged && parter != nil && !w.Preview() && !wantEmailID
 	setSeen := false
 	for _, bs := range options.BodySection {
 		setSeen = setSeen || !bs.Peek
@@ -84,7 +86,8 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			continue
 		}
 		var raw []byte
-		var ranges []section // the sections' bytes, when read as ranges
+		var ranges []section   // the sections' bytes, when read as ranges
+		var parts *partsAnswer // the items, when answered from the part table
 		if needBody {
 			// A message another session expunged (m.gone) is served while
 			// its replica keeps the body (RFC 2180 §4.1.2,
@@ -96,6 +99,12 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			case ranged:
 				ranges, err = s.ranges(ranger, m.id, options.BodySection)
 				opened = ranges
+			case parted:
+				parts, raw, err = s.fromParts(parter, m.id, options)
+				if parts != nil {
+					ranges = parts.body
+					opened = parts.opened()
+				}
 			default:
 				raw, err = s.srv.store.Body(s.ctx(), s.user, m.id)
 			}
@@ -131,8 +140,11 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 		}
 		// BINARY is decoded before the message's response starts, so that
 		// a part that cannot be fails the FETCH without half a response.
-		bins, binSizes, err := binarySections(raw, options)
-		if err != nil {
+		var bins []section
+		var binSizes []uint32
+		if parts != nil {
+			bins, binSizes = parts.bins, parts.binSizes
+		} else if bins, binSizes, err = binarySections(raw, options); err != nil {
 			return err
 		}
 		flagsChanged := seenUIDs[m.uid]
@@ -156,10 +168,18 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			rw.WriteRFC822Size(m.size)
 		}
 		if options.Envelope {
-			rw.WriteEnvelopeRoutes(envelopeRoutesOf(readHeader(raw)))
+			if parts != nil {
+				rw.WriteEnvelopeRoutes(envelopeRoutesOf(readHeader(parts.header)))
+			} else {
+				rw.WriteEnvelopeRoutes(envelopeRoutesOf(readHeader(raw)))
+			}
 		}
 		if options.BodyStructure != nil {
-			rw.WriteBodyStructure(bodyStructure(raw))
+			if parts != nil {
+				rw.WriteBodyStructure(parts.structure)
+			} else {
+				rw.WriteBodyStructure(bodyStructure(raw))
+			}
 		}
 		for k, bs := range options.BodySection {
 			if ranges != nil {
@@ -189,9 +209,11 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 			}
 		}
 		for k, bs := range options.BinarySection {
-			wc := rw.WriteBinarySection(bs, int64(len(bins[k])))
-			if _, err := wc.Write(bins[k]); err != nil {
+			wc := rw.WriteBinarySection(bs, bins[k].n)
+			if got, err := io.Copy(wc, io.LimitReader(bins[k].r, bins[k].n)); err != nil {
 				return err
+			} else if got < bins[k].n {
+				return fmt.Errorf("message %s: BINARY[%s]: %d of %d bytes read: %w", m.id, partString(bs.Part), got, bins[k].n, io.ErrUnexpectedEOF)
 			}
 			if err := wc.Close(); err != nil {
 				return err
@@ -226,13 +248,13 @@ func (s *session) Fetch(w *imapserver.FetchWriter, numSet imap.NumSet, options *
 // binarySections decodes the BINARY and BINARY.SIZE items of options from
 // the message raw. A part in a transfer encoding the server cannot decode
 // fails the FETCH with NO [UNKNOWN-CTE] (RFC 3516 §4.2).
-func binarySections(raw []byte, options *imap.FetchOptions) (bins [][]byte, sizes []uint32, err error) {
+func binarySections(raw []byte, options *imap.FetchOptions) (bins []section, sizes []uint32, err error) {
 	for _, bs := range options.BinarySection {
 		b, err := imapserver.ExtractBinarySection(bytes.NewReader(raw), bs)
 		if err != nil {
 			return nil, nil, binaryErr(bs.Part, err)
 		}
-		bins = append(bins, b)
+		bins = append(bins, bytesSection(b))
 	}
 	for _, bs := range options.BinarySectionSize {
 		n, err := imapserver.ExtractBinarySectionSize(bytes.NewReader(raw), bs)

@@ -160,14 +160,20 @@ type raw struct {
 
 func (e *env) raw(login bool) *raw {
 	e.t.Helper()
-	c, err := net.Dial("tcp", e.addr)
+	return rawAt(e.t, e.addr, login)
+}
+
+// rawAt is a raw connection to the server at addr.
+func rawAt(t *testing.T, addr string, login bool) *raw {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	e.t.Cleanup(func() { c.Close() })
-	r := &raw{t: e.t, c: c, r: bufio.NewReader(c)}
+	t.Cleanup(func() { c.Close() })
+	r := &raw{t: t, c: c, r: bufio.NewReader(c)}
 	if g := r.line(); !strings.HasPrefix(g, "* OK") {
-		e.t.Fatalf("greeting %q", g)
+		t.Fatalf("greeting %q", g)
 	}
 	if login {
 		r.ok("LOGIN " + testUser + " " + testPass)

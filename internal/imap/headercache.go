@@ -50,14 +50,36 @@ func (s *session) header(m *msgState) ([]byte, error) {
 	if v, ok := s.srv.headers.Get(key); ok {
 		return v.([]byte), nil
 	}
-	raw, err := s.srv.store.Body(s.ctx(), s.user, m.id)
+	h, err := s.headerBytes(m.id)
 	if err != nil {
 		return nil, err
 	}
-	h := raw[:headerLen(raw)]
 	if len(h) <= maxCachedHeader {
-		h = append([]byte(nil), h...) // not the whole body's array
+		h = append([]byte(nil), h...) // not the whole body's array (a small message's)
 		s.srv.headers.Add(key, h)
 	}
 	return h, nil
+}
+
+// headerBytes reads a message's header: from the start of its file for a
+// large body held here, whose part table says where the header ends (not
+// the whole body, as Body would); from its bytes otherwise.
+func (s *session) headerBytes(id string) ([]byte, error) {
+	if bp, ok := s.srv.store.(BodyParter); ok {
+		r, t, err := bp.OpenParts(s.ctx(), s.user, id)
+		if err != nil {
+			return nil, err
+		}
+		if t != nil {
+			defer r.Close()
+			if t.HeaderLen <= maxPartHeader {
+				return newPartsBody(id, r, t).read(0, t.HeaderLen)
+			}
+		}
+	}
+	raw, err := s.srv.store.Body(s.ctx(), s.user, id)
+	if err != nil {
+		return nil, err
+	}
+	return raw[:headerLen(raw)], nil
 }

@@ -11,6 +11,7 @@ import (
 	gomessage "github.com/emersion/go-message"
 	"github.com/emersion/go-message/textproto"
 	"github.com/quillmail/quill/internal/fts"
+	"github.com/quillmail/quill/internal/mimepart"
 	"github.com/quillmail/quill/third_party/imapserver"
 )
 
@@ -141,31 +142,10 @@ func bodyStructure(raw []byte) imap.BodyStructure {
 }
 
 func partStructure(rh textproto.Header, body io.Reader, parent string, depth int) imap.BodyStructure {
-	h := gomessage.Header{Header: rh}
-	mediaType, params, err := h.ContentType()
-	if !rh.Has("Content-Type") || err != nil || !strings.Contains(mediaType, "/") {
-		params = nil
-		mediaType = "text/plain"
-		if parent == "multipart/digest" && !rh.Has("Content-Type") {
-			mediaType = "message/rfc822"
-		}
-	}
-	mediaType = strings.ToLower(mediaType)
+	mediaType, params := mimepart.MediaType(rh, parent)
 	typ, sub, _ := strings.Cut(mediaType, "/")
-	if typ == "text" && params["charset"] == "" {
-		// RFC 2045 §5.2: the default charset is us-ascii.
-		if params == nil {
-			params = map[string]string{}
-		}
-		params["charset"] = "us-ascii"
-	}
-	disp := disposition(h)
-	lang := language(h)
-	loc := h.Get("Content-Location")
-
 	if typ == "multipart" && params["boundary"] != "" && depth < maxMIMEDepth {
-		bs := &imap.BodyStructureMultiPart{Subtype: sub, Extended: &imap.BodyStructureMultiPartExt{
-			Params: params, Disposition: disp, Language: lang, Location: loc}}
+		bs := multiStructure(rh, sub, params)
 		mr := textproto.NewMultipartReader(body, params["boundary"])
 		for len(bs.Children) < maxParts {
 			p, err := mr.NextPart()
@@ -174,40 +154,73 @@ func partStructure(rh textproto.Header, body io.Reader, parent string, depth int
 			}
 			bs.Children = append(bs.Children, partStructure(p.Header, p, mediaType, depth+1))
 		}
-		if len(bs.Children) == 0 {
-			// RFC 9051 body-type-mpart needs one part: say it is empty text.
-			bs.Children = append(bs.Children, &imap.BodyStructureSinglePart{Type: "text", Subtype: "plain",
-				Params: map[string]string{"charset": "us-ascii"}, Text: &imap.BodyStructureText{},
-				Extended: &imap.BodyStructureSinglePartExt{}})
+		return withAChild(bs)
+	}
+	data, _ := io.ReadAll(io.LimitReader(body, 1<<31-1))
+	lines := textLines(data)
+	var msg *imap.BodyStructureMessageRFC822
+	if mimepart.IsMessage(mediaType) && depth < maxMIMEDepth {
+		br := bufio.NewReader(bytes.NewReader(data))
+		ch, _ := textproto.ReadHeader(br)
+		msg = &imap.BodyStructureMessageRFC822{
+			Envelope:      envelopeOf(ch),
+			BodyStructure: partStructure(ch, br, "", depth+1),
+			NumLines:      lines,
 		}
-		return bs
+	}
+	return singleStructure(rh, mediaType, params, int64(len(data)), lines, msg)
+}
+
+// multiStructure is what a multipart's header says of it in BODYSTRUCTURE;
+// its children are the caller's.
+func multiStructure(rh textproto.Header, sub string, params map[string]string) *imap.BodyStructureMultiPart {
+	h := gomessage.Header{Header: rh}
+	return &imap.BodyStructureMultiPart{Subtype: sub, Extended: &imap.BodyStructureMultiPartExt{
+		Params: params, Disposition: disposition(h), Language: language(h), Location: h.Get("Content-Location")}}
+}
+
+// withAChild gives a multipart without parts one: RFC 9051 body-type-mpart
+// needs one, so it is said to be empty text.
+func withAChild(bs *imap.BodyStructureMultiPart) *imap.BodyStructureMultiPart {
+	if len(bs.Children) == 0 {
+		bs.Children = append(bs.Children, &imap.BodyStructureSinglePart{Type: "text", Subtype: "plain",
+			Params: map[string]string{"charset": "us-ascii"}, Text: &imap.BodyStructureText{},
+			Extended: &imap.BodyStructureSinglePartExt{}})
+	}
+	return bs
+}
+
+// singleStructure is the BODYSTRUCTURE of a part that is not a multipart
+// (or one without a boundary, or too deep), of size bytes in lines lines;
+// msg is what an encapsulated message holds, nil if it was not read.
+func singleStructure(rh textproto.Header, mediaType string, params map[string]string, size, lines int64, msg *imap.BodyStructureMessageRFC822) *imap.BodyStructureSinglePart {
+	h := gomessage.Header{Header: rh}
+	typ, sub, _ := strings.Cut(mediaType, "/")
+	if typ == "text" && params["charset"] == "" {
+		// RFC 2045 §5.2: the default charset is us-ascii.
+		if params == nil {
+			params = map[string]string{}
+		}
+		params["charset"] = "us-ascii"
 	}
 	if typ == "multipart" {
 		// No boundary (or too deep): the parts cannot be told apart.
 		typ, sub = "text", "plain"
 	}
-	data, _ := io.ReadAll(io.LimitReader(body, 1<<31-1))
 	bs := &imap.BodyStructureSinglePart{
 		Type: typ, Subtype: sub, Params: params,
 		ID:          h.Get("Content-Id"),
 		Description: h.Get("Content-Description"),
 		Encoding:    strings.ToLower(strings.TrimSpace(h.Get("Content-Transfer-Encoding"))),
-		Size:        uint32(len(data)),
-		Extended:    &imap.BodyStructureSinglePartExt{Disposition: disp, Language: lang, Location: loc},
+		Size:        uint32(min(size, 1<<31-1)),
+		Extended:    &imap.BodyStructureSinglePartExt{Disposition: disposition(h), Language: language(h), Location: h.Get("Content-Location")},
 	}
 	if bs.Encoding == "" {
 		bs.Encoding = "7bit"
 	}
-	lines := textLines(data)
-	if (mediaType == "message/rfc822" || mediaType == "message/global") && depth < maxMIMEDepth {
-		br := bufio.NewReader(bytes.NewReader(data))
-		ch, _ := textproto.ReadHeader(br)
-		bs.MessageRFC822 = &imap.BodyStructureMessageRFC822{
-			Envelope:      envelopeOf(ch),
-			BodyStructure: partStructure(ch, br, "", depth+1),
-			NumLines:      lines,
-		}
-	} else if mediaType == "message/rfc822" || mediaType == "message/global" {
+	if msg != nil {
+		bs.MessageRFC822 = msg
+	} else if mimepart.IsMessage(mediaType) {
 		bs.Type, bs.Subtype = "application", "octet-stream"
 	}
 	if typ == "text" {
@@ -217,7 +230,7 @@ func partStructure(rh textproto.Header, body io.Reader, parent string, depth int
 }
 
 // maxParts bounds the parts of one multipart that BODYSTRUCTURE lists.
-const maxParts = 10000
+const maxParts = mimepart.MaxParts
 
 func disposition(h gomessage.Header) *imap.BodyStructureDisposition {
 	d, params, err := h.ContentDisposition()

@@ -72,6 +72,9 @@ type bodyFiles struct {
 	mu sync.Mutex
 	// read counts the bytes read from body files (FileBytesRead).
 	read atomic.Int64
+	// tables holds the part tables scanned from files whose references
+	// have none (OpenParts).
+	tables partTables
 	// sweeping is held for reading by each HoldFileSweep in force and
 	// for writing by a sweep: no file is swept while a backup may still
 	// copy it, and a hold waits for a sweep under way.
@@ -216,22 +219,34 @@ func bodyFileKey(user, id string) []byte {
 	return append(store.UserPrefix(store.KindBodyFile, user), id...)
 }
 
-// A reference is the file's hash and the body's size.
-func encodeBodyRef(h bodyHash, size int) []byte {
-	return binary.AppendUvarint(append([]byte(nil), h[:]...), uint64(size))
+// A reference is the file's hash and the body's size, then the body's
+// part table (mimepart.Table.Marshal, versioned): the table goes where the
+// reference goes (a COPY copies it, an expunge deletes it) and costs a
+// few bytes a part. A reference written before tables were kept has none;
+// OpenParts then scans the file (partTables caches what it found).
+func encodeBodyRef(h bodyHash, size int, table []byte) []byte {
+	v := binary.AppendUvarint(append([]byte(nil), h[:]...), uint64(size))
+	return append(v, table...)
 }
 
 func decodeBodyRef(v []byte) (bodyHash, int64, error) {
+	h, n, _, err := decodeBodyRefTable(v)
+	return h, n, err
+}
+
+// decodeBodyRefTable is decodeBodyRef with the encoded part table (nil if
+// the reference has none).
+func decodeBodyRefTable(v []byte) (bodyHash, int64, []byte, error) {
 	var h bodyHash
 	if len(v) < len(h)+1 {
-		return h, 0, errShort
+		return h, 0, nil, errShort
 	}
 	copy(h[:], v)
 	n, k := binary.Uvarint(v[len(h):])
 	if k <= 0 {
-		return h, 0, errShort
+		return h, 0, nil, errShort
 	}
-	return h, int64(n), nil
+	return h, int64(n), v[len(h)+k:], nil
 }
 
 // bodyRef reads the file reference of a message's body, if it has one.
@@ -285,7 +300,7 @@ func (t *tx) setBody(user, id string, body []byte, known bool) error {
 		if err != nil {
 			return fmt.Errorf("user %s message %s: %w", user, id, err)
 		}
-		put, other, v = other, put, encodeBodyRef(h, len(body))
+		put, other, v = other, put, encodeBodyRef(h, len(body), partTable(body))
 	}
 	if known {
 		if err := t.b.Delete(other); err != nil {

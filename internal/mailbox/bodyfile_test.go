@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/store"
 )
 
 // bigBody is a message over LargeBody: a header and n bytes of text.
@@ -213,5 +215,71 @@ func TestMissingBodyFileIsNoBody(t *testing.T) {
 	release()
 	if n, err := m.SweepFiles(time.Now()); n != 1 || err != nil {
 		t.Fatalf("sweep after the release removed %d (%v), want the orphan", n, err)
+	}
+}
+
+// A large body's part table is kept in its reference and survives a
+// restart, so OpenParts reads nothing to give it; a reference written
+// before tables were kept gets one scanned from the file, once. A small
+// body has none (it is read whole).
+func TestPartTableKeptWithBody(t *testing.T) {
+	m, dir := newManager(t)
+	u := "u@x.org"
+	raw := append([]byte("Subject: parts\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n--b\r\n\r\nfirst\r\n--b\r\n\r\n"), bigBody(LargeBody, 2)...)
+	raw = append(raw, "\r\n--b--\r\n"...)
+	if err := m.StoreAt([]Placed{place(u, "INBOX", v1, 1, 1)}, "big1", raw, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	m = reopen(t, m, dir)
+	before := m.FileBytesRead()
+	r, tab, err := m.OpenParts(u, "big1")
+	if err != nil || tab == nil {
+		t.Fatalf("OpenParts: %v %v", tab, err)
+	}
+	r.Close()
+	if n := m.FileBytesRead() - before; n != 0 {
+		t.Fatalf("OpenParts read %d bytes of the file", n)
+	}
+	if len(tab.Root.Children) != 2 || tab.Size != int64(len(raw)) {
+		t.Fatalf("table %+v", tab)
+	}
+	second := tab.Root.Children[1]
+	if !bytes.Equal(raw[second.Body:second.End], bigBody(LargeBody, 2)) {
+		t.Fatalf("part 2 at %d..%d is not the part", second.Body, second.End)
+	}
+
+	// A reference without a table (written before tables were kept).
+	v, closer, err := m.db.Get(bodyFileKey(u, "big1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, size, err := decodeBodyRef(v)
+	closer.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.db.Set(bodyFileKey(u, "big1"), encodeBodyRef(h, int(size), nil), store.Sync); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		before := m.FileBytesRead()
+		r, old, err := m.OpenParts(u, "big1")
+		if err != nil || !reflect.DeepEqual(old, tab) {
+			t.Fatalf("OpenParts of a reference without a table: %+v %v", old, err)
+		}
+		r.Close()
+		if n := m.FileBytesRead() - before; (i == 0) != (n > 0) {
+			t.Fatalf("OpenParts %d read %d bytes of the file: want a scan the first time only", i, n)
+		}
+	}
+
+	if err := m.StoreAt([]Placed{place(u, "INBOX", v1, 2, 2)}, "small1", []byte("Subject: s\r\n\r\nx\r\n"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if r, tab, err := m.OpenParts(u, "small1"); r != nil || tab != nil || err != nil {
+		t.Fatalf("OpenParts of a small body: %v %v %v", r, tab, err)
+	}
+	if _, _, err := m.OpenParts(u, "nothing"); !errors.Is(err, ErrNoMessage) {
+		t.Fatalf("OpenParts of no message: %v", err)
 	}
 }

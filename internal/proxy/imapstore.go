@@ -14,6 +14,7 @@ import (
 	"github.com/quillmail/quill/internal/fts"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/mimepart"
 	"github.com/quillmail/quill/internal/userdb"
 	"github.com/quillmail/quill/internal/writer"
 	"github.com/xdg-go/scram"
@@ -574,4 +575,25 @@ func (s *IMAPStore) OpenRange(ctx context.Context, user, id string, off, n int64
 	off = min(off, int64(len(b)))
 	b = b[off : off+min(n, int64(len(b))-off)]
 	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+}
+
+// OpenParts implements imap.BodyParter: a large body held on this node is
+// opened with its part table, so a FETCH of its sections reads only their
+// ranges. A message held only on other nodes gets no table and is fetched
+// whole from a holder (Body), as before: a range read across the cluster
+// would need a new RPC, and the reads a client makes of one message
+// (structure, then parts) would each cross it.
+func (s *IMAPStore) OpenParts(ctx context.Context, user, id string) (mailbox.BodyReader, *mimepart.Table, error) {
+	user = userdb.Normalize(user)
+	nodes, ok := s.sources(user, id)
+	if !ok || s.P.Shared != nil || !slices.Contains(nodes, s.P.Self) {
+		return nil, nil, nil
+	}
+	r, t, err := s.P.Boxes.OpenParts(user, id)
+	if err != nil {
+		// Not here after all (moved, or expunged and swept): read
+		// whole from wherever it is.
+		return nil, nil, nil
+	}
+	return r, t, nil
 }

@@ -5,6 +5,7 @@ message. Large bodies are kept as files (internal/mailbox/bodyfile.go), so
 the test also checks that both nodes hold one."""
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
@@ -105,3 +106,67 @@ def test_25mb_message_streams_through_two_replicas(quill_factory):
         grew = status(n.pid, "VmHWM") - base[n.name]
         print(f"{n.name}: peak RSS grew {grew / 1e6:.1f} MB for a {BIG / 1e6:.0f} MB message ({grew / BIG:.2f}x)")
         assert grew < 2 * BIG, f"{n.name}: peak RSS grew {grew} bytes, {grew / BIG:.2f}x the message"
+
+
+def big_multipart() -> tuple[bytes, bytes]:
+    """A 25 MB multipart message: a short text, a base64 attachment that
+    makes up the size, an encapsulated message. Returns it and the
+    attachment's bytes."""
+    att = bytes((i * 7 + i // 251) % 256 for i in range(18_700_000))
+    enc = base64.encodebytes(att).replace(b"\n", b"\r\n")  # lines of 76
+    msg = (b"From: sender@remote.test\r\nTo: big@example.org\r\nSubject: parts\r\nMIME-Version: 1.0\r\n"
+           b"Content-Type: multipart/mixed; boundary=\"part-b\"\r\n\r\n--part-b\r\n"
+           b"Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n"
+           b"caf=C3=A9\r\n--part-b\r\nContent-Type: application/octet-stream; name=\"a.bin\"\r\n"
+           b"Content-Transfer-Encoding: base64\r\n\r\n" + enc +
+           b"--part-b\r\nContent-Type: message/rfc822\r\n\r\nFrom: inner@remote.test\r\nSubject: inner\r\n\r\n"
+           b"inner body\r\n--part-b--\r\n")
+    return msg, att
+
+
+def test_25mb_multipart_sections_read_their_part(quill_factory):
+    """BINARY and BODY of a part of a large message come from the part's
+    range of its body file (internal/mimepart): the answers are the part's
+    bytes, and the node's peak RSS grows by less than twice the message
+    for the delivery and the fetches together."""
+    node = quill_factory()
+    user, pw = "big@example.org", "pw-big-2"
+    node.add_user(user, pw)
+    assert send(node, user, b"Subject: warm\r\n\r\nhello\r\n") == {}
+    msg, att = big_multipart()
+    assert 24_000_000 < len(msg) < 26_000_000
+    reset_peak(node.pid)
+    base = status(node.pid, "VmRSS")
+    assert send(node, user, msg) == {}
+    delivered = status(node.pid, "VmHWM") - base
+    reset_peak(node.pid)
+    base_fetch = status(node.pid, "VmRSS")
+    m = imap_login(node, user, pw)
+    try:
+        m.select("INBOX", readonly=True)
+        typ, data = m.fetch("2", "(BINARY.PEEK[2]<0.4096> BINARY.SIZE[2] BODY.PEEK[1] BODY.PEEK[3.HEADER] BODYSTRUCTURE)")
+        assert typ == "OK", data
+        head = b"".join(d[0] if isinstance(d, tuple) else d for d in data)
+        # Each literal by the item it answers (the server orders them).
+        lits = {re.search(rb"(\S+) ~?\{\d+\}$", d[0]).group(1): d[1] for d in data if isinstance(d, tuple)}
+        assert lits[b"BINARY[2]<0>"] == att[:4096]
+        assert f"BINARY.SIZE[2] {len(att)}".encode() in head
+        assert lits[b"BODY[1]"] == b"caf=C3=A9"
+        assert lits[b"BODY[3.HEADER]"] == b"From: inner@remote.test\r\nSubject: inner\r\n\r\n"
+        assert b"(\"application\" \"octet-stream\" (\"name\" \"a.bin\") NIL NIL \"base64\"" in head
+        # A part whole, decoded and not, and a range deep into it.
+        typ, data = m.fetch("2", "(BINARY.PEEK[2])")
+        assert typ == "OK" and data[0][1] == att
+        del data
+        typ, data = m.fetch("2", "(BODY.PEEK[2]<12000000.1000>)")
+        start = msg.index(b"base64\r\n\r\n") + len(b"base64\r\n\r\n")
+        assert typ == "OK" and data[0][1] == msg[start + 12000000:start + 12001000]
+        typ, data = m.fetch("2", "(BODY.PEEK[2])")
+        assert typ == "OK" and data[0][1] == msg[start:msg.index(b"\r\n--part-b\r\nContent-Type: message/rfc822")]
+        del data
+    finally:
+        m.logout()
+    fetched = status(node.pid, "VmHWM") - base_fetch
+    for what, grew in (("delivery", delivered), ("section fetches", fetched)):
+        print(f"{what}: peak RSS grew {grew / 1e6:.1f} MB for a {len(msg) / 1e6:.1f} MB message ({grew / len(msg):.2f}x)")
+        assert grew < 2 * len(msg), f"{what}: peak RSS grew {grew} bytes, {grew / len(msg):.2f}x the message"
