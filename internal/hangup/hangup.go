@@ -4,10 +4,12 @@
 // a long command (a view loaded from fragments on other nodes, a delivery
 // replicated to them) would keep that remote work going to its deadline.
 //
-// While a command runs, Watch asks the kernel whether the connection is
-// gone (reset: POLLHUP, POLLERR), without reading anything from the socket:
-// bytes the client pipelined stay for the server to read, and a client that
-// only closed its sending side may still read its replies (hungUp). Written by hand because no
+// While a command runs, Watch asks the kernel whether the peer has hung up
+// (Linux's POLLRDHUP; a reset: POLLHUP, POLLERR), without reading anything
+// from the socket: bytes the client pipelined stay for the server to read.
+// A peer that only closed its sending side may still read its replies (a
+// script piping its session into nc -N), so that counts only once the
+// command has run for halfCloseGrace. Written by hand because no
 // library offers it; where the platform or the connection cannot tell, the
 // command simply runs to its deadline as before.
 package hangup
@@ -26,6 +28,15 @@ import (
 // socket, and a watcher runs only while a command runs.
 const pollEvery = 200 * time.Millisecond
 
+// halfCloseGrace is how long a command runs before a peer that closed its
+// sending side is taken for gone. A client that pipelined its whole session
+// and shut down its side (nc -N) still reads the replies, and from here it
+// looks like one that left: its commands already sit in the session's read
+// buffer, not the socket's. Its commands normally take milliseconds, so
+// they end well within the grace; one stuck on an unreachable node (30 s)
+// is let go after it, whoever the client is.
+const halfCloseGrace = time.Second
+
 // Watch returns a context that is cancelled when parent is, or when conn's
 // peer hangs up, and a stop function to call when the command is over.
 func Watch(parent context.Context, conn net.Conn) (context.Context, func()) {
@@ -36,10 +47,11 @@ func Watch(parent context.Context, conn net.Conn) (context.Context, func()) {
 	}
 	done := make(chan struct{})
 	stopped := make(chan struct{})
+	start := time.Now()
 	go func() {
 		defer close(stopped)
 		for {
-			if hungUp(rc) {
+			if reset, closed := hungUp(rc); reset || closed && time.Since(start) >= halfCloseGrace {
 				cancel()
 				return
 			}
@@ -75,24 +87,16 @@ func rawConn(conn net.Conn) syscall.RawConn {
 	return rc
 }
 
-// hungUp reports whether the connection is gone: reset by the peer, or
-// failed. Control holds the file descriptor open while it runs, so it
-// cannot be closed and reused under the poll.
-//
-// A peer that only shut down its sending side (POLLRDHUP: a script piping
-// its commands into nc -N, or a client that closed politely) is not taken
-// for gone: the first may still read the replies, and from here the two
-// look alike, since the commands it pipelined already sit in the session's
-// read buffer, not the socket's. Cutting the last command of such a client
-// short would refuse mail that Postfix accepts; the work of one that left
-// runs to its deadline instead, as it did before.
-func hungUp(rc syscall.RawConn) bool {
-	gone := false
+// hungUp reports whether the connection is reset or failed, and whether
+// the peer closed its sending side. Control holds the file descriptor open
+// while it runs, so it cannot be closed and reused under the poll.
+func hungUp(rc syscall.RawConn) (reset, closed bool) {
 	rc.Control(func(fd uintptr) {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
 		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
-			gone = fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+			reset = fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+			closed = fds[0].Revents&unix.POLLRDHUP != 0
 		}
 	})
-	return gone
+	return reset, closed
 }
