@@ -116,8 +116,9 @@ type Held = replica.Held
 // the most left to receive that it fits in. A message with a replica that
 // is not live is left to repair, and so is its user's whole group; a
 // message with more live replicas than it wants besides this one only
-// drops this copy. Each move names the set it was planned on (From): the
-// writer skips it if the set changed since.
+// drops this copy (one that does not say how many it wants keeps all).
+// Each move names the set it was planned on (From): the writer skips it if
+// the set changed since.
 func Choose(self cluster.NodeID, held []Held, sends map[cluster.NodeID]int64, live map[cluster.NodeID]bool) []replica.Move {
 	type group struct {
 		user  string
@@ -154,9 +155,10 @@ func Choose(self cluster.NodeID, held []Held, sends map[cluster.NodeID]int64, li
 				others++
 			}
 		}
-		if !g.stuck && others >= max(h.Want, 1) && total > 0 {
+		if !g.stuck && h.Want > 0 && others >= h.Want && total > 0 {
 			// A copy more than wanted (a move cut short between its two
-			// writes): this one only goes.
+			// writes): this one only goes. A message that does not say
+			// how many copies it wants keeps them all.
 			moves = append(moves, replica.Move{Object: h.Object, From: h.Replicas,
 				Replicas: without(h.Replicas, self), Gone: []cluster.NodeID{self}})
 			total -= h.Bytes

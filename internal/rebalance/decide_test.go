@@ -194,4 +194,12 @@ func TestChooseDropsASurplusCopy(t *testing.T) {
 	if len(moves) != 1 || !slices.Equal(moves[0].Replicas, want.Replicas) || !slices.Equal(moves[0].Gone, want.Gone) {
 		t.Fatalf("moves %+v, want %+v", moves, want)
 	}
+	// Without a Want, no copy is taken for a surplus one: the message
+	// moves whole (its three copies stay three) or stays.
+	hs[0].Want = 0
+	for _, mv := range Choose("a", hs, map[cluster.NodeID]int64{"d": 100}, liveSet("a", "b", "c", "d")) {
+		if len(mv.Replicas) != 3 {
+			t.Fatalf("a message without a Want left with %v", mv.Replicas)
+		}
+	}
 }

@@ -177,15 +177,11 @@ func (r *Rebalancer) loop() {
 // Round scans, plans and moves once; it returns the moves handed to
 // writers.
 func (r *Rebalancer) Round(ctx context.Context) int {
-	var held []Held
 	var bytes int64
 	count := 0
 	err := r.scan.Scan(func(h replica.Held) error {
 		bytes += h.Bytes
 		count++
-		if r.rate > 0 {
-			held = append(held, h)
-		}
 		return nil
 	})
 	if err != nil {
@@ -208,6 +204,16 @@ func (r *Rebalancer) Round(ctx context.Context) int {
 		return 0
 	}
 	sends, on := Plan(r.self, nodes, r.band, active)
+	var held []Held
+	if len(sends) > 0 {
+		// Only a node with mail to send keeps its messages in memory for
+		// the choice: a second scan, rather than every node holding a
+		// list of all it holds every scanInterval.
+		if err := r.scan.Scan(func(h replica.Held) error { held = append(held, h); return nil }); err != nil {
+			r.log.Warn("rebalance: scan failed", "err", err)
+			return 0
+		}
+	}
 	moves := Choose(r.self, held, sends, live)
 	r.mu.Lock()
 	r.active, r.status.Active, r.status.Planned = on, on, len(moves)
