@@ -13,18 +13,24 @@ import (
 // Both are pure, so the band, the hysteresis and the placement rules are
 // tested without a cluster (decide_test.go).
 
-// Band is how far from the mean a node's bytes may be. Outside Start the
-// nodes begin moving mail; once begun they go on until every node is
-// within Settle (hysteresis: a cluster just inside Start does not move
-// mail back and forth each time a delivery tips a node over it).
+// Band is how far from the mean a node's bytes may be. Outside Start (and
+// more than Floor bytes from the mean) the nodes begin moving mail; once
+// begun they go on until every node is within Settle (hysteresis: a
+// cluster just inside Start does not move mail back and forth each time a
+// delivery tips a node over it).
 type Band struct {
 	Start, Settle float64
+	// Floor is the least distance from the mean that starts a rebalance:
+	// on a cluster holding little mail 20% is a handful of messages, and
+	// moving them as each delivery tips the figures costs more than the
+	// imbalance.
+	Floor int64
 }
 
 // DefaultBand: the 20% of the mean, settling at 10% so that the
 // mail delivered during and after a rebalance (which lands anywhere) does
-// not start another one at once.
-var DefaultBand = Band{Start: 0.20, Settle: 0.10}
+// not start another one at once; no rebalance over less than 1 MiB.
+var DefaultBand = Band{Start: 0.20, Settle: 0.10, Floor: 1 << 20}
 
 // Node is one live node's holdings, as gossiped (cluster.NodeMeta).
 type Node struct {
@@ -47,11 +53,13 @@ func mean(nodes []Node) float64 {
 	return float64(total) / float64(len(nodes))
 }
 
-// outside reports whether some node is further than share of the mean from it.
-func outside(nodes []Node, share float64) bool {
+// outside reports whether some node is further from the mean than share
+// of it and than floor bytes.
+func outside(nodes []Node, share float64, floor int64) bool {
 	m := mean(nodes)
+	limit := max(share*m, float64(floor))
 	for _, n := range nodes {
-		if d := float64(n.Bytes) - m; d > share*m || -d > share*m {
+		if d := float64(n.Bytes) - m; d > limit || -d > limit {
 			return true
 		}
 	}
@@ -60,8 +68,8 @@ func outside(nodes []Node, share float64) bool {
 
 // Plan decides what self sends: bytes to each under-full node, and whether
 // the rebalance is on (to pass back as active next time). It is on when a
-// node is outside band.Start, or when it was on and some node is still
-// outside band.Settle. While on, every node above the mean sends a share
+// node is outside band.Start and band.Floor, or when it was on and some
+// node is still outside band.Settle. While on, every node above the mean sends a share
 // of the total that must move (the smaller of all surpluses and all
 // deficits) in proportion to its surplus, split over the nodes below the
 // mean in proportion to their deficits. Every node computes the same plan
@@ -71,7 +79,7 @@ func Plan(self cluster.NodeID, nodes []Node, band Band, active bool) (map[cluste
 	if len(nodes) < 2 {
 		return nil, false
 	}
-	on := outside(nodes, band.Start) || (active && outside(nodes, band.Settle))
+	on := outside(nodes, band.Start, band.Floor) || (active && outside(nodes, band.Settle, 0))
 	if !on {
 		return nil, false
 	}

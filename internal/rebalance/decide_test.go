@@ -10,6 +10,10 @@ import (
 	"github.com/quillmail/quill/internal/replica"
 )
 
+// testBand is DefaultBand without its floor, for figures in bytes small
+// enough to read.
+var testBand = Band{Start: DefaultBand.Start, Settle: DefaultBand.Settle}
+
 func nodes(bytes ...int64) []Node {
 	out := make([]Node, len(bytes))
 	for i, b := range bytes {
@@ -22,7 +26,7 @@ func TestPlanJoinSplitsDeficitBySurplus(t *testing.T) {
 	ns := nodes(300, 300, 300, 0) // a fourth node joined empty: mean 225
 	var total int64
 	for _, n := range ns[:3] {
-		sends, on := Plan(n.ID, ns, DefaultBand, false)
+		sends, on := Plan(n.ID, ns, testBand, false)
 		if !on {
 			t.Fatalf("%s: no rebalance with an empty node", n.ID)
 		}
@@ -34,7 +38,7 @@ func TestPlanJoinSplitsDeficitBySurplus(t *testing.T) {
 	if total != 225 {
 		t.Fatalf("d is sent %d, want its deficit 225", total)
 	}
-	if sends, on := Plan("d", ns, DefaultBand, false); !on || len(sends) != 0 {
+	if sends, on := Plan("d", ns, testBand, false); !on || len(sends) != 0 {
 		t.Fatalf("the under-full node sends %v (on %v): only over-full nodes push", sends, on)
 	}
 }
@@ -42,32 +46,46 @@ func TestPlanJoinSplitsDeficitBySurplus(t *testing.T) {
 func TestPlanBandAndHysteresis(t *testing.T) {
 	// 15% from the mean: inside the start band, nothing moves ...
 	ns := nodes(115, 100, 85)
-	if sends, on := Plan("a", ns, DefaultBand, false); on || sends != nil {
+	if sends, on := Plan("a", ns, testBand, false); on || sends != nil {
 		t.Fatalf("inside the band: sends %v, on %v", sends, on)
 	}
 	// ... unless a rebalance is on: it goes on until within Settle.
-	sends, on := Plan("a", ns, DefaultBand, true)
+	sends, on := Plan("a", ns, testBand, true)
 	if !on || sends["c"] != 15 {
 		t.Fatalf("a rebalance under way: sends %v, on %v; want 15 to c", sends, on)
 	}
 	// Within Settle it stops.
-	if sends, on := Plan("a", nodes(105, 100, 95), DefaultBand, true); on || sends != nil {
+	if sends, on := Plan("a", nodes(105, 100, 95), testBand, true); on || sends != nil {
 		t.Fatalf("within settle: sends %v, on %v", sends, on)
 	}
 	// Past Start it begins.
-	if _, on := Plan("a", nodes(125, 100, 75), DefaultBand, false); !on {
+	if _, on := Plan("a", nodes(125, 100, 75), testBand, false); !on {
 		t.Fatal("25% over the mean: no rebalance")
+	}
+}
+
+func TestPlanFloor(t *testing.T) {
+	// 50% off the mean but under a MiB: left alone ...
+	if _, on := Plan("a", nodes(150_000, 100_000, 50_000), DefaultBand, false); on {
+		t.Fatal("a rebalance over less than the floor")
+	}
+	// ... past it, moved; and once on, the floor does not stop it.
+	if _, on := Plan("a", nodes(4<<20, 2<<20, 0), DefaultBand, false); !on {
+		t.Fatal("no rebalance 2 MiB and 100% off the mean")
+	}
+	if sends, on := Plan("a", nodes(2<<20+300_000, 2<<20, 2<<20-300_000), DefaultBand, true); !on || sends == nil {
+		t.Fatalf("a rebalance under way stopped at the floor, 14%% off the mean: %v %v", sends, on)
 	}
 }
 
 func TestPlanSkipsDiskFullAndLoneNodes(t *testing.T) {
 	ns := nodes(300, 300, 0, 0)
 	ns[3].DiskFull = true
-	sends, _ := Plan("a", ns, DefaultBand, false)
+	sends, _ := Plan("a", ns, testBand, false)
 	if _, ok := sends["d"]; ok || sends["c"] == 0 {
 		t.Fatalf("sends %v: want c only (d's disk is full)", sends)
 	}
-	if sends, on := Plan("a", nodes(300), DefaultBand, true); on || sends != nil {
+	if sends, on := Plan("a", nodes(300), testBand, true); on || sends != nil {
 		t.Fatalf("one node: sends %v, on %v", sends, on)
 	}
 }
@@ -82,7 +100,7 @@ func TestPlanConverges(t *testing.T) {
 		next := slices.Clone(ns)
 		moved := false
 		for _, n := range ns {
-			sends, on := Plan(n.ID, ns, DefaultBand, active[n.ID])
+			sends, on := Plan(n.ID, ns, testBand, active[n.ID])
 			active[n.ID] = on
 			for to, b := range sends {
 				moved = true
@@ -98,7 +116,7 @@ func TestPlanConverges(t *testing.T) {
 		}
 		ns = next
 		if !moved {
-			if outside(ns, DefaultBand.Start) {
+			if outside(ns, testBand.Start, 0) {
 				t.Fatalf("round %d: stopped outside the band: %v", round, ns)
 			}
 			return
