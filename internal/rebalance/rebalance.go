@@ -322,6 +322,10 @@ func (r *Rebalancer) moveUser(ctx context.Context, lim *rate.Limiter, user strin
 			b += size[mv.Object]
 		}
 		done.Add(int64(len(c)))
+		// What this node gossips goes down as it moves, not at its next
+		// scan a round later: the other nodes plan on it meanwhile.
+		r.held.Add(-b)
+		r.msgs.Add(-int64(len(c)))
 		metrics.RebalanceMoved.Add(float64(len(c)))
 		metrics.RebalanceMovedBytes.Add(float64(b))
 		r.mu.Lock()
