@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -87,6 +87,13 @@ TERM_RESTARTS ?= 50
 faults:
 	QUILL_FAULTS=$(FAULTS) $(GO) test -count=1 -timeout 60m -run 'TestFaults(LoseNoAcknowledgedMail|Netns)$$' -v ./tests/cluster/
 	QUILL_TERM_RESTARTS=$(TERM_RESTARTS) $(GO) test -count=1 -timeout 30m -run 'TestCleanRestartsUnderLoad$$' -v ./tests/cluster/
+
+# The rebalancer's figure (issue 17 item 6, docs/reliability.md): three
+# nodes hold 30,000 messages, a fourth joins, and every node must hold
+# 20-30% of the copies within the rebalance time, every message read once.
+REBALANCE_MESSAGES ?= 30000
+rebalance:
+	QUILL_REBALANCE_MESSAGES=$(REBALANCE_MESSAGES) QUILL_REBALANCE_FIGURE=1 $(GO) test -count=1 -timeout 30m -run 'TestRebalanceGivesAJoiningNodeItsShare$$' -v ./tests/cluster/
 
 # The long run (about two hours, root): 1,000 faults of every kind (kill -9,
 # SIGSTOP, clean restarts, bursts of them, partitions, full disks, wipes) on

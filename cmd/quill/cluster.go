@@ -64,10 +64,23 @@ func printStatus(st admin.ClusterStatus) {
 		fmt.Printf("replication on this node: %d copies per message by default, write policy %s; holds %d messages, %d under-replicated;\n"+
 			"  update log: %d pending, %d waiting for absent nodes, %d done (retiring)\n\n",
 			r.Replicas, r.WritePolicy, r.Objects, r.UnderReplicated, r.Pending, r.Waiting, r.Done)
+		if b := r.Rebalance; b != nil {
+			state := "within the band"
+			switch {
+			case b.Rate == 0:
+				state = "off (--rebalance-rate 0)"
+			case b.Waiting != "":
+				state = "waiting: " + b.Waiting
+			case b.Active:
+				state = fmt.Sprintf("moving at up to %.0f messages/s", b.Rate)
+			}
+			fmt.Printf("rebalance on this node: %s; holds %d bytes, mean %d, %d above it; %d messages (%d bytes) moved\n\n",
+				state, b.HeldBytes, b.MeanBytes, b.SurplusBytes, b.Moved, b.MovedBytes)
+		}
 	}
 	letter := map[string]byte{}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tUSERS\tGOSSIP")
+	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tUSERS\tMESSAGES\tBYTES\tGOSSIP")
 	for i, m := range st.Members {
 		l := byte('A' + i%26)
 		letter[string(m.ID)] = l
@@ -82,8 +95,8 @@ func printStatus(st admin.ClusterStatus) {
 		if m.UsersStale != nil {
 			users += fmt.Sprintf(" (%.1fs old)", m.UsersStale.Age)
 		}
-		fmt.Fprintf(w, "%c\t%s%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", l, m.ID, self, m.State, m.Boot, m.Buckets,
-			strings.Repeat("#", m.Buckets/8), load, users, m.Gossip)
+		fmt.Fprintf(w, "%c\t%s%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\n", l, m.ID, self, m.State, m.Boot, m.Buckets,
+			strings.Repeat("#", m.Buckets/8), load, users, m.HeldMessages, m.HeldBytes, m.Gossip)
 	}
 	w.Flush()
 	for n, why := range st.Unreachable {

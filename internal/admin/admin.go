@@ -27,6 +27,7 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
+	"github.com/quillmail/quill/internal/rebalance"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/saslsrv"
@@ -89,6 +90,8 @@ type ReplicationStatus struct {
 	WritePolicy string         `json:"write_policy"`
 	replica.LogStats
 	replica.RepairStats
+	// Rebalance is the rebalancer's progress (native store).
+	Rebalance *rebalance.Status `json:"rebalance,omitempty"`
 }
 
 // Server is the admin HTTP handler.
@@ -561,6 +564,10 @@ type MemberStatus struct {
 	// standing in when it did not answer in time.
 	Users      int            `json:"users"`
 	UsersStale *cluster.Stale `json:"users_stale,omitempty"`
+	// HeldBytes and HeldMessages are the message bytes and copies the
+	// member gossiped it holds (its last scan; internal/rebalance).
+	HeldBytes    int64 `json:"held_bytes"`
+	HeldMessages int   `json:"held_messages"`
 }
 
 // BucketStatus is one user-map entry.
@@ -586,7 +593,8 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	for _, mi := range s.Node.Members() {
 		ms := MemberStatus{ID: mi.ID, State: mi.State, Load: mi.Load, DiskFull: mi.DiskFull,
 			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC, Since: mi.Since,
-			Users: users.PerNode[mi.ID].Users, UsersStale: users.PerNode[mi.ID].Stale}
+			Users: users.PerNode[mi.ID].Users, UsersStale: users.PerNode[mi.ID].Stale,
+			HeldBytes: mi.Held, HeldMessages: mi.Messages}
 		if mi.State != "alive" && mi.State != "suspect" && !mi.Since.IsZero() {
 			ms.Stale = cluster.StaleSince(mi.Since, now)
 		}

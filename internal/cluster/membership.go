@@ -85,6 +85,15 @@ type NodeMeta struct {
 	// Wide is the digest of the clusterwide objects the node holds
 	// (clusterwide.Store.Digest): a peer with another digest is caught up.
 	Wide uint64 `json:"w,omitempty"`
+	// Held and Messages are the message bytes and copies the node holds
+	// (its last scan, internal/rebalance): every node needs every
+	// other's to rebalance, and gossip carries them in a few bytes of the
+	// meta it sends anyway, where asking each node would be n² calls.
+	// HeldKnown says the node has scanned since it started: before, its
+	// zero figures would pass for an empty node's.
+	Held      int64 `json:"h,omitempty"`
+	Messages  int   `json:"m,omitempty"`
+	HeldKnown bool  `json:"k,omitempty"`
 }
 
 // MemberInfo is one member as seen by this node.
@@ -117,6 +126,9 @@ type MembershipConfig struct {
 	KnownFile string
 	// Load reports this node's current load for gossip.
 	Load func() (pending int, diskFull bool)
+	// Holds reports the message bytes and copies this node holds, for
+	// gossip (nil: none).
+	Holds func() (bytes int64, messages int, known bool)
 	// Domains returns the mail domains this node holds user profiles
 	// for; the union over live nodes is what the cluster accepts mail for.
 	Domains func() []string
@@ -578,9 +590,17 @@ func (m *Membership) refreshMeta() {
 	if m.cfg.Wide != nil {
 		state = m.cfg.Wide()
 	}
+	var held int64
+	var msgs int
+	var known bool
+	if m.cfg.Holds != nil {
+		held, msgs, known = m.cfg.Holds()
+	}
 	m.mu.Lock()
-	changed := load != m.meta.Load || full != m.meta.DiskFull || state != m.meta.Wide
+	changed := load != m.meta.Load || full != m.meta.DiskFull || state != m.meta.Wide ||
+		held != m.meta.Held || msgs != m.meta.Messages || known != m.meta.HeldKnown
 	m.meta.Load, m.meta.DiskFull, m.meta.Wide = load, full, state
+	m.meta.Held, m.meta.Messages, m.meta.HeldKnown = held, msgs, known
 	self := m.members[m.cfg.Self]
 	self.NodeMeta = m.meta
 	m.members[m.cfg.Self] = self

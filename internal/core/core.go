@@ -31,6 +31,7 @@ import (
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/rebalance"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
@@ -133,6 +134,9 @@ type Core struct {
 	RPC     *rpc.Server
 	Loads   *balance.Tracker
 	Repl    *replica.Manager
+	// Rebal moves mail from over-full nodes to under-full ones (native
+	// store only; nil on Cassandra).
+	Rebal *rebalance.Rebalancer
 	// notice handles the short messages other nodes broadcast
 	// (SetNoticeHandler).
 	notice atomic.Pointer[func([]byte)]
@@ -205,6 +209,10 @@ type Options struct {
 	// absent node (0: the replica package's defaults).
 	ReplaceAfter time.Duration
 	LogMaxAge    time.Duration
+	// RebalanceRate is how many messages per second the node moves to
+	// under-full nodes when it holds more than its share (0: none; it
+	// still gossips what it holds, so the others can send it mail).
+	RebalanceRate int
 	// ClockSkew shifts this node's clock, to test that skew loses no
 	// update (BLUEPRINT invariant 6).
 	ClockSkew time.Duration
@@ -338,6 +346,9 @@ func New(o Options) (*Core, error) {
 	c.Users = usermgr.New(ucfg)
 	c.Writers = c.Users.Writers()
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, o.Spread)
+	if o.Cassandra == nil {
+		c.Rebal = rebalance.New(id, c.Boxes, c.Peers, c.Writers, float64(o.RebalanceRate), log)
+	}
 	if nativeQueue != nil {
 		nativeQueue.Placer = c.Placer
 	}
@@ -390,8 +401,14 @@ func New(o Options) (*Core, error) {
 		Self: id, Boot: boot, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
 		KnownFile: filepath.Join(dataDir, knownFile),
 		Load:      func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
-		Domains:   c.Users.LocalDomains,
-		Wide:      c.Wide.Digest,
+		Holds: func() (int64, int, bool) {
+			if c.Rebal == nil {
+				return 0, 0, false
+			}
+			return c.Rebal.Holds()
+		},
+		Domains: c.Users.LocalDomains,
+		Wide:    c.Wide.Digest,
 		OnNotice: func(b []byte) {
 			if h := c.notice.Load(); h != nil {
 				(*h)(b)
@@ -420,6 +437,9 @@ func New(o Options) (*Core, error) {
 	c.Peers.SetMembership(m)
 	m.Start()
 	c.Repl.Start(ownWriters{c.Writers, c.Queue}, c.Placer)
+	if c.Rebal != nil {
+		c.Rebal.Start()
+	}
 	c.stop = make(chan struct{})
 	c.noteAlive()
 	go func() {
@@ -619,6 +639,9 @@ const (
 func (c *Core) Close() error {
 	if c.stop != nil {
 		close(c.stop)
+	}
+	if c.Rebal != nil {
+		c.Rebal.Close() // no moves while the buckets are handed over
 	}
 	announce := func() {
 		if c.Members != nil {

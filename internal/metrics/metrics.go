@@ -125,6 +125,17 @@ var (
 		Name: "quill_repair_rounds_total", Help: "Repair rounds: scans of the objects this node holds, with the re-homing they planned."})
 	RepairRehomed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "quill_repair_rehomed_objects_total", Help: "Objects given new replicas by this node's repair rounds."})
+	// RebalanceMoved and RebalanceMovedBytes count the messages (and their
+	// bytes) this node's rebalancer handed to their writers to move to an
+	// under-full node (internal/rebalance; a move the writer finds planned
+	// on an old replica set is skipped there); RebalanceSurplus is what the
+	// node holds above the live nodes' mean, from its last scan.
+	RebalanceMoved = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_rebalance_moved_total", Help: "Messages this node's rebalancer handed to their writers to move to an under-full node."})
+	RebalanceMovedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_rebalance_moved_bytes_total", Help: "Bytes of the messages this node's rebalancer handed to their writers to move."})
+	RebalanceSurplus = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quill_rebalance_surplus_bytes", Help: "Message bytes this node holds above the live nodes' mean (0 at or below it), from its last scan."})
 )
 
 // Total is the sum of a counter's or gauge's values over all its labels:
@@ -215,6 +226,6 @@ func init() {
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs, MailMapLeaves,
 		Queued, Outbound, QueueEntries, TextExcluded, TextIndexed, TextSure,
 		Commands, Refusals, Logins, ConnectionsRefused, UserMapChanges, BucketsMoved, SoftStateRebuildSeconds,
-		RepairRounds, RepairRehomed, nodes,
+		RepairRounds, RepairRehomed, RebalanceMoved, RebalanceMovedBytes, RebalanceSurplus, nodes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

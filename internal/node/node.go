@@ -32,6 +32,7 @@ import (
 	"github.com/quillmail/quill/internal/pop3"
 	"github.com/quillmail/quill/internal/proxy"
 	"github.com/quillmail/quill/internal/queue"
+	"github.com/quillmail/quill/internal/rebalance"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/saslsrv"
 	"github.com/quillmail/quill/internal/smtp"
@@ -129,7 +130,10 @@ type Config struct {
 	// replicas elsewhere; LogMaxAge how long the update log waits for an
 	// absent node.
 	ReplaceAfter time.Duration `flag:"replace-after" help:"how long a node may be away before its messages get replicas on other nodes"`
-	LogMaxAge    time.Duration `flag:"log-max-age" help:"how long update log entries wait for an absent node; a node away longer rejoins as a new node"`
+	// RebalanceRate paces the moving of existing mail to under-full nodes
+	// (internal/rebalance).
+	RebalanceRate int           `flag:"rebalance-rate" help:"messages per second this node moves to under-full nodes (a node that joined or came back empty) while some node's bytes are more than 20% from the mean (native store; 0: never)"`
+	LogMaxAge     time.Duration `flag:"log-max-age" help:"how long update log entries wait for an absent node; a node away longer rejoins as a new node"`
 	// AuditInterval is how often the writers' anti-entropy audit runs (0
 	// turns it off).
 	AuditInterval time.Duration `flag:"audit-interval" help:"how often each bucket manager audits its mailbox views and mail map against the fragments (0: never)"`
@@ -205,6 +209,7 @@ func DefaultConfig() Config {
 		CassandraWrite:      "QUORUM",
 		ReplaceAfter:        replica.DefaultReplaceAfter,
 		LogMaxAge:           replica.DefaultMaxAge,
+		RebalanceRate:       rebalance.DefaultRate,
 		AuditInterval:       writer.DefaultAuditInterval,
 		TextIndexDelay:      mailbox.DefaultTextIndexDelay,
 		ACMEDirectory:       acmecert.LetsEncrypt,
@@ -303,6 +308,9 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.RebalanceRate < 0 {
+		return nil, fmt.Errorf("--rebalance-rate %d: a rate of messages per second is 0 (off) or more", cfg.RebalanceRate)
+	}
 	if cfg.Spread < 1 {
 		return nil, fmt.Errorf("--spread %d: a user's mail needs at least one node", cfg.Spread)
 	}
@@ -315,7 +323,7 @@ func Start(cfg Config) (*Node, error) {
 	reporter := newReporter(&self)
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, Spread: cfg.Spread, ReplaceAfter: cfg.ReplaceAfter,
-		LogMaxAge: cfg.LogMaxAge, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
+		LogMaxAge: cfg.LogMaxAge, RebalanceRate: cfg.RebalanceRate, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
 		TextIndexDelay: cfg.TextIndexDelay,
 		Register: func(r grpc.ServiceRegistrar) {
 			relaySvc.Register(r)
@@ -597,7 +605,7 @@ func (n *Node) startListeners() error {
 		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {
 			return admin.ReplicationStatus{Node: n.ID, Replicas: n.Opts.Replicas, WritePolicy: string(n.Opts.WritePolicy),
-				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats()}
+				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats(), Rebalance: n.rebalanceStatus()}
 		},
 		Workers: func() []sns.Status {
 			var out []sns.Status
@@ -683,4 +691,13 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	}
 	n.wg.Wait()
 	return n.Core.Close()
+}
+
+// rebalanceStatus is the rebalancer's progress (nil on Cassandra).
+func (n *Node) rebalanceStatus() *rebalance.Status {
+	if n.Rebal == nil {
+		return nil
+	}
+	st := n.Rebal.Status()
+	return &st
 }

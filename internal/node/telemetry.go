@@ -56,6 +56,10 @@ func (n *Node) figures(r *telemetry.Report) {
 	r.Messages, r.MessageBytes = int64(held.Objects), held.Bytes
 	r.Queued = int64(rs.Held[queue.Kind].Objects)
 	r.Objects, r.UnderReplicated, r.Rehomed, r.LastRepair = int64(rs.Objects), int64(rs.UnderReplicated), int64(rs.Rehomed), rs.LastRepair
+	if n.Rebal != nil {
+		st := n.Rebal.Status()
+		r.Rebalancing, r.RebalanceSurplus, r.RebalanceMoved = st.Active, st.SurplusBytes, st.Moved
+	}
 	r.DiskFree, r.DiskTotal, _ = store.DiskSpace(n.cfg.DataDir)
 	r.DiskFull = n.DiskFull()
 	r.Pending = n.Boxes.Pending()

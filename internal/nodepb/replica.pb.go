@@ -546,10 +546,13 @@ func (x *DoneRequest) GetStamps() []*Stamp {
 
 // Move gives an object a new replica set; gone are replicas it leaves.
 type Move struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Object        string                 `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
-	Replicas      []string               `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	Gone          []string               `protobuf:"bytes,3,rep,name=gone,proto3" json:"gone,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Object   string                 `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	Replicas []string               `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Gone     []string               `protobuf:"bytes,3,rep,name=gone,proto3" json:"gone,omitempty"`
+	// The replica set the move was planned on (the rebalancer's): the
+	// writer skips a move whose message has another set now.
+	From          []string `protobuf:"bytes,4,rep,name=from,proto3" json:"from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -605,6 +608,13 @@ func (x *Move) GetGone() []string {
 	return nil
 }
 
+func (x *Move) GetFrom() []string {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
 var File_quill_v1_replica_proto protoreflect.FileDescriptor
 
 const file_quill_v1_replica_proto_rawDesc = "" +
@@ -639,11 +649,12 @@ const file_quill_v1_replica_proto_rawDesc = "" +
 	"\boutcomes\x18\x01 \x03(\x0e2\x11.quill.v1.OutcomeR\boutcomes\"P\n" +
 	"\vDoneRequest\x12\x18\n" +
 	"\aobjects\x18\x01 \x03(\tR\aobjects\x12'\n" +
-	"\x06stamps\x18\x02 \x03(\v2\x0f.quill.v1.StampR\x06stamps\"N\n" +
+	"\x06stamps\x18\x02 \x03(\v2\x0f.quill.v1.StampR\x06stamps\"b\n" +
 	"\x04Move\x12\x16\n" +
 	"\x06object\x18\x01 \x01(\tR\x06object\x12\x1a\n" +
 	"\breplicas\x18\x02 \x03(\tR\breplicas\x12\x12\n" +
-	"\x04gone\x18\x03 \x03(\tR\x04gone*M\n" +
+	"\x04gone\x18\x03 \x03(\tR\x04gone\x12\x12\n" +
+	"\x04from\x18\x04 \x03(\tR\x04from*M\n" +
 	"\aOutcome\x12\v\n" +
 	"\aAPPLIED\x10\x00\x12\t\n" +
 	"\x05STALE\x10\x01\x12\x10\n" +

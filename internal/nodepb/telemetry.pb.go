@@ -68,8 +68,13 @@ type NodeReport struct {
 	Errors          []float64     `protobuf:"fixed64,30,rep,packed,name=errors,proto3" json:"errors,omitempty"` // refusals and failed deliveries
 	Workers         []*WorkerPool `protobuf:"bytes,31,rep,name=workers,proto3" json:"workers,omitempty"`
 	Users           int32         `protobuf:"varint,32,opt,name=users,proto3" json:"users,omitempty"` // live profiles of the buckets the node manages
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The rebalancer (internal/rebalance): on, what the node holds above the
+	// live nodes' mean, and the messages it moved since it started.
+	Rebalancing      bool  `protobuf:"varint,40,opt,name=rebalancing,proto3" json:"rebalancing,omitempty"`
+	RebalanceSurplus int64 `protobuf:"varint,41,opt,name=rebalance_surplus,json=rebalanceSurplus,proto3" json:"rebalance_surplus,omitempty"`
+	RebalanceMoved   int64 `protobuf:"varint,42,opt,name=rebalance_moved,json=rebalanceMoved,proto3" json:"rebalance_moved,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeReport) Reset() {
@@ -326,6 +331,27 @@ func (x *NodeReport) GetUsers() int32 {
 	return 0
 }
 
+func (x *NodeReport) GetRebalancing() bool {
+	if x != nil {
+		return x.Rebalancing
+	}
+	return false
+}
+
+func (x *NodeReport) GetRebalanceSurplus() int64 {
+	if x != nil {
+		return x.RebalanceSurplus
+	}
+	return 0
+}
+
+func (x *NodeReport) GetRebalanceMoved() int64 {
+	if x != nil {
+		return x.RebalanceMoved
+	}
+	return 0
+}
+
 type WorkerPool struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Class         string                 `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
@@ -398,7 +424,7 @@ var File_quill_v1_telemetry_proto protoreflect.FileDescriptor
 
 const file_quill_v1_telemetry_proto_rawDesc = "" +
 	"\n" +
-	"\x18quill/v1/telemetry.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"\xf6\a\n" +
+	"\x18quill/v1/telemetry.proto\x12\bquill.v1\x1a\x15quill/v1/common.proto\"\xee\b\n" +
 	"\n" +
 	"NodeReport\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
@@ -440,7 +466,10 @@ const file_quill_v1_telemetry_proto_rawDesc = "" +
 	"\x0elogin_failures\x18\x1d \x03(\x01R\rloginFailures\x12\x16\n" +
 	"\x06errors\x18\x1e \x03(\x01R\x06errors\x12.\n" +
 	"\aworkers\x18\x1f \x03(\v2\x14.quill.v1.WorkerPoolR\aworkers\x12\x14\n" +
-	"\x05users\x18  \x01(\x05R\x05users\"b\n" +
+	"\x05users\x18  \x01(\x05R\x05users\x12 \n" +
+	"\vrebalancing\x18( \x01(\bR\vrebalancing\x12+\n" +
+	"\x11rebalance_surplus\x18) \x01(\x03R\x10rebalanceSurplus\x12'\n" +
+	"\x0frebalance_moved\x18* \x01(\x03R\x0erebalanceMoved\"b\n" +
 	"\n" +
 	"WorkerPool\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +

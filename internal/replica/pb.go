@@ -327,12 +327,12 @@ func (r *DoneRequest) toPB() *nodepb.DoneRequest {
 
 // MoveToPB converts a move for the wire.
 func MoveToPB(mv Move) *nodepb.Move {
-	return &nodepb.Move{Object: mv.Object, Replicas: cluster.IDsToPB(mv.Replicas), Gone: cluster.IDsToPB(mv.Gone)}
+	return &nodepb.Move{Object: mv.Object, Replicas: cluster.IDsToPB(mv.Replicas), Gone: cluster.IDsToPB(mv.Gone), From: cluster.IDsToPB(mv.From)}
 }
 
 // MoveFromPB converts a move from the wire.
 func MoveFromPB(p *nodepb.Move) Move {
-	return Move{Object: p.Object, Replicas: cluster.IDsFromPB(p.Replicas), Gone: cluster.IDsFromPB(p.Gone)}
+	return Move{Object: p.Object, Replicas: cluster.IDsFromPB(p.Replicas), Gone: cluster.IDsFromPB(p.Gone), From: cluster.IDsFromPB(p.From)}
 }
 
 // encodeEntry encodes a log entry for the store.

@@ -73,11 +73,17 @@ type Scanner interface {
 }
 
 // Move gives an object a new replica set; Gone are replicas it leaves (they
-// drop their copy if they ever return).
+// drop their copy if they ever return). From, when set, is the set the
+// move was planned on (the rebalancer's moves, internal/rebalance): the
+// writer skips the move if the object's set is another now, and since a
+// node of Gone is then live and holding a copy, it first writes the object
+// to the new replicas and waits for every one to hold it durably, and only
+// then lets the leaving ones drop theirs.
 type Move struct {
 	Object   string           `json:"object"`
 	Replicas []cluster.NodeID `json:"replicas"`
 	Gone     []cluster.NodeID `json:"gone,omitempty"`
+	From     []cluster.NodeID `json:"from,omitempty"`
 }
 
 type repairState struct {

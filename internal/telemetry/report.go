@@ -40,6 +40,11 @@ type Report struct {
 	Rehomed         int64     `json:"rehomed"`
 	LastRepair      time.Time `json:"last_repair,omitzero"`
 
+	// The rebalancer: on, bytes held above the mean, messages moved.
+	Rebalancing      bool  `json:"rebalancing,omitempty"`
+	RebalanceSurplus int64 `json:"rebalance_surplus"`
+	RebalanceMoved   int64 `json:"rebalance_moved"`
+
 	DiskFree  int64 `json:"disk_free"`
 	DiskTotal int64 `json:"disk_total"`
 	DiskFull  bool  `json:"disk_full,omitempty"`

@@ -10,6 +10,7 @@ package writer
 // ends of the UID and MODSEQ blocks are in the profile.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -90,6 +91,7 @@ func (s *Native) Write(ctx context.Context, changes []*Change) {
 	type group struct {
 		coord   cluster.NodeID
 		targets []cluster.NodeID
+		policy  replica.Policy
 		members []*Change
 	}
 	groups := map[string]*group{}
@@ -116,10 +118,10 @@ func (s *Native) Write(ctx context.Context, changes []*Change) {
 			c.Err = fmt.Errorf("user %s message %s: no live replica (holders %v)", c.Obj.User, c.Obj.ID, c.Holders)
 			continue
 		}
-		key := string(coord) + "|" + joinIDs(targets)
+		key := string(coord) + "|" + joinIDs(targets) + "|" + string(c.Policy)
 		g := groups[key]
 		if g == nil {
-			g = &group{coord: coord, targets: targets}
+			g = &group{coord: coord, targets: targets, policy: c.Policy}
 			groups[key] = g
 			order = append(order, key)
 		}
@@ -128,7 +130,7 @@ func (s *Native) Write(ctx context.Context, changes []*Change) {
 	for _, key := range order {
 		g := groups[key]
 		stamp := s.repl.Now()
-		req := &replica.WriteRequest{Policy: replica.One}
+		req := &replica.WriteRequest{Policy: cmp.Or(g.policy, replica.One)}
 		for _, c := range g.members {
 			c.Stamp = stamp
 			u, err := c.Obj.Update(stamp, g.targets, nil)

@@ -44,7 +44,11 @@ type RehomeRequest struct {
 // rehome writes each moved message's current version with its new
 // replica set, so the new replicas get it and the ones left drop theirs
 // when they return. The writer's view is the newest version it knows, and
-// any flag change is ordered with this one by the writer's lock.
+// any flag change is ordered with this one by the writer's lock. A move
+// planned on a set (Move.From, the rebalancer's) is skipped if the set
+// changed since, and goes in two writes (rebalance.go): the new replicas
+// first, held by every target durably, then the set without the leaving
+// node, so the message never has fewer than its R durable copies.
 func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 	want := map[string]replica.Move{}
 	for _, mv := range req.Moves {
@@ -55,6 +59,7 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 	err := m.withWriter(ctx, req.User, func(w *userWriter, p *userdb.Profile) error {
 		var changes []*Change
 		var views []*ViewMsg
+		var moves []replica.Move
 		find := func() error {
 			for i := range p.Mailboxes {
 				def := &p.Mailboxes[i]
@@ -68,10 +73,13 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 						continue
 					}
 					delete(want, vm.ID)
+					if len(mv.From) > 0 && !sameSet(vm.Replicas, mv.From) {
+						continue // moved since it was planned: planned again on a fresh scan
+					}
 					o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
-					o.Replicas = mv.Replicas
-					changes = append(changes, &Change{Obj: o, Holders: vm.Holders, Leaving: mv.Gone})
+					changes = append(changes, moveChange(o, vm, mv))
 					views = append(views, vm)
+					moves = append(moves, mv)
 				}
 			}
 			return nil
@@ -89,29 +97,50 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 				return err
 			}
 		}
-		m.store.Write(ctx, changes)
-		var firstErr error
-		leaving := false
-		for i, c := range changes {
-			if c.Err != nil {
-				if firstErr == nil {
-					firstErr = c.Err
-				}
-				continue
+		firstErr := m.writeMoves(ctx, p.Address, changes, views)
+		if second, sviews := leaveChanges(changes, views, moves); len(second) > 0 {
+			if err := m.writeMoves(ctx, p.Address, second, sviews); firstErr == nil {
+				firstErr = err
 			}
-			views[i].Replicas, views[i].Version = c.Obj.Replicas, c.Stamp
-			views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
-			for _, n := range c.Obj.Replicas {
-				m.noteUser(p.Address, n)
-			}
-			leaving = leaving || len(c.Leaving) > 0
-		}
-		if leaving {
-			m.vacateSoon(p.Address) // a node left may hold nothing else
 		}
 		return firstErr
 	})
 	return err
+}
+
+// writeMoves writes the changes of a rehome and brings their views up to
+// date; it returns the first change's error.
+func (m *Manager) writeMoves(ctx context.Context, user string, changes []*Change, views []*ViewMsg) error {
+	m.store.Write(ctx, changes)
+	var firstErr error
+	leaving := false
+	for i, c := range changes {
+		if c.Err != nil {
+			if firstErr == nil {
+				firstErr = c.Err
+			}
+			if c.Policy == replica.All {
+				// The first write of a move may have reached some of
+				// the new replicas (it is in its coordinator's log and
+				// reaches the rest): the view names them all, a
+				// superset, so the message's next version goes to them
+				// too and none keeps an old one.
+				views[i].Replicas = c.Obj.Replicas
+				views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
+			}
+			continue
+		}
+		views[i].Replicas, views[i].Version = c.Obj.Replicas, c.Stamp
+		views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
+		for _, n := range c.Obj.Replicas {
+			m.noteUser(user, n)
+		}
+		leaving = leaving || len(c.Leaving) > 0
+	}
+	if leaving {
+		m.vacateSoon(user) // a node left may hold nothing else
+	}
+	return firstErr
 }
 
 // ReloadRequest asks a user's writer to load the user's mailbox views again.

@@ -101,6 +101,10 @@ type Change struct {
 	Was *Place
 	// FlagsOnly says only the flags and MODSEQ changed (a STORE).
 	FlagsOnly bool
+	// Policy is how many targets must hold the version before Write
+	// returns ("": one, native store): a rebalancing move waits for
+	// every new replica before a leaving one drops its copy.
+	Policy replica.Policy
 	// Stamp is the new version's, once written: the view records it, so
 	// the audit can tell a view that is behind its fragments.
 	Stamp replica.Stamp
