@@ -125,8 +125,13 @@ func (m *Manager) writeMoves(ctx context.Context, user string, changes []*Change
 				// reaches the rest): the view names them all, a
 				// superset, so the message's next version goes to them
 				// too and none keeps an old one.
+				// The mail map names them too: a node holding a user's
+				// mail must be in it.
 				views[i].Replicas = c.Obj.Replicas
 				views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
+				for _, n := range c.Obj.Replicas {
+					m.noteUser(user, n)
+				}
 			}
 			continue
 		}
