@@ -12,13 +12,13 @@
 #   git bisect start BAD GOOD
 #   MIN=375 git bisect run sh -c 'go build -o /tmp/b ./cmd/quill && /path/to/scripts/bench-bisect.sh /tmp/b /tmp/client'
 #
-# Environment: DURATION (12s), PORT_BASE (46000: SMTP +525, POP3 +110, IMAP
+# Environment: DURATION (12s), PORT_BASE (27000, below the ephemeral ports: SMTP +525, POP3 +110, IMAP
 # +143, admin +80), MIN (with it, the exit status: 0 at or above MIN msg/s,
 # 1 below, 125 when the run failed, as git bisect run wants).
 set -u
 BIN=$1
 CLIENT=${2:-$1}
-P=${PORT_BASE:-46000}
+P=${PORT_BASE:-27000}
 D=$(mktemp -d)
 "$BIN" serve --data "$D" --smtp 127.0.0.1:$((P + 525)) --pop3 127.0.0.1:$((P + 110)) \
 	--imap 127.0.0.1:$((P + 143)) --http 127.0.0.1:$((P + 80)) >"$D.log" 2>&1 &
