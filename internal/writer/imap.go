@@ -468,11 +468,23 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 		if err != nil {
 			return err
 		}
+		if req.Move && src.UIDValidity != dst.UIDValidity {
+			// A replica raises the HIGHESTMODSEQ of the mailbox a
+			// message leaves to the message's new MODSEQ, and nothing
+			// else tells the source's fragments of the MOVE: the two
+			// counters start level, so the last moved message carries
+			// the source's new HIGHESTMODSEQ, and a view loaded from the
+			// fragments (a new writer's) never shows it lower than this
+			// one did.
+			top := max(sb.modseq, db.modseq)
+			sb.follow(0, top)
+			db.follow(0, top)
+		}
 		if err := m.reserve(ctx, w, p, dst, db, len(req.UIDs), len(req.UIDs)); err != nil {
 			return err
 		}
 		if req.Move {
-			if err := m.reserve(ctx, w, p, src, sb, 0, 1); err != nil {
+			if err := m.reserve(ctx, w, p, src, sb, 0, len(req.UIDs)+1); err != nil {
 				return err
 			}
 		}
@@ -524,7 +536,7 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 			return firstErr
 		}
 		if req.Move {
-			sb.modseq++
+			sb.modseq = max(sb.modseq+1, db.modseq)
 			sb.markUsed(0, sb.modseq)
 			m.keepCounters(ctx, p.Address, src, sb)
 		}
