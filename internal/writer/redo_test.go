@@ -1,6 +1,9 @@
 package writer
 
 import (
+	"encoding/json"
+	"io"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -8,6 +11,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
 	"github.com/quillmail/quill/internal/replica"
+	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
 )
 
@@ -183,5 +187,72 @@ func TestExpired(t *testing.T) {
 	now := time.Now()
 	if expired(&Entry{At: now.Add(-redoKeep / 2)}, now, redoKeep) || !expired(&Entry{At: now.Add(-redoKeep - time.Second)}, now, redoKeep) {
 		t.Fatal("entries expire at redoKeep")
+	}
+}
+
+// The log in a real store: entries come back in LSN order per bucket, the
+// heads name the highest LSN and whether the node still writes the
+// bucket, and a sweep drops the old entries and measures the rest.
+func TestRedoLogInStore(t *testing.T) {
+	db, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := &Manager{self: "n1", log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := &redoLog{m: m, db: db, pending: map[uint8]bool{}}
+	now := time.Now()
+	enc := func(es ...*Entry) [][]byte {
+		var out [][]byte
+		for _, e := range es {
+			v, _ := json.Marshal(e)
+			out = append(out, v)
+		}
+		return out
+	}
+	if err := r.put(3, enc(
+		&Entry{LSN: LSN{2, 1}, Node: "n2", User: "u@x", At: now},
+		&Entry{LSN: LSN{1, 7}, Node: "n1", User: "u@x", At: now.Add(-2 * redoKeep)},
+		&Entry{LSN: LSN{1, 8}, Node: "n1", User: "u@x", At: now},
+	)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.put(4, enc(&Entry{LSN: LSN{9, 9}, Node: "n1", User: "v@x", At: now})); err != nil {
+		t.Fatal(err)
+	}
+	es, raw, err := r.entries(3)
+	if err != nil || len(es) != 3 || len(raw) != 3 {
+		t.Fatalf("entries of bucket 3: %d (%v)", len(es), err)
+	}
+	for i := 1; i < len(es); i++ {
+		if !es[i-1].LSN.Less(es[i].LSN) {
+			t.Fatalf("entries out of LSN order: %v then %v", es[i-1].LSN, es[i].LSN)
+		}
+	}
+	m.tenure[4] = 1
+	heads := r.heads([]uint32{3, 4, 5, 300})
+	if len(heads.Heads) != 3 {
+		t.Fatalf("heads %v", heads.Heads)
+	}
+	h3, h4, h5 := heads.Heads[0], heads.Heads[1], heads.Heads[2]
+	if h3.Term != 2 || h3.Seq != 1 || h3.Count != 3 || h3.Busy {
+		t.Errorf("head of bucket 3: %+v", h3)
+	}
+	if h4.Term != 9 || h4.Count != 1 || !h4.Busy {
+		t.Errorf("head of bucket 4 (managed here): %+v", h4)
+	}
+	if h5.Count != 0 {
+		t.Errorf("head of an empty bucket: %+v", h5)
+	}
+	r.sweep()
+	if es, _, _ := r.entries(3); len(es) != 2 {
+		t.Errorf("after the sweep bucket 3 holds %d entries, want 2 (the old one dropped)", len(es))
+	}
+	if n := m.RedoEntries(); n != -1 {
+		t.Errorf("RedoEntries without a log = %d, want -1", n)
+	}
+	m.redo = r
+	if n := m.RedoEntries(); n != 3 {
+		t.Errorf("RedoEntries = %d, want 3", n)
 	}
 }

@@ -24,6 +24,8 @@ import (
 	"github.com/quillmail/quill/internal/rpc"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 const (
@@ -214,9 +216,16 @@ func (r *redoLog) toSecondary(ctx context.Context, b uint8, ranked []cluster.Nod
 		if ctx.Err() != nil {
 			return fmt.Errorf("redo log of bucket %d: append on %s: %w", b, n, err)
 		}
+		if status.Code(err) == codes.Unimplemented {
+			// A node of a version before the log (a rolling upgrade):
+			// it cannot back the primary; the next one may.
+			continue
+		}
 		errs = append(errs, fmt.Errorf("%s: %w", n, err))
 	}
 	if len(errs) == 0 {
+		// No other node, or none that keeps a log: the primary's copy
+		// is the only one (a cluster of one, or an upgrade under way).
 		return nil
 	}
 	return fmt.Errorf("redo log of bucket %d: no secondary took the entries: %w: %w", b, errors.Join(errs...), rpc.ErrUnavailable)
