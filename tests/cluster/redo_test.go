@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -190,6 +191,13 @@ func userRankedAs(t *testing.T, rep int, order ...*Node) string {
 
 func redoRound(t *testing.T, rep int, nodes []*Node, writer, proxy, paused *Node, user, pw string) {
 	proxy.addUser(t, user, pw)
+	// The user's mail spreads over all three nodes, so some message is
+	// held by the writer's node and the paused one (with the cluster's
+	// spread a user's mail may sit on two nodes only, and a round whose
+	// mail is on the writer's and the proxy's could not lose anything).
+	if err := proxy.api(http.MethodPut, "/api/users/"+user+"/spread", map[string]int{"spread": 3}, nil); err != nil {
+		fatalf(t, "round %d: spread of %s: %v", rep, user, err)
+	}
 	const count = 9
 	for i := 0; i < count; i++ {
 		if err := nodes[i%3].send(user, fmt.Sprintf("r%d m%d", rep, i)); err != nil {
