@@ -345,6 +345,13 @@ func New(o Options) (*Core, error) {
 	}
 	c.Users = usermgr.New(ucfg)
 	c.Writers = c.Users.Writers()
+	if c.Cass == nil {
+		// The native store writes a change to one replica before the
+		// client hears OK: the writers' REDO log keeps it until every
+		// replica has it. Cassandra's writer storage writes each change
+		// at its consistency level before answering, and needs none.
+		c.Writers.EnableRedo(db, c.Repl)
+	}
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, o.Spread)
 	if o.Cassandra == nil {
 		c.Rebal = rebalance.New(id, c.Boxes, c.Peers, c.Writers, float64(o.RebalanceRate), log)

@@ -35,6 +35,7 @@ func (c *Core) MetricsState() metrics.NodeState {
 			return metrics.Disk{Free: free, Size: size, MinFree: c.Opts.MinFree, Full: c.full.Load(), Critical: c.critical.Load()}, err
 		},
 		PendingDiskOps: c.Boxes.Pending,
+		RedoEntries:    c.Writers.RedoEntries,
 		Pebble:         c.DB.Metrics,
 	}
 }

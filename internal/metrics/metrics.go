@@ -53,6 +53,22 @@ var (
 	Handoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "quill_bucket_handoffs_total", Help: "Buckets handed over to their new manager, by outcome at the receiver (merged, rebuilt) or sender (given_up)."},
 		[]string{"outcome"})
+	// RedoAppends counts entries appended to the writers' REDO log, by
+	// where (primary: this node's writers logged them; secondary: another
+	// node's writers logged them here); RedoFsyncs the fsync'd commits
+	// that stored them; RedoReplayed the entries a new primary replayed,
+	// and RedoRecoverySeconds how long each recovery with something to
+	// replay took (writer/redolog.go, Neptune §3–4).
+	RedoAppends = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_redo_appends_total", Help: "Entries appended to the mailbox writers' REDO log, by where (primary, secondary)."},
+		[]string{"where"})
+	RedoFsyncs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_redo_fsyncs_total", Help: "Fsync'd commits of REDO log entries (the primary's own and those appended here as secondary)."})
+	RedoReplayed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "quill_redo_replayed_total", Help: "REDO log entries a new primary replayed before serving a bucket."})
+	RedoRecoverySeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "quill_redo_recovery_seconds", Help: "Time from taking a bucket to serving it, for recoveries that replayed REDO log entries.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
 	// Queued counts messages put into the outbound queue (DSNs too);
 	// Outbound counts delivery attempts per recipient by outcome;
 	// QueueEntries is the entries this node holds a replica of.
@@ -207,6 +223,7 @@ var known = []struct {
 	{AuditRepairs, [][]string{{"alloc"}, {"mailmap"}, {"hidden"}, {"stale"}, {"phantom"}}},
 	{Handoffs, [][]string{{"merged"}, {"rebuilt"}, {"given_up"}}},
 	{Outbound, [][]string{{"delivered"}, {"deferred"}, {"failed"}}},
+	{RedoAppends, [][]string{{"primary"}, {"secondary"}}},
 }
 
 func init() {
@@ -226,6 +243,6 @@ func init() {
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs, MailMapLeaves,
 		Queued, Outbound, QueueEntries, TextExcluded, TextIndexed, TextSure,
 		Commands, Refusals, Logins, ConnectionsRefused, UserMapChanges, BucketsMoved, SoftStateRebuildSeconds,
-		RepairRounds, RepairRehomed, RebalanceMoved, RebalanceMovedBytes, RebalanceSurplus, nodes,
+		RepairRounds, RepairRehomed, RebalanceMoved, RebalanceMovedBytes, RebalanceSurplus, RedoAppends, RedoFsyncs, RedoReplayed, RedoRecoverySeconds, nodes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

@@ -35,6 +35,9 @@ type NodeState struct {
 	Pebble func() (*pebble.Metrics, error)
 	// Connections is the client connections open now (internal/guard).
 	Connections func() int
+	// RedoEntries is the length of the writers' REDO log (negative: the
+	// node keeps none).
+	RedoEntries func() int
 	// Workers are the node's SNS worker pools.
 	Workers func() []WorkerPool
 }
@@ -126,6 +129,7 @@ var (
 	descCritical = desc("quill_disk_critical", "1 while free space is under half of --min-free: the node takes no replica copies either.")
 	descPending  = desc("quill_pending_disk_operations", "Disk operations in progress: the load the balancer weighs (Porcupine §5).")
 	descConns    = desc("quill_connections_open", "Client connections open on every listener.")
+	descRedo     = desc("quill_redo_entries", "Entries in the mailbox writers' REDO log held here, as of its last sweep.")
 	descWorkers  = desc("quill_sns_workers", "SNS worker processes alive, by class.", "class")
 	descWMax     = desc("quill_sns_workers_max", "SNS worker processes this node may run, by class.", "class")
 	descWLoad    = desc("quill_sns_worker_load", "Tasks in progress on this node's SNS workers, by class.", "class")
@@ -137,7 +141,7 @@ var (
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInfo, descBoot, descMembers, descEpoch, descManaged, descReady, descLog,
 		descObjects, descUnder, descLastRep, descFree, descSize, descMinFree, descFull, descCritical, descPending,
-		descConns, descWorkers, descWMax, descWLoad, descWLaunch, descWRestart, descWRemote} {
+		descConns, descRedo, descWorkers, descWMax, descWLoad, descWLaunch, descWRestart, descWRemote} {
 		ch <- d
 	}
 	describePebble(ch)
@@ -216,6 +220,11 @@ func (s *NodeState) collect(id string, ch chan<- prometheus.Metric) {
 	}
 	if s.PendingDiskOps != nil {
 		gauge(ch, descPending, float64(s.PendingDiskOps()), id)
+	}
+	if s.RedoEntries != nil {
+		if n := s.RedoEntries(); n >= 0 {
+			gauge(ch, descRedo, float64(n), id)
+		}
 	}
 	if s.Connections != nil {
 		gauge(ch, descConns, float64(s.Connections()), id)

@@ -53,6 +53,7 @@ const (
 	KindExpunged byte = 'X' // mailbox: X bucket user 0 msgid -> when an expunged message's body goes
 	KindText     byte = 'T' // mailbox: T bucket user 0 ... -> the text index of the messages held here (textindex.go)
 	KindToIndex  byte = 'I' // mailbox: I bucket user 0 msgid -> a message held here that the text index has not read yet
+	KindRedo     byte = 'E' // writer: E bucket term(8) seq(8) node -> the writer's REDO log entry (writer/redolog.go)
 	KindBodyFile byte = 'F' // mailbox: F bucket user 0 msgid -> the hash and size of a large body kept as a file (bodyfile.go)
 )
 

@@ -70,11 +70,16 @@ func (m *Manager) Open(b uint8, tenure uint64) {
 	m.tenure[b] = tenure
 	m.writers[b] = map[string]*userWriter{}
 	m.store.Opened(b)
+	if m.redo != nil {
+		m.redo.opened(b)
+	}
 }
 
 // Dropped are the writers of a bucket that moved away, to be drained.
 type Dropped struct {
 	writers map[string]*userWriter
+	// drained tells the writer the drain is over.
+	drained func()
 }
 
 // Drop closes a bucket that moved away: no writer of it is handed out any
@@ -83,7 +88,12 @@ type Dropped struct {
 func (m *Manager) Drop(b uint8) Dropped {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	d := Dropped{writers: m.writers[b]}
+	m.draining[b]++
+	d := Dropped{writers: m.writers[b], drained: func() {
+		m.mu.Lock()
+		m.draining[b]--
+		m.mu.Unlock()
+	}}
 	m.tenure[b], m.writers[b] = 0, nil
 	return d
 }
@@ -92,6 +102,9 @@ func (m *Manager) Drop(b uint8) Dropped {
 // them (an operation that takes a writer's lock later is sent to the new
 // manager), and returns the state of those used recently.
 func (d Dropped) Drain() []UserState {
+	if d.drained != nil {
+		defer d.drained()
+	}
 	var out []UserState
 	for u, w := range d.writers {
 		w.mu.Lock()

@@ -101,6 +101,9 @@ func (m *Manager) saveMailboxes(ctx context.Context, p *userdb.Profile) error {
 	if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
 		return err
 	}
+	if err := m.logChanges(ctx, p.Address, profileEntry(p)); err != nil {
+		return err
+	}
 	return m.store.SaveMailboxes(ctx, p)
 }
 
@@ -206,6 +209,9 @@ func (m *Manager) delete(ctx context.Context, req *MailboxRequest) error {
 		}
 		p.Mailboxes = kept
 		if err := m.saveProfile(ctx, p, userdb.ProfileReplicas); err != nil {
+			return err
+		}
+		if err := m.logChanges(ctx, p.Address, profileEntry(p)); err != nil {
 			return err
 		}
 		delete(w.boxes, v)
@@ -345,7 +351,9 @@ func (m *Manager) storeFlags(ctx context.Context, req *FlagsRequest) (*FlagsRepl
 			changed = append(changed, &nv)
 		}
 		m.store.Write(ctx, changes)
-		var firstErr error
+		// Logged before the client hears OK (redo.go); the view shows
+		// what reached a replica either way.
+		firstErr := m.logChanges(ctx, p.Address, updateEntry(changes))
 		for i, nv := range changed {
 			if err := changes[i].Err; err != nil {
 				// The view stays as it was for this message; the session
@@ -407,6 +415,7 @@ func (m *Manager) expunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, e
 			changes[i] = &Change{Obj: o, Holders: vm.Holders}
 		}
 		m.store.Write(ctx, changes)
+		logErr := m.logChanges(ctx, p.Address, updateEntry(changes))
 		var removed []*ViewMsg
 		for i, vm := range gone {
 			if err := changes[i].Err; err != nil {
@@ -424,7 +433,7 @@ func (m *Manager) expunge(ctx context.Context, req *FlagsRequest) (*UIDsReply, e
 		b.markUsed(0, b.modseq)
 		m.keepCounters(ctx, p.Address, def, b)
 		w.changed(m, p.Address, def.UIDValidity)
-		return nil
+		return logErr
 	})
 	return out, err
 }
@@ -459,11 +468,23 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 		if err != nil {
 			return err
 		}
+		if req.Move && src.UIDValidity != dst.UIDValidity {
+			// A replica raises the HIGHESTMODSEQ of the mailbox a
+			// message leaves to the message's new MODSEQ, and nothing
+			// else tells the source's fragments of the MOVE: the two
+			// counters start level, so the last moved message carries
+			// the source's new HIGHESTMODSEQ, and a view loaded from the
+			// fragments (a new writer's) never shows it lower than this
+			// one did.
+			top := max(sb.modseq, db.modseq)
+			sb.follow(0, top)
+			db.follow(0, top)
+		}
 		if err := m.reserve(ctx, w, p, dst, db, len(req.UIDs), len(req.UIDs)); err != nil {
 			return err
 		}
 		if req.Move {
-			if err := m.reserve(ctx, w, p, src, sb, 0, 1); err != nil {
+			if err := m.reserve(ctx, w, p, src, sb, 0, len(req.UIDs)+1); err != nil {
 				return err
 			}
 		}
@@ -491,6 +512,7 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 			srcs = append(srcs, vm)
 		}
 		m.store.Write(ctx, changes)
+		logErr := m.logChanges(ctx, p.Address, updateEntry(changes))
 		var firstErr error
 		for i, vm := range srcs {
 			c := changes[i]
@@ -514,14 +536,14 @@ func (m *Manager) copy(ctx context.Context, req *CopyRequest) (*CopyReply, error
 			return firstErr
 		}
 		if req.Move {
-			sb.modseq++
+			sb.modseq = max(sb.modseq+1, db.modseq)
 			sb.markUsed(0, sb.modseq)
 			m.keepCounters(ctx, p.Address, src, sb)
 		}
 		out.Dest = toMailbox(dst, db)
 		w.changed(m, p.Address, dst.UIDValidity)
 		w.changed(m, p.Address, src.UIDValidity)
-		return nil
+		return logErr
 	})
 	return out, err
 }

@@ -263,6 +263,7 @@ func (r remote) Reload(ctx context.Context, req *ReloadRequest) error {
 // Register exposes this node's writers to other nodes.
 func (m *Manager) Register(s grpc.ServiceRegistrar) {
 	nodepb.RegisterWriterServer(s, server{l: local{m}})
+	nodepb.RegisterRedoServer(s, redoServer{m: m})
 }
 
 type server struct {

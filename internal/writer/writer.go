@@ -34,6 +34,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
@@ -134,6 +135,14 @@ type Manager struct {
 	wg      sync.WaitGroup
 	ctx     context.Context
 	cancel  context.CancelFunc
+
+	// draining counts the dropped writers of each bucket not yet drained
+	// (a recovery elsewhere waits for them).
+	draining [cluster.Buckets]int
+	// redo is the REDO log (redolog.go), nil if the storage needs none;
+	// redoLen its length as of its last sweep.
+	redo    *redoLog
+	redoLen atomic.Int64
 
 	audit auditState
 	// vacates are the users whose mail map is being checked for nodes
@@ -314,8 +323,8 @@ func (m *Manager) writer(ctx context.Context, user string) (*userWriter, error) 
 	}
 	b := cluster.Bucket(user)
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.tenure[b] != tenure || m.writers[b] == nil {
+		m.mu.Unlock()
 		// Dropped (or taken again) since Managed answered: a writer made
 		// now would be one no drain fences.
 		return nil, fmt.Errorf("user %s: bucket %d changed hands: %w", user, b, rpc.ErrNotManager)
@@ -324,6 +333,12 @@ func (m *Manager) writer(ctx context.Context, user string) (*userWriter, error) 
 	if w == nil {
 		w = newUserWriter()
 		m.writers[b][user] = w
+	}
+	redo := m.redo
+	m.mu.Unlock()
+	// A new primary serves once its log is replayed (redo.go).
+	if err := redo.await(ctx, b); err != nil {
+		return nil, fmt.Errorf("user %s: %w", user, err)
 	}
 	return w, nil
 }
@@ -400,11 +415,20 @@ func (m *Manager) reserve(ctx context.Context, w *userWriter, p *userdb.Profile,
 		return nil
 	}
 	b.mineUID, b.mineMod = uidEnd, modEnd
+	// The REDO log's entry goes with the profile's write, at the same
+	// time: one append per block of reserveBlock, never per delivery.
+	logged := make(chan error, 1)
+	go func() {
+		logged <- m.logChanges(ctx, p.Address, &Entry{Reserve: &ReserveEnds{UIDValidity: def.UIDValidity, UID: uidEnd, ModSeq: modEnd}})
+	}()
 	err := m.store.Reserve(ctx, p, def, uidEnd, modEnd)
 	if err == nil {
 		// A storage may keep ends past those asked for (a fence never
 		// moves back): they are this writer's, absorb must not jump them.
 		b.mineUID, b.mineMod = def.UIDReserved, def.ModSeqReserved
+	}
+	if lerr := <-logged; err == nil && lerr != nil {
+		return lerr
 	}
 	return m.fencedOut(w, p.Address, def, err)
 }
@@ -469,6 +493,16 @@ func (m *Manager) Release(ctx context.Context) {
 			}
 			if err := m.store.Release(ctx, p, ends); err != nil {
 				m.log.Warn("could not release reserved UIDs", "user", it.user, "err", err)
+			} else {
+				// The log's last word on these mailboxes: a replay does
+				// not raise their ends back past what was given back.
+				var es []*Entry
+				for _, e := range ends {
+					es = append(es, &Entry{Reserve: &ReserveEnds{UIDValidity: e.Def.UIDValidity, UID: e.UIDNext, ModSeq: e.ModSeq}})
+				}
+				if err := m.logChanges(ctx, it.user, es...); err != nil {
+					m.log.Warn("could not log released UIDs; the next writer skips past them", "user", it.user, "err", err)
+				}
 			}
 		}
 		it.w.mu.Unlock()
@@ -772,6 +806,9 @@ func (m *Manager) relocate(ctx context.Context, w *userWriter, user string, p *u
 	m.store.Write(ctx, []*Change{c})
 	if c.Err != nil {
 		return c.Err
+	}
+	if err := m.logChanges(ctx, user, updateEntry([]*Change{c})); err != nil {
+		return err // the view loads again soon and finds it renumbered
 	}
 	nv.Replicas, nv.Version = c.Obj.Replicas, c.Stamp
 	b.msgs[nv.UID] = &nv
