@@ -428,7 +428,14 @@ func (m *Manager) reserve(ctx context.Context, w *userWriter, p *userdb.Profile,
 		b.mineUID, b.mineMod = def.UIDReserved, def.ModSeqReserved
 	}
 	if lerr := <-logged; err == nil && lerr != nil {
-		return lerr
+		// A reservation stands without the secondary's copy: the
+		// profile's write (one replica, so delivery goes on while the
+		// other is away) and the fragments' highest UIDs, which a new
+		// writer reads before its first allocation, keep UIDs unique as
+		// they did before the log. Refusing here refused every delivery
+		// of a mailbox's new block while the secondary was paused but not
+		// yet declared dead (TestWritePolicyAllPerUser).
+		m.log.Warn("reservation not logged on the bucket's secondary; the profile and the fragments carry it", "user", p.Address, "mailbox", def.Name, "err", lerr)
 	}
 	return m.fencedOut(w, p.Address, def, err)
 }
