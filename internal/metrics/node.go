@@ -35,8 +35,8 @@ type NodeState struct {
 	Pebble func() (*pebble.Metrics, error)
 	// Connections is the client connections open now (internal/guard).
 	Connections func() int
-	// RedoEntries is the length of the writers' REDO log (negative: the
-	// node keeps none).
+	// RedoEntries is the length of the writers' REDO log (0 on a node
+	// that keeps none; negative: not reported).
 	RedoEntries func() int
 	// Workers are the node's SNS worker pools.
 	Workers func() []WorkerPool

@@ -600,10 +600,12 @@ func (r *redoLog) measure() {
 }
 
 // RedoEntries is the length of the node's REDO log as of its last sweep
-// (-1: no log, the storage replicates by itself).
+// (0: no log, the storage replicates by itself).
 func (m *Manager) RedoEntries() int {
 	if m.redo == nil {
-		return -1
+		// No log (the Cassandra store): none held here, and the gauge
+		// is still exported, as the dashboard queries it on every node.
+		return 0
 	}
 	return int(m.redoLen.Load())
 }
