@@ -551,14 +551,21 @@ func unionAnswers(answers []*mailbox.TextAnswer, queries int) *mailbox.TextAnswe
 	return out
 }
 
+// heldHere reports whether this node's own store holds message id of the
+// user (the native store, and this node among its sources), so that a read
+// of part of it can go to the file instead of fetching the body whole.
+func (s *IMAPStore) heldHere(user, id string) bool {
+	nodes, ok := s.sources(user, id)
+	return ok && s.P.Shared == nil && slices.Contains(nodes, s.P.Self)
+}
+
 // OpenRange implements imap.BodyRanger: a message held on this node is read
 // only in the range asked, from its file for a large body
 // (mailbox.OpenBody); one held only elsewhere is fetched whole from a
 // holder and cut.
 func (s *IMAPStore) OpenRange(ctx context.Context, user, id string, off, n int64) (io.ReadCloser, int64, error) {
 	user = userdb.Normalize(user)
-	nodes, ok := s.sources(user, id)
-	if ok && s.P.Shared == nil && slices.Contains(nodes, s.P.Self) {
+	if s.heldHere(user, id) {
 		if r, err := s.P.Boxes.OpenBody(user, id); err == nil {
 			off = min(off, r.Size())
 			n = min(n, r.Size()-off)
@@ -585,8 +592,7 @@ func (s *IMAPStore) OpenRange(ctx context.Context, user, id string, off, n int64
 // (structure, then parts) would each cross it.
 func (s *IMAPStore) OpenParts(ctx context.Context, user, id string) (mailbox.BodyReader, *mimepart.Table, error) {
 	user = userdb.Normalize(user)
-	nodes, ok := s.sources(user, id)
-	if !ok || s.P.Shared != nil || !slices.Contains(nodes, s.P.Self) {
+	if !s.heldHere(user, id) {
 		return nil, nil, nil
 	}
 	r, t, err := s.P.Boxes.OpenParts(user, id)
