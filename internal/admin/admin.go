@@ -105,6 +105,9 @@ type Server struct {
 	DKIM DKIM
 	// Policies manages the domains' inbound policies (/api/policies).
 	Policies Policies
+	// Islands shows and changes the islands (/api/islands; nil on
+	// Cassandra).
+	Islands Islands
 	// Domains manages the served domains and aliases (/api/domains,
 	// /api/aliases); users are added only in them. nil: any domain.
 	Domains Domains
@@ -188,6 +191,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/cluster", s.clusterStatus)
 	mux.HandleFunc("GET /api/replication", s.replication)
+	mux.HandleFunc("GET /api/islands", s.islandStatus)
+	mux.HandleFunc("POST /api/islands/{name}/remove", s.removeIsland)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
 	s.consoleRoutes(mux)
 	if s.Pprof {

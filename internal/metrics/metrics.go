@@ -152,6 +152,13 @@ var (
 		Name: "quill_rebalance_moved_bytes_total", Help: "Bytes of the messages this node's rebalancer handed to their writers to move."})
 	RebalanceSurplus = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "quill_rebalance_surplus_bytes", Help: "Message bytes this node holds above the live nodes' mean (0 at or below it), from its last scan."})
+	// IslandEpoch is the epoch of the bucket→island table installed here
+	// (0: no table, one island); IslandChanges counts the table changes
+	// this node coordinated, by outcome (internal/islandmgr).
+	IslandEpoch = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "quill_island_table_epoch", Help: "Epoch of the bucket-to-island table installed on this node (0: no table, the cluster is one island)."})
+	IslandChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "quill_island_changes_total", Help: "Island table changes this node coordinated, by outcome (committed, aborted)."}, []string{"outcome"})
 )
 
 // Total is the sum of a counter's or gauge's values over all its labels:
@@ -240,9 +247,12 @@ func init() {
 	for _, o := range []string{"complete", "timeout"} {
 		SoftStateRebuildSeconds.WithLabelValues(o)
 	}
+	for _, o := range []string{"committed", "aborted"} {
+		IslandChanges.WithLabelValues(o)
+	}
 	Registry.MustRegister(Delivered, DeliveryFailures, DeliverySeconds, Sessions, AuthFailures, Stalls, AuditRepairs, Handoffs, MailMapLeaves,
 		Queued, Outbound, QueueEntries, TextExcluded, TextIndexed, TextSure,
 		Commands, Refusals, Logins, ConnectionsRefused, UserMapChanges, BucketsMoved, SoftStateRebuildSeconds,
-		RepairRounds, RepairRehomed, RebalanceMoved, RebalanceMovedBytes, RebalanceSurplus, RedoAppends, RedoFsyncs, RedoReplayed, RedoRecoverySeconds, nodes,
+		RepairRounds, RepairRehomed, RebalanceMoved, RebalanceMovedBytes, RebalanceSurplus, RedoAppends, RedoFsyncs, RedoReplayed, RedoRecoverySeconds, IslandEpoch, IslandChanges, nodes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }

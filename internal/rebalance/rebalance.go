@@ -110,6 +110,9 @@ type Rebalancer struct {
 	known atomic.Bool
 	held  atomic.Int64
 	msgs  atomic.Int64
+	// buckets is the last scan's bytes per user-map bucket: what the
+	// islands' coordinator sums to weigh buckets (internal/islandmgr).
+	buckets atomic.Pointer[[cluster.Buckets]int64]
 
 	mu     sync.Mutex
 	status Status
@@ -133,6 +136,15 @@ func New(self cluster.NodeID, scan replica.Scanner, members Members, writers Wri
 // gossiped 0 then would be taken for an empty one and sent mail).
 func (r *Rebalancer) Holds() (bytes int64, messages int, ok bool) {
 	return r.held.Load(), int(r.msgs.Load()), r.known.Load()
+}
+
+// BucketBytes returns the bytes of mail this node held per user-map bucket
+// at its last scan; ok is false before the first.
+func (r *Rebalancer) BucketBytes() (b [cluster.Buckets]int64, ok bool) {
+	if p := r.buckets.Load(); p != nil {
+		return *p, true
+	}
+	return b, false
 }
 
 // Status returns the progress.
@@ -179,15 +191,18 @@ func (r *Rebalancer) loop() {
 func (r *Rebalancer) Round(ctx context.Context) int {
 	var bytes int64
 	count := 0
+	perBucket := new([cluster.Buckets]int64)
 	err := r.scan.Scan(func(h replica.Held) error {
 		bytes += h.Bytes
 		count++
+		perBucket[cluster.Bucket(h.User)] += h.Bytes
 		return nil
 	})
 	if err != nil {
 		r.log.Warn("rebalance: scan failed", "err", err)
 		return 0
 	}
+	r.buckets.Store(perBucket)
 	r.held.Store(bytes)
 	r.msgs.Store(int64(count))
 	r.known.Store(true)
