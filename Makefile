@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance availability repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -94,6 +94,12 @@ faults:
 REBALANCE_MESSAGES ?= 30000
 rebalance:
 	QUILL_REBALANCE_MESSAGES=$(REBALANCE_MESSAGES) QUILL_REBALANCE_FIGURE=1 $(GO) test -count=1 -timeout 30m -run 'TestRebalanceGivesAJoiningNodeItsShare$$' -v ./tests/cluster/
+
+# Archipelago's availability figure (issue 17 item 2, docs/reliability.md):
+# n = 2, 3, 4 islands of two nodes, one island killed during a stream of
+# deliveries and reads, beside the same nodes without islands (~15 min).
+availability:
+	QUILL_AVAILABILITY=1 QUILL_AVAILABILITY_OUT=$(CURDIR)/availability.md $(GO) test -count=1 -timeout 60m -run 'TestIslandAvailability$$' -v ./tests/cluster/
 
 # The long run (about two hours, root): 1,000 faults of every kind (kill -9,
 # SIGSTOP, clean restarts, bursts of them, partitions, full disks, wipes) on
