@@ -55,6 +55,9 @@ const pageRows = 50
 
 var consoleFuncs = template.FuncMap{
 	"color": nodeColor,
+	// islandColor draws islands apart from nodes: a hue hashed from the
+	// island's name.
+	"islandColor": func(name string) template.CSS { return nodeColor("island:" + name) },
 	"bytes": Bytes,
 	"since": Since,
 	"size":  func(n int64) string { return limitText(n, config.FormatSize) },
@@ -236,6 +239,8 @@ type clusterView struct {
 	DeadNodes int
 	// TLS is the certificates this node presents.
 	TLS []tlscert.Info
+	// Islands is the bucket→island table (nil: not kept here).
+	Islands *IslandStatus
 }
 
 type legendEntry struct {
@@ -280,6 +285,10 @@ func (s *Server) gather(ctx context.Context) clusterView {
 		v.Legend = append(v.Legend, legendEntry{Node: n, Buckets: c})
 	}
 	sort.Slice(v.Legend, func(i, j int) bool { return v.Legend[i].Node < v.Legend[j].Node })
+	if s.Islands != nil {
+		st := s.Islands.IslandStatus()
+		v.Islands = &st
+	}
 	if s.Node.SNSManager != nil {
 		v.SNS = s.Node.SNSManager()
 	}

@@ -21,9 +21,11 @@ type Islands interface {
 type IslandStatus struct {
 	// Table is false while the cluster has one island (no --island
 	// anywhere): every node may hold any user's state.
-	Table   bool              `json:"table"`
-	Epoch   uint64            `json:"epoch,omitempty"`
-	Islands []IslandSummary   `json:"islands,omitempty"`
+	Table   bool            `json:"table"`
+	Epoch   uint64          `json:"epoch,omitempty"`
+	Islands []IslandSummary `json:"islands,omitempty"`
+	// Owners names each bucket's island (empty without a table).
+	Owners  []string          `json:"owners,omitempty"`
 	Manager *islandmgr.Status `json:"manager,omitempty"`
 }
 
