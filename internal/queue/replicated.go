@@ -43,11 +43,19 @@ func (r *Replicated) log() *slog.Logger {
 }
 
 // Place chooses the new entry's replica set: this node and want-1 others
-// the balancer picks.
+// the balancer picks, all in the user's island (Archipelago's one-island
+// principle: the entry is the user's state); when this node is of another
+// island, want nodes of the user's.
 func (r *Replicated) Place(user string, want int, policy replica.Policy) ([]cluster.NodeID, error) {
 	set := []cluster.NodeID{r.Self}
-	if want > 1 && r.Placer != nil {
-		set = append(set, r.Placer.Replicas(set, want-1)...)
+	if r.Placer != nil {
+		b := cluster.Bucket(user)
+		if !r.Placer.May(b, r.Self) {
+			set = nil
+		}
+		if more := want - len(set); more > 0 {
+			set = append(set, r.Placer.Replicas(b, set, more)...)
+		}
 	}
 	if len(set) < policy.Need(want) {
 		return nil, fmt.Errorf("queue for %s: write policy %s needs %d of %d replicas, %d live nodes to choose from: %w",
