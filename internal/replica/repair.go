@@ -97,13 +97,13 @@ type repairState struct {
 
 // RepairStats is what the last repair scan found.
 type RepairStats struct {
-	Objects         int       `json:"objects"`
-	UnderReplicated int       `json:"under_replicated"`
-	Rehomed         int       `json:"rehomed"`
+	Objects         int `json:"objects"`
+	UnderReplicated int `json:"under_replicated"`
+	Rehomed         int `json:"rehomed"`
 	// Misplaced counts objects with a live replica outside their user's
 	// island (after an island table change, until repair moves them).
-	Misplaced int `json:"misplaced,omitempty"`
-	LastRepair      time.Time `json:"last_repair,omitzero"`
+	Misplaced  int       `json:"misplaced,omitempty"`
+	LastRepair time.Time `json:"last_repair,omitzero"`
 	// Held is what the scan found here by object kind (mailbox.ObjectKind,
 	// queue.Kind): the console's figures of what each node holds.
 	Held map[string]HeldCount `json:"held,omitempty"`
