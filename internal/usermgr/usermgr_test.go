@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
-	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
@@ -77,6 +77,7 @@ func (p peers) Alive() []cluster.MemberInfo {
 	}
 	return append([]cluster.MemberInfo(nil), p.c.alive...)
 }
+
 // Eligible is the membership's rule over this view (no island table: the
 // tests of this package run without islands).
 func (p peers) Eligible(b uint8) ([]cluster.MemberInfo, error) {

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/quillmail/quill/internal/cluster"
-	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
