@@ -187,25 +187,20 @@ func TestIslandsConfineUsersAndFailures(t *testing.T) {
 	// on nodes of that island only.
 	msgs, profiles := 0, 0
 	for _, n := range nodes {
-		n.Stop()
-		db, err := store.Open(n.Data)
-		if err != nil {
-			fatalf(t, "open the store of %s: %v", n.ID, err)
-		}
-		err = mailbox.New(db).Scan(func(h replica.Held) error {
-			msgs++
-			if islandOf[n.ID] != userIsland(h.User) {
-				errorf(t, "%s of island %s holds message %s of %s (island %s)", n.ID, islandOf[n.ID], h.Object, h.User, userIsland(h.User))
-			}
-			for _, r := range h.Replicas {
-				if islandOf[string(r)] != userIsland(h.User) {
-					errorf(t, "message %s of %s (island %s) names replica %s of island %s", h.Object, h.User, userIsland(h.User), r, islandOf[string(r)])
+		n.inStore(t, func(db *store.DB) error {
+			err := mailbox.New(db).Scan(func(h replica.Held) error {
+				msgs++
+				if islandOf[n.ID] != userIsland(h.User) {
+					errorf(t, "%s of island %s holds message %s of %s (island %s)", n.ID, islandOf[n.ID], h.Object, h.User, userIsland(h.User))
 				}
-			}
-			return nil
-		})
-		if err == nil {
-			for b := range cluster.Buckets {
+				for _, r := range h.Replicas {
+					if islandOf[string(r)] != userIsland(h.User) {
+						errorf(t, "message %s of %s (island %s) names replica %s of island %s", h.Object, h.User, userIsland(h.User), r, islandOf[string(r)])
+					}
+				}
+				return nil
+			})
+			for b := 0; b < cluster.Buckets && err == nil; b++ {
 				err = userdb.New(db).Scan(b, func(p *userdb.Profile) error {
 					profiles++
 					if islandOf[n.ID] != userIsland(p.Address) {
@@ -213,15 +208,9 @@ func TestIslandsConfineUsersAndFailures(t *testing.T) {
 					}
 					return nil
 				})
-				if err != nil {
-					break
-				}
 			}
-		}
-		db.Close()
-		if err != nil {
-			fatalf(t, "scan the store of %s: %v", n.ID, err)
-		}
+			return err
+		})
 	}
 	if want := 2 * (users*sends + len(per["b"])); msgs != want {
 		errorf(t, "%d message copies in the stores, want %d (R=2)", msgs, want)
@@ -320,20 +309,28 @@ func TestIslandChangeMovesMailHome(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		n.Stop()
-		db, err := store.Open(n.Data)
-		if err != nil {
-			fatalf(t, "open the store of %s: %v", n.ID, err)
-		}
-		err = mailbox.New(db).Scan(func(h replica.Held) error {
-			if islandOf[n.ID] != table[cluster.Bucket(h.User)] {
-				errorf(t, "%s of island %s still holds %s of %s (island %s)", n.ID, islandOf[n.ID], h.Object, h.User, table[cluster.Bucket(h.User)])
-			}
-			return nil
+		n.inStore(t, func(db *store.DB) error {
+			return mailbox.New(db).Scan(func(h replica.Held) error {
+				if islandOf[n.ID] != table[cluster.Bucket(h.User)] {
+					errorf(t, "%s of island %s still holds %s of %s (island %s)", n.ID, islandOf[n.ID], h.Object, h.User, table[cluster.Bucket(h.User)])
+				}
+				return nil
+			})
 		})
-		db.Close()
-		if err != nil {
-			fatalf(t, "scan the store of %s: %v", n.ID, err)
-		}
+	}
+}
+
+// inStore stops the node and runs fn on its store.
+func (n *Node) inStore(t *testing.T, fn func(db *store.DB) error) {
+	t.Helper()
+	n.Stop()
+	db, err := store.Open(n.Data)
+	if err != nil {
+		fatalf(t, "open the store of %s: %v", n.ID, err)
+	}
+	err = fn(db)
+	db.Close()
+	if err != nil {
+		fatalf(t, "scan the store of %s: %v", n.ID, err)
 	}
 }
