@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance availability repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance availability island-move repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -100,6 +100,11 @@ rebalance:
 # deliveries and reads, beside the same nodes without islands (~15 min).
 availability:
 	QUILL_AVAILABILITY=1 QUILL_AVAILABILITY_OUT=$(CURDIR)/availability.md $(GO) test -count=1 -timeout 60m -run 'TestIslandAvailability$$' -v ./tests/cluster/
+
+# Islands: a node that changes island has its users' copies moved home by
+# repair, the path an island table change takes (TestIslandChangeMovesMailHome).
+island-move:
+	QUILL_ISLAND_MOVE=1 $(GO) test -count=1 -timeout 10m -run 'TestIslandChangeMovesMailHome$$' -v ./tests/cluster/
 
 # The long run (about two hours, root): 1,000 faults of every kind (kill -9,
 # SIGSTOP, clean restarts, bursts of them, partitions, full disks, wipes) on

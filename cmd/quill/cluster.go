@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -58,8 +60,21 @@ func init() {
 // bar of its buckets and its load, then the user map as a 16x16 grid of
 // node letters.
 func printStatus(st admin.ClusterStatus) {
-	fmt.Printf("user map epoch %d, %d users; this node manages %d buckets, %d with soft state rebuilt\n\n",
+	fmt.Printf("user map epoch %d, %d users; this node manages %d buckets, %d with soft state rebuilt\n",
 		st.Epoch, st.Users, st.Managed, st.Ready)
+	if st.IslandEpoch > 0 {
+		owned := map[string]int{}
+		for _, b := range st.Buckets {
+			owned[b.Island]++
+		}
+		names := slices.Sorted(maps.Keys(owned))
+		var parts []string
+		for _, n := range names {
+			parts = append(parts, fmt.Sprintf("%s %d", n, owned[n]))
+		}
+		fmt.Printf("island table epoch %d: buckets per island: %s\n", st.IslandEpoch, strings.Join(parts, ", "))
+	}
+	fmt.Println()
 	if r := st.Replication; r != nil {
 		fmt.Printf("replication on this node: %d copies per message by default, write policy %s; holds %d messages, %d under-replicated;\n"+
 			"  update log: %d pending, %d waiting for absent nodes, %d done (retiring)\n\n",
@@ -80,7 +95,7 @@ func printStatus(st admin.ClusterStatus) {
 	}
 	letter := map[string]byte{}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "\tNODE\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tUSERS\tMESSAGES\tBYTES\tGOSSIP")
+	fmt.Fprintln(w, "\tNODE\tISLAND\tSTATE\tBOOT\tBUCKETS\t\tLOAD\tUSERS\tMESSAGES\tBYTES\tGOSSIP")
 	for i, m := range st.Members {
 		l := byte('A' + i%26)
 		letter[string(m.ID)] = l
@@ -95,7 +110,7 @@ func printStatus(st admin.ClusterStatus) {
 		if m.UsersStale != nil {
 			users += fmt.Sprintf(" (%.1fs old)", m.UsersStale.Age)
 		}
-		fmt.Fprintf(w, "%c\t%s%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\n", l, m.ID, self, m.State, m.Boot, m.Buckets,
+		fmt.Fprintf(w, "%c\t%s%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\n", l, m.ID, self, m.Island, m.State, m.Boot, m.Buckets,
 			strings.Repeat("#", m.Buckets/8), load, users, m.HeldMessages, m.HeldBytes, m.Gossip)
 	}
 	w.Flush()
@@ -110,7 +125,7 @@ func printStatus(st admin.ClusterStatus) {
 			b := st.Buckets[r*16+c]
 			l, ok := letter[string(b.Node)]
 			if !ok {
-				l = '?'
+				l = '-' // no manager: the bucket's island has no live member
 			}
 			sb.WriteByte(l)
 			sb.WriteByte(' ')

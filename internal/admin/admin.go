@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/guard"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/rebalance"
@@ -74,6 +75,8 @@ type NodeInfo struct {
 	Load    func() int // pending disk operations
 	UserMap func() cluster.UserMap
 	Members func() []cluster.MemberInfo
+	// IslandTable returns the installed island table (nil: none).
+	IslandTable func() (island.Table, bool)
 	// Replication reports the replication manager's state.
 	Replication func() ReplicationStatus
 	// Workers reports the node's SNS worker pools (nil: none).
@@ -540,6 +543,9 @@ type ClusterStatus struct {
 	// listing within cluster.FanOutWait, and why; their members' Users
 	// are their last answer's (UsersStale).
 	Unreachable map[cluster.NodeID]string `json:"unreachable,omitempty"`
+	// IslandEpoch is the installed island table's epoch (0: no table,
+	// one island); Buckets then name their islands.
+	IslandEpoch uint64 `json:"island_epoch,omitempty"`
 	// Replication is this node's update log and repair state.
 	Replication *ReplicationStatus `json:"replication,omitempty"`
 	// TLS is the certificates this node presents.
@@ -573,13 +579,18 @@ type MemberStatus struct {
 	// member gossiped it holds (its last scan; internal/rebalance).
 	HeldBytes    int64 `json:"held_bytes"`
 	HeldMessages int   `json:"held_messages"`
+	// Island is the member's island (internal/island; "default" when it
+	// names none).
+	Island string `json:"island"`
 }
 
-// BucketStatus is one user-map entry.
+// BucketStatus is one user-map entry: its manager ("" when its island
+// has no live member) and, with an island table, its island.
 type BucketStatus struct {
 	Bucket int            `json:"bucket"`
 	Node   cluster.NodeID `json:"node"`
 	Epoch  uint64         `json:"epoch"`
+	Island string         `json:"island,omitempty"`
 }
 
 // status gathers GET /cluster: this node's view, and the users of every
@@ -591,15 +602,23 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	now := time.Now()
 	st.Managed, st.Ready = s.Users.Reconstruction()
 	count := map[cluster.NodeID]int{}
+	table, islands := s.islandTable()
+	if islands {
+		st.IslandEpoch = table.Epoch()
+	}
 	for b := 0; b < cluster.Buckets; b++ {
-		st.Buckets = append(st.Buckets, BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]})
+		bs := BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]}
+		if islands {
+			bs.Island = table.Island(uint8(b))
+		}
+		st.Buckets = append(st.Buckets, bs)
 		count[um.Node[b]]++
 	}
 	for _, mi := range s.Node.Members() {
 		ms := MemberStatus{ID: mi.ID, State: mi.State, Load: mi.Load, DiskFull: mi.DiskFull,
 			Boot: mi.Member.Boot, Buckets: count[mi.ID], Gossip: mi.Gossip, RPC: mi.RPC, Since: mi.Since,
 			Users: users.PerNode[mi.ID].Users, UsersStale: users.PerNode[mi.ID].Stale,
-			HeldBytes: mi.Held, HeldMessages: mi.Messages}
+			HeldBytes: mi.Held, HeldMessages: mi.Messages, Island: mi.IslandOf()}
 		if mi.State != "alive" && mi.State != "suspect" && !mi.Since.IsZero() {
 			ms.Stale = cluster.StaleSince(mi.Since, now)
 		}
@@ -616,6 +635,14 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 		st.TLS = s.Node.TLS()
 	}
 	return st
+}
+
+// islandTable returns the node's installed island table, if any.
+func (s *Server) islandTable() (island.Table, bool) {
+	if s.Node.IslandTable == nil {
+		return island.Table{}, false
+	}
+	return s.Node.IslandTable()
 }
 
 func (s *Server) replication(w http.ResponseWriter, r *http.Request) {

@@ -3,14 +3,17 @@ package balance
 import (
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 
 	"github.com/quillmail/quill/internal/cluster"
 )
 
-// Members is what placement needs of the membership.
+// Members is what placement needs of the membership: the live members
+// that may hold a bucket's users' state (with islands, those of the
+// bucket's island; cluster.Eligible).
 type Members interface {
-	Alive() []cluster.MemberInfo
+	Eligible(bucket uint8) ([]cluster.MemberInfo, error)
 }
 
 // Placer chooses the nodes of replica sets: the R nodes of a new message
@@ -36,13 +39,15 @@ func NewPlacer(members Members, loads *Tracker, spread int) *Placer {
 		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
 }
 
-// Set picks the r nodes of a new message's replica set, least loaded first
-// (the first coordinates), within the user's spread (0: the default) where
-// it can, never among exclude. Suspect members (memberlist missed their
+// Set picks the r nodes of a new message's replica set for a user of
+// bucket, least loaded first (the first coordinates), within the user's
+// spread (0: the default) where it can, never among exclude, and only
+// among the nodes that may hold the bucket's state (its island's): none
+// when its island has no live member. Suspect members (memberlist missed their
 // acks: paused, overloaded, or about to be declared dead) are taken only
 // when the set cannot be filled otherwise: a store that waits on one waits
 // for its deadline.
-func (p *Placer) Set(holders []cluster.NodeID, spread, r int, exclude map[cluster.NodeID]bool) []cluster.NodeID {
+func (p *Placer) Set(bucket uint8, holders []cluster.NodeID, spread, r int, exclude map[cluster.NodeID]bool) []cluster.NodeID {
 	if spread <= 0 {
 		spread = p.spread
 	}
@@ -60,7 +65,7 @@ func (p *Placer) Set(holders []cluster.NodeID, spread, r int, exclude map[cluste
 					hs = append(hs, h)
 				}
 			}
-			n, ok := p.choose(hs, spread-len(set), ex, suspects)
+			n, ok := p.choose(bucket, hs, spread-len(set), ex, suspects)
 			if !ok {
 				break
 			}
@@ -72,18 +77,26 @@ func (p *Placer) Set(holders []cluster.NodeID, spread, r int, exclude map[cluste
 }
 
 // Replicas picks n live nodes outside exclude for new replicas of an
-// existing object (the replication manager's repair).
-func (p *Placer) Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID {
+// existing object of a user of bucket (the replication manager's repair).
+func (p *Placer) Replicas(bucket uint8, exclude []cluster.NodeID, n int) []cluster.NodeID {
 	ex := map[cluster.NodeID]bool{}
 	for _, e := range exclude {
 		ex[e] = true
 	}
-	return p.Set(nil, n, n, ex)
+	return p.Set(bucket, nil, n, n, ex)
 }
 
-func (p *Placer) choose(holders []cluster.NodeID, spread int, exclude map[cluster.NodeID]bool, suspects bool) (cluster.NodeID, bool) {
+// May says whether node n may hold the state of a bucket's users (with
+// islands: n is a live member of the bucket's island).
+func (p *Placer) May(bucket uint8, n cluster.NodeID) bool {
+	eligible, _ := p.members.Eligible(bucket)
+	return slices.ContainsFunc(eligible, func(m cluster.MemberInfo) bool { return m.ID == n })
+}
+
+func (p *Placer) choose(bucket uint8, holders []cluster.NodeID, spread int, exclude map[cluster.NodeID]bool, suspects bool) (cluster.NodeID, bool) {
 	var live []cluster.NodeID
-	for _, m := range p.members.Alive() {
+	eligible, _ := p.members.Eligible(bucket) // none: the island is down, no set
+	for _, m := range eligible {
 		if !exclude[m.ID] && (suspects || m.State != "suspect") {
 			live = append(live, m.ID)
 		}

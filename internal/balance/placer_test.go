@@ -5,11 +5,25 @@ import (
 	"testing"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/island"
 )
 
 type members []cluster.MemberInfo
 
-func (m members) Alive() []cluster.MemberInfo { return m }
+// Eligible is the membership's rule (cluster.Eligible) without a table.
+func (m members) Eligible(b uint8) ([]cluster.MemberInfo, error) {
+	return cluster.Eligible(b, m, island.Table{}, false)
+}
+
+// islanded is a membership view with an island table installed.
+type islanded struct {
+	alive []cluster.MemberInfo
+	table island.Table
+}
+
+func (m islanded) Eligible(b uint8) ([]cluster.MemberInfo, error) {
+	return cluster.Eligible(b, m.alive, m.table, true)
+}
 
 func member(id cluster.NodeID, state string) cluster.MemberInfo {
 	return cluster.MemberInfo{Member: cluster.Member{ID: id}, State: state}
@@ -21,12 +35,12 @@ func member(id cluster.NodeID, state string) cluster.MemberInfo {
 func TestSetAvoidsSuspects(t *testing.T) {
 	p := NewPlacer(members{member("a", "alive"), member("b", "suspect"), member("c", "alive")}, NewTracker(), 3)
 	for i := 0; i < 50; i++ {
-		set := p.Set([]cluster.NodeID{"b"}, 3, 2, nil)
+		set := p.Set(0, []cluster.NodeID{"b"}, 3, 2, nil)
 		if len(set) != 2 || slices.Contains(set, "b") {
 			t.Fatalf("set %v: want a and c, not the suspect b (even though it holds the user's mail)", set)
 		}
 	}
-	set := p.Set(nil, 3, 3, nil)
+	set := p.Set(0, nil, 3, 3, nil)
 	if len(set) != 3 || set[2] != "b" {
 		t.Fatalf("set of 3 from 2 live and 1 suspect: %v, want the suspect last", set)
 	}
@@ -50,7 +64,7 @@ func TestSetKeepsAUsersMailWithinItsSpread(t *testing.T) {
 		p := NewPlacer(all, NewTracker(), tc.cluster)
 		var mailMap []cluster.NodeID
 		for i := 0; i < 200; i++ {
-			for _, n := range p.Set(mailMap, tc.user, tc.r, nil) {
+			for _, n := range p.Set(0, mailMap, tc.user, tc.r, nil) {
 				if !slices.Contains(mailMap, n) {
 					mailMap = append(mailMap, n)
 				}
@@ -58,6 +72,46 @@ func TestSetKeepsAUsersMailWithinItsSpread(t *testing.T) {
 		}
 		if len(mailMap) != tc.want {
 			t.Errorf("cluster spread %d, user spread %d, R=%d: mail on %v, want %d nodes", tc.cluster, tc.user, tc.r, mailMap, tc.want)
+		}
+	}
+}
+
+// With an island table, a new message's replicas and a repair's new
+// replicas are only ever nodes of the user's island, whatever the loads
+// and the holders (a holder outside it, from before the table, is not
+// chosen again); a bucket whose island is down gets no set at all rather
+// than nodes of another island.
+func TestSetStaysInTheUsersIsland(t *testing.T) {
+	in := func(id cluster.NodeID, isl string) cluster.MemberInfo {
+		m := member(id, "alive")
+		m.Island = isl
+		return m
+	}
+	table, err := island.Initial([]string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := islanded{alive: []cluster.MemberInfo{in("a1", "a"), in("a2", "a"), in("b1", "b"), in("b2", "b"), in("b3", "b")}, table: table}
+	p := NewPlacer(view, NewTracker(), 5)
+	for b := 0; b < cluster.Buckets; b++ {
+		want := table.Island(uint8(b))
+		for _, set := range [][]cluster.NodeID{p.Set(uint8(b), []cluster.NodeID{"a1", "b1"}, 0, 2, nil), p.Replicas(uint8(b), nil, 2)} {
+			if len(set) != 2 {
+				t.Fatalf("bucket %d: set %v, want 2 nodes of island %s", b, set, want)
+			}
+			for _, n := range set {
+				if string(n[0]) != want {
+					t.Fatalf("bucket %d of island %s: set %v has %s", b, want, set, n)
+				}
+			}
+		}
+	}
+	down := islanded{alive: view.alive[2:], table: table}
+	p = NewPlacer(down, NewTracker(), 5)
+	for b := 0; b < cluster.Buckets; b++ {
+		set := p.Set(uint8(b), nil, 0, 2, nil)
+		if table.Island(uint8(b)) == "a" && len(set) != 0 {
+			t.Fatalf("bucket %d of island a, which is down: set %v, want none", b, set)
 		}
 	}
 }

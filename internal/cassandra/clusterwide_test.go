@@ -71,7 +71,7 @@ func TestClusterwideSharedTable(t *testing.T) {
 
 	var mu sync.Mutex
 	var heard []string
-	s.SetOnChange(func(o clusterwide.Object) {
+	s.OnChange(func(o clusterwide.Object) {
 		mu.Lock()
 		heard = append(heard, o.Name)
 		mu.Unlock()
@@ -154,7 +154,7 @@ func TestClusterwideTwoCores(t *testing.T) {
 	}
 	shared := c2.Wide.(*clusterwide.Shared)
 	heard := make(chan string, 4)
-	shared.SetOnChange(func(o clusterwide.Object) { heard <- o.Name })
+	shared.OnChange(func(o clusterwide.Object) { heard <- o.Name })
 	if err := c1.DeleteAlias(ctx, "info@example.org"); err != nil {
 		t.Fatal(err)
 	}

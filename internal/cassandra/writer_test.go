@@ -109,6 +109,9 @@ type noPeers struct{ cluster.Conns }
 
 func (noPeers) UserMap() cluster.UserMap    { return cluster.UserMap{} }
 func (noPeers) Alive() []cluster.MemberInfo { return nil }
+func (noPeers) Eligible(uint8) ([]cluster.MemberInfo, error) {
+	return nil, nil
+}
 
 // node is one writer on Cassandra storage.
 type node struct {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/rpc"
 )
 
@@ -94,6 +95,10 @@ type NodeMeta struct {
 	Held      int64 `json:"h,omitempty"`
 	Messages  int   `json:"m,omitempty"`
 	HeldKnown bool  `json:"k,omitempty"`
+	// Island is the node's island (quill serve --island); empty is
+	// island.Default, so a node without islands gossips what it did
+	// before them. IslandOf reads it.
+	Island string `json:"i,omitempty"`
 }
 
 // MemberInfo is one member as seen by this node.
@@ -111,6 +116,8 @@ type MemberInfo struct {
 type MembershipConfig struct {
 	Self NodeID
 	Boot uint64
+	// Island is the node's island (empty: island.Default).
+	Island string
 	// Bind is the gossip address (host:port); empty means a cluster of one
 	// with no gossip at all.
 	Bind string
@@ -172,6 +179,15 @@ type Membership struct {
 	domains map[NodeID][]string // domains gossiped by each node
 	// changedAt is when the live set last changed.
 	changedAt time.Time
+	// table is the installed island table (SetIslandTable), if hasTable.
+	table    island.Table
+	hasTable bool
+	// recomputing serialises recompute, which runs on the loop and on
+	// SetIslandTable, so OnChange hears the maps in order, one at a time.
+	recomputing sync.Mutex
+	// started is set by Start: a table installed before only waits for
+	// the first user map.
+	started atomic.Bool
 	// known are the other members' gossip addresses last written to
 	// KnownFile.
 	known []string
@@ -204,7 +220,7 @@ type life struct {
 func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	m := &Membership{cfg: cfg, kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		members: map[NodeID]MemberInfo{}, domains: map[NodeID][]string{}, lives: map[NodeID]*life{}}
-	m.meta = NodeMeta{Boot: cfg.Boot, RPC: cfg.RPC}
+	m.meta = NodeMeta{Boot: cfg.Boot, RPC: cfg.RPC, Island: metaIsland(cfg.Island)}
 	m.known = readKnown(cfg.KnownFile)
 	m.members[cfg.Self] = MemberInfo{Member: Member{ID: cfg.Self, Boot: cfg.Boot}, NodeMeta: m.meta, Gossip: cfg.Bind, State: "alive"}
 	if cfg.Bind != "" {
@@ -268,6 +284,7 @@ func (m *Membership) Start() {
 		}
 	}
 	m.joinKnown()
+	m.started.Store(true)
 	m.recompute()
 	m.wg.Add(1)
 	go m.loop()
@@ -613,6 +630,8 @@ func (m *Membership) refreshMeta() {
 // recompute rebuilds the member table from memberlist and, if the set of
 // (node, boot) pairs changed, the user map.
 func (m *Membership) recompute() {
+	m.recomputing.Lock()
+	defer m.recomputing.Unlock()
 	var live []Member
 	m.mu.Lock()
 	before := maps.Clone(m.members)
@@ -651,9 +670,17 @@ func (m *Membership) recompute() {
 		}
 	}
 	sort.Slice(live, func(i, j int) bool { return live[i].ID < live[j].ID })
+	islandOf := map[NodeID]string{}
+	for _, n := range live {
+		islandOf[n.ID] = m.members[n.ID].IslandOf()
+	}
 	sig := fmt.Sprint(live)
+	if m.hasTable {
+		// A new table changes the map as a new member would.
+		sig += fmt.Sprintf(" islands@%d %v", m.table.Epoch(), islandOf)
+	}
 	old := m.userMap
-	next := Compute(live, old.Epoch+1, &old)
+	next := ComputeWithin(live, within(m.table, m.hasTable, islandOf), old.Epoch+1, &old)
 	if old.Epoch != 0 && len(next.ChangedSince(&old)) == 0 && sig == m.live {
 		m.mu.Unlock()
 		return

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/quillmail/quill/internal/retry"
@@ -47,7 +48,14 @@ func OnManager[S, T any](ctx context.Context, userMap func() UserMap, self NodeI
 		func(ctx context.Context) error {
 			um := userMap()
 			svc := local
-			if mgr := um.Manager(user); mgr != self {
+			mgr := um.Manager(user)
+			if mgr == "" {
+				// The user's island has no live member (or the map is
+				// not made yet): nothing to call, and no other island
+				// may stand in.
+				return fmt.Errorf("user %s: %w", user, ErrNoIslandMember)
+			}
+			if mgr != self {
 				svc = on(mgr)
 			}
 			var err error
@@ -60,7 +68,7 @@ func OnManager[S, T any](ctx context.Context, userMap func() UserMap, self NodeI
 // managerRetryable says whether OnManager tries a call again after err.
 func managerRetryable(err error, repeat Repeat) bool {
 	switch {
-	case errors.Is(err, rpc.ErrNotManager), errors.Is(err, ErrNotLive):
+	case errors.Is(err, rpc.ErrNotManager), errors.Is(err, ErrNotLive), errors.Is(err, ErrNoIslandMember):
 		return true
 	case errors.Is(err, rpc.ErrNodeGone):
 		// Only a call this node cut short: an ErrUnavailable the callee

@@ -59,6 +59,15 @@ type UserMap struct {
 // coordination. prev may be nil; buckets whose node differs from prev get the
 // new epoch.
 func Compute(members []Member, epoch uint64, prev *UserMap) UserMap {
+	return ComputeWithin(members, nil, epoch, prev)
+}
+
+// ComputeWithin is Compute where bucket b may go only to a member n for
+// which in(b, n) holds (nil: any): with an island table, the members of
+// b's island (Archipelago's one-island principle), ranked among
+// themselves as Compute ranks all. A bucket no member may take has no
+// manager (Node "" : its users are unavailable until one comes back).
+func ComputeWithin(members []Member, in func(bucket uint8, n NodeID) bool, epoch uint64, prev *UserMap) UserMap {
 	var m UserMap
 	m.Epoch = epoch
 	ws := make([]*[Buckets]uint64, len(members))
@@ -69,6 +78,9 @@ func Compute(members []Member, epoch uint64, prev *UserMap) UserMap {
 		var best Member
 		var bestW uint64
 		for i, n := range members {
+			if in != nil && !in(uint8(b), n.ID) {
+				continue
+			}
 			w := ws[i][b]
 			if best.ID == "" || w > bestW || (w == bestW && n.ID < best.ID) {
 				best, bestW = n, w
@@ -149,5 +161,6 @@ func (m *UserMap) ChangedSince(prev *UserMap) []uint8 {
 	return out
 }
 
-// Manager returns the node managing a user's soft state.
+// Manager returns the node managing a user's soft state ("" if the
+// user's island has no live member).
 func (m *UserMap) Manager(user string) NodeID { return m.Node[Bucket(user)] }

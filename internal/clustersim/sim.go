@@ -279,7 +279,7 @@ func (c *Cluster) Deliver(deliveries, users, replicas int, seed uint64) (Calls, 
 		if manager != entry.ID {
 			remote = 1
 		}
-		set := placers[entry.ID].Set(mailMap[user], 0, replicas, nil)
+		set := placers[entry.ID].Set(cluster.Bucket(user), mailMap[user], 0, replicas, nil)
 		if len(set) != replicas {
 			return k, fmt.Errorf("user %s: replica set %v of %d nodes, want %d", user, set, len(set), replicas)
 		}

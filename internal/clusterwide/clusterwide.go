@@ -81,8 +81,9 @@ type Objects interface {
 	// stamped by w's clock, and returns once it is durable as policy asks,
 	// with the nodes that acknowledged it.
 	Put(ctx context.Context, w Writer, alive []cluster.NodeID, name string, data []byte, deleted bool, policy replica.Policy) ([]cluster.NodeID, error)
-	// SetOnChange sets what hears of every object applied here.
-	SetOnChange(f func(Object))
+	// OnChange adds a listener hearing of every object applied here (the
+	// node's certificates, the island table: each its own).
+	OnChange(f func(Object))
 	// Digest sums up the objects held here, for gossip.
 	Digest() uint64
 	// Tend is one round of upkeep, given the live peers' gossiped digests:
@@ -94,9 +95,10 @@ type Objects interface {
 // List and Digest read, and what hears of each change.
 type view struct {
 	log *slog.Logger
-	// onChange hears of every object applied here (from this node or a
-	// peer), outside the store's lock (SetOnChange).
-	onChange atomic.Pointer[func(Object)]
+	// onChange hear of every object applied here (from this node or a
+	// peer), outside the store's lock (OnChange); replaced whole when one
+	// is added, so applying reads it without a lock.
+	onChange atomic.Pointer[[]func(Object)]
 
 	mu      sync.Mutex
 	objects map[string]Object
@@ -171,9 +173,21 @@ func ValidName(name string) error {
 	return nil
 }
 
-// SetOnChange sets what hears of every object applied here. It may be
-// set while peers already push: applying reads it atomically.
-func (s *view) SetOnChange(f func(Object)) { s.onChange.Store(&f) }
+// OnChange adds a listener hearing of every object applied here. It may
+// be added while peers already push: applying reads the list atomically.
+func (s *view) OnChange(f func(Object)) {
+	for {
+		old := s.onChange.Load()
+		var next []func(Object)
+		if old != nil {
+			next = slices.Clone(*old)
+		}
+		next = append(next, f)
+		if s.onChange.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
 
 // Get returns an object that is not deleted.
 func (s *view) Get(name string) (Object, bool) {
@@ -298,7 +312,9 @@ func (s *view) fire(applied []Object) {
 	for _, o := range applied {
 		s.log.Info("clusterwide object applied", "name", o.Name, "deleted", o.Deleted, "origin", o.Stamp.Node)
 		if on != nil {
-			(*on)(o)
+			for _, f := range *on {
+				f(o)
+			}
 		}
 	}
 }

@@ -41,7 +41,7 @@ func TestApplyNewestWins(t *testing.T) {
 	dir := t.TempDir()
 	s, db := open(t, dir)
 	var heard []string
-	s.SetOnChange(func(o Object) { heard = append(heard, string(o.Data)) })
+	s.OnChange(func(o Object) { heard = append(heard, string(o.Data)) })
 	outs, err := s.Apply([]*replica.Update{
 		update(t, "tls/a", 10, "n1", false, "v10"),
 		update(t, "tls/a", 5, "n2", false, "v5"), // older, same batch

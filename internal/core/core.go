@@ -234,6 +234,8 @@ type Options struct {
 	// TextIndexDelay is how long a stored message waits before the text
 	// index reads it (0: at once; quill serve: mailbox.DefaultTextIndexDelay).
 	TextIndexDelay time.Duration
+	// Island is the node's island (internal/island; "": island.Default).
+	Island string
 }
 
 // DefaultReplicas is how many copies of each message a cluster keeps unless
@@ -405,7 +407,7 @@ func New(o Options) (*Core, error) {
 	}
 	t0 := time.Now()
 	m, err := cluster.StartMembership(cluster.MembershipConfig{
-		Self: id, Boot: boot, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
+		Self: id, Boot: boot, Island: o.Island, Bind: clusterAddr, RPC: rpcAddr, Seeds: join,
 		KnownFile: filepath.Join(dataDir, knownFile),
 		Load:      func() (int, bool) { return c.Boxes.Pending(), c.DiskFull() },
 		Holds: func() (int64, int, bool) {
@@ -442,6 +444,8 @@ func New(o Options) (*Core, error) {
 	}
 	c.Members = m
 	c.Peers.SetMembership(m)
+	// The table the node holds is in force before its first user map.
+	c.watchIslandTable()
 	m.Start()
 	c.Repl.Start(ownWriters{c.Writers, c.Queue}, c.Placer)
 	if c.Rebal != nil {
@@ -473,6 +477,7 @@ func New(o Options) (*Core, error) {
 	}()
 	go c.watchStalls()
 	go c.syncWide()
+	go c.makeInitialIslandTable()
 	store := "native"
 	if c.Cass == nil {
 		// The native store's own upkeep of mail: expunged bodies, the

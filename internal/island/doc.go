@@ -33,7 +33,14 @@
 // its RPC and its cluster state already. Each part is a few hundred lines
 // of pure functions, tested by property over random cases.
 //
-// # Wiring (the next step, not done here)
+// # Wiring
+//
+// Done (see docs/ARCHITECTURE.md, "Islands"): the flag and node meta, the
+// table as the clusterwide object cluster.IslandTableObject installed by
+// cluster.Membership.SetIslandTable, the first table (cluster.NeedInitial),
+// and every placement through cluster.Eligible. Not done: the periodic
+// Rebalance and the Coordinator/Participant driver over RPC. The plan as
+// it was written:
 //
 //   - A node's island comes from `quill serve --island NAME` (ValidName
 //     checks it; no flag means Default, one island: today's behaviour). The

@@ -27,6 +27,7 @@ import (
 	"github.com/quillmail/quill/internal/guard"
 	"github.com/quillmail/quill/internal/hangup"
 	"github.com/quillmail/quill/internal/imap"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/pop3"
@@ -118,6 +119,10 @@ type Config struct {
 	// of the nodes already holding the user's mail plus random others up
 	// to the spread; at least the replica count).
 	Spread int `flag:"spread" help:"nodes a user's mail may spread over, for users who set none (native store; at least --replicas)"`
+	// Island is the Archipelago island the node belongs to (internal/
+	// island): a user's state stays on the nodes of the island owning the
+	// user's bucket, so losing an island touches only its users.
+	Island string `flag:"island" help:"island this node belongs to (a-z, 0-9, '.', '-', '_'); a user's mail, profile, queue entries and writer stay within one island; every node in one island is the cluster without islands"`
 	// Store says where the hard state of mail and users lives: the native
 	// Porcupine store, or Apache Cassandra (issue 15, docs/cassandra.md).
 	Store          string   `flag:"store" help:"where mail and profiles live: native (the nodes' data directories, replicated among them) or cassandra (the keyspace --keyspace of --cassandra)"`
@@ -202,6 +207,7 @@ func DefaultConfig() Config {
 		Replicas:            core.DefaultReplicas,
 		WritePolicy:         string(replica.One),
 		Spread:              balance.DefaultSpread,
+		Island:              island.Default,
 		Store:               "native",
 		Keyspace:            cassandra.DefaultKeyspace,
 		CassandraRF:         "1",
@@ -314,6 +320,9 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Spread < 1 {
 		return nil, fmt.Errorf("--spread %d: a user's mail needs at least one node", cfg.Spread)
 	}
+	if err := island.ValidName(cfg.Island); err != nil {
+		return nil, fmt.Errorf("--island: %w", err)
+	}
 	cass, err := cassandraConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -324,7 +333,7 @@ func Start(cfg Config) (*Node, error) {
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, Spread: cfg.Spread, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, RebalanceRate: cfg.RebalanceRate, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
-		TextIndexDelay: cfg.TextIndexDelay,
+		TextIndexDelay: cfg.TextIndexDelay, Island: cfg.Island,
 		Register: func(r grpc.ServiceRegistrar) {
 			relaySvc.Register(r)
 			reporter.Register(r)
@@ -602,7 +611,7 @@ func (n *Node) startListeners() error {
 	}
 	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Domains: n.Core, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
-		UserMap: n.Members.UserMap, Members: n.Members.Members,
+		UserMap: n.Members.UserMap, Members: n.Members.Members, IslandTable: n.Members.IslandTable,
 		Replication: func() admin.ReplicationStatus {
 			return admin.ReplicationStatus{Node: n.ID, Replicas: n.Opts.Replicas, WritePolicy: string(n.Opts.WritePolicy),
 				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats(), Rebalance: n.rebalanceStatus()}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/mailbox"
 	quillmetrics "github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/queue"
@@ -51,6 +52,9 @@ func newReporter(n **Node) *telemetry.Reporter {
 // figures fills a report with what the node's managers say now.
 func (n *Node) figures(r *telemetry.Report) {
 	r.Node, r.Hostname, r.Boot, r.Started = string(n.ID), n.cfg.Hostname, n.Boot, n.started
+	if n.cfg.Island != island.Default {
+		r.Island = n.cfg.Island // the console shows an island when there are islands
+	}
 	rs := n.Repl.RepairStats()
 	held := rs.Held[mailbox.ObjectKind]
 	r.Messages, r.MessageBytes = int64(held.Objects), held.Bytes

@@ -32,7 +32,7 @@ const tlsPrefix = "tls/"
 // serveClusterCerts follows the clusterwide certificates: those there at
 // start and every change after.
 func (n *Node) serveClusterCerts() {
-	n.Wide.SetOnChange(func(o clusterwide.Object) {
+	n.Wide.OnChange(func(o clusterwide.Object) {
 		if strings.HasPrefix(o.Name, tlsPrefix) {
 			n.loadClusterCerts()
 		}

@@ -43,11 +43,19 @@ func (r *Replicated) log() *slog.Logger {
 }
 
 // Place chooses the new entry's replica set: this node and want-1 others
-// the balancer picks.
+// the balancer picks, all in the user's island (Archipelago's one-island
+// principle: the entry is the user's state); when this node is of another
+// island, want nodes of the user's.
 func (r *Replicated) Place(user string, want int, policy replica.Policy) ([]cluster.NodeID, error) {
 	set := []cluster.NodeID{r.Self}
-	if want > 1 && r.Placer != nil {
-		set = append(set, r.Placer.Replicas(set, want-1)...)
+	if r.Placer != nil {
+		b := cluster.Bucket(user)
+		if !r.Placer.May(b, r.Self) {
+			set = nil
+		}
+		if more := want - len(set); more > 0 {
+			set = append(set, r.Placer.Replicas(b, set, more)...)
+		}
 	}
 	if len(set) < policy.Need(want) {
 		return nil, fmt.Errorf("queue for %s: write policy %s needs %d of %d replicas, %d live nodes to choose from: %w",
@@ -225,8 +233,13 @@ func (r *Replicated) Fresh(ctx context.Context, e *Entry, alive map[cluster.Node
 }
 
 // Rehome gives entries held here new replica sets (the repair found them
-// short of replicas): a new state of each goes to the new set with its
-// message, and to the replicas it leaves, which drop their copy.
+// short of replicas, or outside their user's island): a new state of each
+// goes to the new set with its message, and to the replicas it leaves,
+// which drop their copy. A move planned on the current set (Move.From: it
+// leaves live replicas, as when an island table change moved the user)
+// first writes the entry to the old and new sets together, held by every
+// one durably, so the leaving replicas drop their copies only once the
+// new ones hold it (as the writer's moves do, writer/rebalance.go).
 func (r *Replicated) Rehome(ctx context.Context, moves []replica.Move) error {
 	for _, mv := range moves {
 		id, _ := IDOf(mv.Object)
@@ -238,6 +251,16 @@ func (r *Replicated) Rehome(ctx context.Context, moves []replica.Move) error {
 		if err != nil {
 			return err
 		}
+		if len(mv.From) > 0 {
+			if !slices.Equal(sortedIDs(e.Replicas), sortedIDs(mv.From)) {
+				continue // moved since it was planned: planned again on a fresh scan
+			}
+			both := *e
+			both.Replicas = sortedIDs(append(slices.Clone(mv.From), mv.Replicas...))
+			if err := write(ctx, r.Repl, &both, body, both.Replicas, replica.All); err != nil {
+				return err
+			}
+		}
 		e.Replicas = slices.Clone(mv.Replicas)
 		slices.Sort(e.Replicas)
 		targets := append(slices.Clone(e.Replicas), mv.Gone...)
@@ -247,4 +270,11 @@ func (r *Replicated) Rehome(ctx context.Context, moves []replica.Move) error {
 		r.log().Info("queue entry re-homed", "id", id, "replicas", e.Replicas, "gone", mv.Gone)
 	}
 	return nil
+}
+
+// sortedIDs returns a node set sorted, each node once.
+func sortedIDs(ns []cluster.NodeID) []cluster.NodeID {
+	out := slices.Clone(ns)
+	slices.Sort(out)
+	return slices.Compact(out)
 }

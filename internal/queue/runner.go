@@ -76,9 +76,11 @@ type Remote interface {
 	Deliver(ctx context.Context, domain, from string, rcpts []string, body []byte) []Result
 }
 
-// Placer chooses nodes for new replicas (the load balancer).
+// Placer chooses nodes for new replicas (the load balancer), among those
+// that may hold the state of a bucket's users (with islands: its island's).
 type Placer interface {
-	Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID
+	Replicas(bucket uint8, exclude []cluster.NodeID, n int) []cluster.NodeID
+	May(bucket uint8, n cluster.NodeID) bool
 }
 
 // Config holds the runner's settings.

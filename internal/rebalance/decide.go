@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/replica"
 )
 
@@ -110,6 +111,15 @@ func Plan(self cluster.NodeID, nodes []Node, band Band, active bool) (map[cluste
 		}
 	}
 	return sends, true
+}
+
+// Confine says whether a message of user's, held by a node of island
+// self, may be rebalanced by it: always without an island table; with
+// one, only when the user's bucket belongs to self (a node's targets are
+// its island's nodes, so a message of another island's user would be
+// moved within the wrong island; repair moves it home instead).
+func Confine(t island.Table, islands bool, self, user string) bool {
+	return !islands || t.Island(cluster.Bucket(user)) == self
 }
 
 // Held is a message this node holds (replica.Held of a message object).

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/replica"
 )
 
@@ -219,5 +220,29 @@ func TestChooseDropsASurplusCopy(t *testing.T) {
 		if len(mv.Replicas) != 3 {
 			t.Fatalf("a message without a Want left with %v", mv.Replicas)
 		}
+	}
+}
+
+// With an island table a node rebalances only its own island's users'
+// messages; without one, all.
+func TestConfine(t *testing.T) {
+	tb, err := island.Initial([]string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[bool]int{}
+	for i := range 200 {
+		u := fmt.Sprintf("user%d@example.org", i)
+		mine := tb.Island(cluster.Bucket(u)) == "a"
+		if Confine(tb, true, "a", u) != mine {
+			t.Fatalf("%s of island %s: Confine for a node of a = %v", u, tb.Island(cluster.Bucket(u)), !mine)
+		}
+		if !Confine(island.Table{}, false, "a", u) {
+			t.Fatalf("%s: confined without a table", u)
+		}
+		seen[mine]++
+	}
+	if seen[true] == 0 || seen[false] == 0 {
+		t.Fatalf("users of one island only: %v", seen)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/quillmail/quill/internal/cluster"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/replica"
 )
@@ -64,9 +65,12 @@ const (
 	moveTimeout = 30 * time.Second
 )
 
-// Members is what the rebalancer needs of the membership.
+// Members is what the rebalancer needs of the membership: the live
+// members and the island table (with one, a node rebalances only within
+// its island: Confine).
 type Members interface {
 	Alive() []cluster.MemberInfo
+	IslandTable() (island.Table, bool)
 }
 
 // Writers moves messages to new replica sets (writer.Manager.Rehome).
@@ -106,6 +110,8 @@ type Rebalancer struct {
 	rate    float64
 	band    Band
 	log     *slog.Logger
+	// island is this node's island, as its own meta says (figures).
+	island string
 
 	known atomic.Bool
 	held  atomic.Int64
@@ -207,7 +213,8 @@ func (r *Rebalancer) Round(ctx context.Context) int {
 	r.msgs.Store(int64(count))
 	r.known.Store(true)
 
-	nodes, live, waiting := r.figures(bytes, count)
+	table, islands := r.members.IslandTable()
+	nodes, live, waiting := r.figures(bytes, count, table, islands)
 	m := int64(mean(nodes))
 	metrics.RebalanceSurplus.Set(float64(max(0, bytes-m)))
 	r.mu.Lock()
@@ -224,7 +231,13 @@ func (r *Rebalancer) Round(ctx context.Context) int {
 		// Only a node with mail to send keeps its messages in memory for
 		// the choice: a second scan, rather than every node holding a
 		// list of all it holds every scanInterval.
-		if err := r.scan.Scan(func(h replica.Held) error { held = append(held, h); return nil }); err != nil {
+		err := r.scan.Scan(func(h replica.Held) error {
+			if Confine(table, islands, r.island, h.User) {
+				held = append(held, h)
+			}
+			return nil
+		})
+		if err != nil {
 			r.log.Warn("rebalance: scan failed", "err", err)
 			return 0
 		}
@@ -248,13 +261,19 @@ func (r *Rebalancer) Round(ctx context.Context) int {
 // figures returns the live nodes' holdings (this node's from its scan),
 // the live set, and why no plan can be made (a live node whose figures are
 // not known yet), if so.
-func (r *Rebalancer) figures(bytes int64, count int) ([]Node, map[cluster.NodeID]bool, string) {
+func (r *Rebalancer) figures(bytes int64, count int, table island.Table, islands bool) ([]Node, map[cluster.NodeID]bool, string) {
 	var nodes []Node
 	live := map[cluster.NodeID]bool{}
 	waiting := ""
-	for _, mi := range r.members.Alive() {
-		if mi.State != "alive" {
-			continue
+	alive := r.members.Alive()
+	for _, mi := range alive {
+		if mi.ID == r.self {
+			r.island = mi.IslandOf()
+		}
+	}
+	for _, mi := range alive {
+		if mi.State != "alive" || (islands && mi.IslandOf() != r.island) {
+			continue // with islands, the band is judged among the island's nodes
 		}
 		live[mi.ID] = true
 		n := Node{ID: mi.ID, Bytes: mi.Held, Messages: mi.Messages, DiskFull: mi.DiskFull}

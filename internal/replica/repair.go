@@ -97,10 +97,13 @@ type repairState struct {
 
 // RepairStats is what the last repair scan found.
 type RepairStats struct {
-	Objects         int       `json:"objects"`
-	UnderReplicated int       `json:"under_replicated"`
-	Rehomed         int       `json:"rehomed"`
-	LastRepair      time.Time `json:"last_repair,omitzero"`
+	Objects         int `json:"objects"`
+	UnderReplicated int `json:"under_replicated"`
+	Rehomed         int `json:"rehomed"`
+	// Misplaced counts objects with a live replica outside their user's
+	// island (after an island table change, until repair moves them).
+	Misplaced  int       `json:"misplaced,omitempty"`
+	LastRepair time.Time `json:"last_repair,omitzero"`
 	// Held is what the scan found here by object kind (mailbox.ObjectKind,
 	// queue.Kind): the console's figures of what each node holds.
 	Held map[string]HeldCount `json:"held,omitempty"`
@@ -196,6 +199,18 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 		return now.Sub(m.repair.started)
 	}
 	m.mu.Unlock()
+	// Which nodes may hold each bucket's state, asked once per bucket and
+	// node in a round (the scan reads every object).
+	mays := map[[2]string]bool{}
+	may := func(b uint8, n cluster.NodeID) bool {
+		k := [2]string{string(rune(b)), string(n)}
+		v, ok := mays[k]
+		if !ok {
+			v = placer.May(b, n)
+			mays[k] = v
+		}
+		return v
+	}
 
 	var st RepairStats
 	scanStart := time.Now()
@@ -211,34 +226,35 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 			st.Objects++
 			held.Objects++
 			held.Bytes += o.Bytes
-			var live, gone []cluster.NodeID
-			for _, n := range o.Replicas {
-				if alive[n] {
-					live = append(live, n)
-				} else {
-					gone = append(gone, n)
-				}
+			b := cluster.Bucket(o.User)
+			d := judgeRepair(m.self, o, alive, func(n cluster.NodeID) bool { return may(b, n) },
+				func(n cluster.NodeID) bool { return away(n) >= m.ReplaceAfter }, nodes)
+			if d.short {
+				st.UnderReplicated++
 			}
-			want := min(max(o.Want, 1), nodes)
-			if len(live) >= want {
+			if d.misplaced {
+				st.Misplaced++
+			}
+			if !d.act || planned >= repairBatch {
 				return nil
 			}
-			st.UnderReplicated++
-			if !slices.Contains(live, m.self) || slices.Min(live) != m.self || planned >= repairBatch {
-				return nil // another live replica repairs it
-			}
-			for _, n := range gone {
-				if away(n) < m.ReplaceAfter {
-					return nil // may still come back and catch up
+			var add []cluster.NodeID
+			if d.add > 0 {
+				add = placer.Replicas(b, o.Replicas, d.add)
+				// Short, with nowhere to add: wait. Misplaced, the copies
+				// in the user's island are what it can have (an island
+				// smaller than R keeps fewer).
+				if len(add) == 0 && (!d.copyFirst || len(d.keep) == 0) {
+					return nil
 				}
 			}
-			add := placer.Replicas(o.Replicas, want-len(live))
-			if len(add) == 0 {
-				return nil
-			}
-			set := append(slices.Clone(live), add...)
+			set := append(slices.Clone(d.keep), add...)
 			sort.Slice(set, func(i, j int) bool { return set[i] < set[j] })
-			byUser[o.User] = append(byUser[o.User], Move{Object: o.Object, Replicas: set, Gone: gone})
+			mv := Move{Object: o.Object, Replicas: set, Gone: d.gone}
+			if d.copyFirst {
+				mv.From = o.Replicas
+			}
+			byUser[o.User] = append(byUser[o.User], mv)
 			planned++
 			return nil
 		})
@@ -265,6 +281,84 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 	// round that re-homed nothing (writers unreachable) waits as usual.
 	m.repair.roundTook, m.repair.capped = time.Since(scanStart), (planned >= repairBatch || cut) && st.Rehomed > 0
 	m.mu.Unlock()
+}
+
+// repairJudgement is what repair decides for one object held here.
+type repairJudgement struct {
+	short     bool // fewer live replicas in place than wanted
+	misplaced bool // a live replica outside the user's island
+	act       bool // this node plans a move now
+	keep      []cluster.NodeID
+	add       int // new replicas to ask the placer for
+	gone      []cluster.NodeID
+	// copyFirst: the move leaves live replicas while adding new ones, so
+	// it is planned on the current set (Move.From) and the writer copies
+	// before the leaving ones drop theirs.
+	copyFirst bool
+}
+
+// judgeRepair decides what repair does with object o held here: alive is
+// the live set, in whether a node may hold the user's state (its island,
+// cluster.Eligible), replaced whether a node has been away for
+// ReplaceAfter, nodes the cluster's size. An object is short when fewer
+// of its live replicas are in place than it wants (or than the cluster
+// has nodes), and misplaced when a live replica is outside the user's
+// island (an island table change moved the user). The lowest live replica
+// plans. A replica away for less than ReplaceAfter may come back and
+// catch up, so the object waits for it; one away longer leaves. Then:
+//
+//   - enough replicas in place: the misplaced ones leave (the others hold
+//     the message durably already);
+//   - short, nothing misplaced: new replicas are added (the repair of
+//     Porcupine's lost nodes);
+//   - short and misplaced: new replicas in the island are added and the
+//     misplaced ones leave, copy first (Move.From), so the copies never
+//     number fewer than before; if a replica is also away the writer
+//     could not have every node of the old set hold the first write, so
+//     this round only adds (keeping the misplaced copies) and drops the
+//     away ones, and the next round drops the misplaced.
+func judgeRepair(self cluster.NodeID, o Held, alive map[cluster.NodeID]bool, in, replaced func(cluster.NodeID) bool, nodes int) repairJudgement {
+	var j repairJudgement
+	var live, placed, misplaced, away []cluster.NodeID
+	for _, n := range o.Replicas {
+		switch {
+		case !alive[n]:
+			away = append(away, n)
+		case in(n):
+			live = append(live, n)
+			placed = append(placed, n)
+		default:
+			live = append(live, n)
+			misplaced = append(misplaced, n)
+		}
+	}
+	j.misplaced = len(misplaced) > 0
+	want := min(max(o.Want, 1), nodes)
+	j.short = len(placed) < want
+	if !j.short && !j.misplaced {
+		return j
+	}
+	if len(live) == 0 || slices.Min(live) != self {
+		return j // another live replica plans it
+	}
+	for _, n := range away {
+		if !replaced(n) {
+			return j // may still come back and catch up
+		}
+	}
+	j.act = true
+	j.add = max(0, want-len(placed))
+	switch {
+	case j.add == 0:
+		j.keep, j.gone = placed, append(misplaced, away...)
+	case !j.misplaced:
+		j.keep, j.gone = placed, away
+	case len(away) == 0:
+		j.keep, j.gone, j.copyFirst = placed, misplaced, true
+	default:
+		j.keep, j.gone = live, away
+	}
+	return j
 }
 
 // rehome hands the planned moves to the users' writers, rehomeWorkers

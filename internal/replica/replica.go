@@ -267,8 +267,11 @@ type Writers interface {
 
 // Placer chooses nodes for new replicas (the load balancer).
 type Placer interface {
-	// Replicas picks n live nodes outside exclude.
-	Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID
+	// Replicas picks n live nodes outside exclude that may hold a
+	// bucket's users' state (with islands: its island's).
+	Replicas(bucket uint8, exclude []cluster.NodeID, n int) []cluster.NodeID
+	// May says whether node n may hold a bucket's users' state.
+	May(bucket uint8, n cluster.NodeID) bool
 }
 
 // New returns the replication manager and loads the update log.

@@ -137,7 +137,10 @@ func (h *hooks) ResolveConflict(ctx context.Context, object string) error {
 	return fn(ctx, object)
 }
 
-func (h *hooks) Replicas(exclude []cluster.NodeID, n int) []cluster.NodeID {
+// May: the tests of this package run without islands.
+func (h *hooks) May(uint8, cluster.NodeID) bool { return true }
+
+func (h *hooks) Replicas(_ uint8, exclude []cluster.NodeID, n int) []cluster.NodeID {
 	h.mu.Lock()
 	fn := h.choose
 	h.mu.Unlock()

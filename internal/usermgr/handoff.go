@@ -166,6 +166,11 @@ func (m *Manager) sendHandoffs(hbs []HandoffBucket) {
 		m.mu.RLock()
 		for _, hb := range hbs {
 			n := m.um.Node[hb.Bucket]
+			if n == "" {
+				// No manager: the bucket's island has no live member.
+				// Whoever takes it later rebuilds it from the scans.
+				continue
+			}
 			byNode[n] = append(byNode[n], hb)
 		}
 		m.mu.RUnlock()

@@ -70,6 +70,10 @@ var (
 type Peers interface {
 	UserMap() cluster.UserMap
 	Alive() []cluster.MemberInfo
+	// Eligible lists the live members that may hold a bucket's users'
+	// state, in rank order (cluster.Eligible: with islands, the bucket's
+	// island's).
+	Eligible(bucket uint8) ([]cluster.MemberInfo, error)
 	Domains() map[string]bool
 	// Degraded reports whether a member is away and the membership
 	// changed recently (cluster.Peers.Degraded): a soft state merged from
@@ -461,14 +465,20 @@ func (m *Manager) checkReadyLocked(bk *bucket, boot map[cluster.NodeID]uint64) {
 	}
 	bk.complete = true
 	// Every live node's scan is in: profiles with fewer than
-	// ProfileReplicas live copies get copied again (a node that died, or
-	// came back with an empty disk, took a copy with it).
+	// ProfileReplicas live copies where they belong (the bucket's island)
+	// get copied again (a node that died, or came back with an empty
+	// disk, took a copy with it; an island table change moved the user).
 	var repair []userdb.Profile
+	var eligible []cluster.NodeID
 	for u, p := range bk.profiles {
 		if m.shared != nil {
 			break // the shared store keeps its own copies
 		}
-		if len(bk.holders[u]) < min(ProfileReplicas, len(boot)) {
+		if eligible == nil {
+			ms, _ := m.peers.Eligible(cluster.Bucket(u)) // none: its island is down, nothing to copy to
+			eligible = cluster.EligibleIDs(ms)
+		}
+		if ProfileShort(bk.holders[u], eligible) {
 			repair = append(repair, *p)
 		}
 	}
@@ -1149,19 +1159,11 @@ func (m *Manager) writeProfileAcks(ctx context.Context, p *userdb.Profile, minAc
 	if m.shared != nil {
 		return m.writeShared(ctx, p)
 	}
-	alive := m.peers.Alive()
-	members := make([]cluster.Member, len(alive))
-	for i, a := range alive {
-		members[i] = a.Member
+	eligible, err := m.peers.Eligible(cluster.Bucket(p.Address))
+	if err != nil {
+		return fmt.Errorf("user %s: store profile: %w", p.Address, err)
 	}
-	ranked := cluster.Ranked(cluster.Bucket(p.Address), members)
-	if len(ranked) > ProfileReplicas {
-		ranked = ranked[:ProfileReplicas]
-	}
-	targets := make([]cluster.NodeID, len(ranked))
-	for i, r := range ranked {
-		targets[i] = r.ID
-	}
+	targets := ProfileTargets(cluster.EligibleIDs(eligible))
 	data, err := p.Encode()
 	if err != nil {
 		return err
@@ -1342,4 +1344,26 @@ func (m *Manager) Usage(ctx context.Context, addr string) (mailbox.Usage, error)
 func (m *Manager) DeleteUser(ctx context.Context, addr string) error {
 	_, err := m.writers.For(addr).Apply(ctx, &writer.ApplyRequest{Op: "delete", Address: addr})
 	return err
+}
+
+// ProfileTargets returns the nodes a profile is written to: the
+// ProfileReplicas highest ranked of the nodes that may hold it (eligible,
+// in rank order: cluster.Eligible, with islands the bucket's island's).
+func ProfileTargets(eligible []cluster.NodeID) []cluster.NodeID {
+	return slices.Clone(eligible[:min(len(eligible), ProfileReplicas)])
+}
+
+// ProfileShort says whether a profile held by holders has fewer copies
+// where it belongs than it should: fewer than ProfileReplicas (or than
+// the eligible nodes, if fewer) among the eligible nodes. A copy outside
+// them (another island's node, after an island table change) does not
+// count, so the profile is written again into its island.
+func ProfileShort(holders map[cluster.NodeID]bool, eligible []cluster.NodeID) bool {
+	in := 0
+	for _, n := range eligible {
+		if holders[n] {
+			in++
+		}
+	}
+	return in < min(ProfileReplicas, len(eligible))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/rpc"
@@ -75,6 +76,12 @@ func (p peers) Alive() []cluster.MemberInfo {
 		return append([]cluster.MemberInfo(nil), v.alive...)
 	}
 	return append([]cluster.MemberInfo(nil), p.c.alive...)
+}
+
+// Eligible is the membership's rule over this view (no island table: the
+// tests of this package run without islands).
+func (p peers) Eligible(b uint8) ([]cluster.MemberInfo, error) {
+	return cluster.Eligible(b, p.Alive(), island.Table{}, false)
 }
 func (p peers) Expected() int {
 	p.c.mu.Lock()

@@ -185,10 +185,13 @@ func newTerm(highest LSN, now uint64) uint64 { return max(highest.Term+1, now) }
 
 // secondaries returns, in rank order, the live nodes other than self that
 // may hold a bucket's log: the first is the secondary, the next ones take
-// its place when it does not answer.
-func secondaries(b uint8, self cluster.NodeID, alive []cluster.Member) []cluster.NodeID {
+// its place when it does not answer. eligible are the live members that
+// may hold the bucket's state, in rank order (cluster.Eligible: with
+// islands, the bucket's island's, so the log stays in the island and its
+// secondary is the island's next manager).
+func secondaries(self cluster.NodeID, eligible []cluster.MemberInfo) []cluster.NodeID {
 	var out []cluster.NodeID
-	for _, m := range cluster.Ranked(b, alive) {
+	for _, m := range eligible {
 		if m.ID != self {
 			out = append(out, m.ID)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/replica"
 	"github.com/quillmail/quill/internal/store"
 	"github.com/quillmail/quill/internal/userdb"
@@ -98,10 +99,18 @@ func TestToFetchAndWriting(t *testing.T) {
 
 func TestSecondariesAreTheNextRanked(t *testing.T) {
 	alive := []cluster.Member{{ID: "a"}, {ID: "b"}, {ID: "c"}, {ID: "d"}}
+	var infos []cluster.MemberInfo
+	for _, m := range alive {
+		infos = append(infos, cluster.MemberInfo{Member: m, State: "alive"})
+	}
 	for b := 0; b < cluster.Buckets; b++ {
 		ranked := cluster.Ranked(uint8(b), alive)
 		primary := ranked[0].ID
-		got := secondaries(uint8(b), primary, alive)
+		eligible, err := cluster.Eligible(uint8(b), infos, island.Table{}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := secondaries(primary, eligible)
 		if len(got) != 3 || got[0] != ranked[1].ID || slices.Contains(got, primary) {
 			t.Fatalf("bucket %d: secondaries of %s = %v, ranks %v", b, primary, got, ranked)
 		}
@@ -110,6 +119,43 @@ func TestSecondariesAreTheNextRanked(t *testing.T) {
 		rest := slices.DeleteFunc(slices.Clone(alive), func(m cluster.Member) bool { return m.ID == primary })
 		if um := cluster.Compute(rest, 1, nil); um.Node[b] != got[0] {
 			t.Fatalf("bucket %d: secondary %s, but the map without %s names %s", b, got[0], primary, um.Node[b])
+		}
+	}
+}
+
+// With islands the log stays in the bucket's island: the secondaries are
+// its other members, and the secondary is the island's next manager.
+func TestSecondariesStayInTheIsland(t *testing.T) {
+	table, err := island.Initial([]string{"x", "y"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	of := map[cluster.NodeID]string{"a": "x", "b": "x", "c": "y", "d": "y", "e": "y"}
+	var alive []cluster.Member
+	var infos []cluster.MemberInfo
+	for _, id := range []cluster.NodeID{"a", "b", "c", "d", "e"} {
+		alive = append(alive, cluster.Member{ID: id})
+		mi := cluster.MemberInfo{Member: cluster.Member{ID: id}, State: "alive"}
+		mi.Island = of[id]
+		infos = append(infos, mi)
+	}
+	in := func(b uint8, n cluster.NodeID) bool { return of[n] == table.Island(b) }
+	um := cluster.ComputeWithin(alive, in, 1, nil)
+	for b := 0; b < cluster.Buckets; b++ {
+		eligible, err := cluster.Eligible(uint8(b), infos, table, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		primary := um.Node[b]
+		got := secondaries(primary, eligible)
+		for _, n := range got {
+			if of[n] != table.Island(uint8(b)) {
+				t.Fatalf("bucket %d of island %s: secondary %s of island %s", b, table.Island(uint8(b)), n, of[n])
+			}
+		}
+		rest := slices.DeleteFunc(slices.Clone(alive), func(m cluster.Member) bool { return m.ID == primary })
+		if next := cluster.ComputeWithin(rest, in, 2, nil); next.Node[b] != got[0] {
+			t.Fatalf("bucket %d: secondary %s, but the map without %s names %s", b, got[0], primary, next.Node[b])
 		}
 	}
 }

@@ -181,12 +181,9 @@ func (m *Manager) logChanges(ctx context.Context, user string, es ...*Entry) err
 		raw[i], _ = json.Marshal(e)
 	}
 	r.mu.Unlock()
-	var members []cluster.Member
-	for _, a := range m.peers.Alive() {
-		members = append(members, a.Member)
-	}
+	eligible, _ := m.peers.Eligible(b) // none: the secondary's call says why
 	remote := make(chan error, 1)
-	go func() { remote <- r.toSecondary(ctx, b, secondaries(b, m.self, members), raw) }()
+	go func() { remote <- r.toSecondary(ctx, b, secondaries(m.self, eligible), raw) }()
 	errLocal := r.put(b, raw)
 	errRemote := <-remote
 	if errLocal != nil {
@@ -497,11 +494,8 @@ func (r *redoLog) recoverBucket(b uint8, heads []Head) (int, error) {
 			raw = append(raw, v)
 		}
 	}
-	var members []cluster.Member
-	for _, a := range m.peers.Alive() {
-		members = append(members, a.Member)
-	}
-	if serr := r.toSecondary(m.ctx, b, secondaries(b, m.self, members), raw); serr != nil {
+	eligible, _ := m.peers.Eligible(b)
+	if serr := r.toSecondary(m.ctx, b, secondaries(m.self, eligible), raw); serr != nil {
 		m.log.Warn("redo log: recovered log not handed to the secondary", "bucket", b, "err", serr)
 	}
 	return len(all), err

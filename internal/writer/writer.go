@@ -110,6 +110,9 @@ type Users interface {
 type Peers interface {
 	UserMap() cluster.UserMap
 	Alive() []cluster.MemberInfo
+	// Eligible lists the live members that may hold a bucket's users'
+	// state, in rank order (cluster.Eligible: with islands, its island's).
+	Eligible(bucket uint8) ([]cluster.MemberInfo, error)
 	cluster.Conns
 }
 
