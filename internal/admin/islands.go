@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -14,7 +15,7 @@ type Islands interface {
 	// node's island manager is doing.
 	IslandStatus() IslandStatus
 	// RemoveIsland asks that an island lose all its buckets.
-	RemoveIsland(name string) error
+	RemoveIsland(ctx context.Context, name string) error
 }
 
 // IslandStatus is the JSON of GET /api/islands.
@@ -52,7 +53,7 @@ func (s *Server) removeIsland(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	if err := s.Islands.RemoveIsland(name); err != nil {
+	if err := s.Islands.RemoveIsland(r.Context(), name); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}

@@ -135,13 +135,20 @@ func NeedInitial(self NodeID, alive []MemberInfo, haveTable bool, stableFor time
 	return names, true
 }
 
-// SetIslandTable installs t if its epoch is higher than the installed
-// table's (or none is installed), recomputes the user map with it and
+// SetIslandTable installs t if its epoch is at least the installed
+// table's and it differs from it (or none is installed), recomputes the user map with it and
 // tells OnChange as a membership change would. It reports whether t was
 // installed.
 func (m *Membership) SetIslandTable(t island.Table) bool {
 	m.mu.Lock()
-	if m.hasTable && t.Epoch() <= m.table.Epoch() {
+	// The same epoch with other contents is installed too: two first
+	// tables made by nodes that each thought itself the lowest are both
+	// epoch 1, and the clusterwide object's stamp (the caller installs
+	// only what the object store applied as newer) decides between them.
+	// Table changes after the first go through the two-phase commit
+	// (internal/islandmgr), which never lets two tables of one epoch
+	// commit.
+	if m.hasTable && (t.Epoch() < m.table.Epoch() || t.Equal(m.table)) {
 		m.mu.Unlock()
 		return false
 	}

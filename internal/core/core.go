@@ -27,6 +27,7 @@ import (
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/clusterwide"
 	"github.com/quillmail/quill/internal/hlc"
+	"github.com/quillmail/quill/internal/islandmgr"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/proxy"
@@ -134,6 +135,9 @@ type Core struct {
 	RPC     *rpc.Server
 	Loads   *balance.Tracker
 	Repl    *replica.Manager
+	// Islands changes the bucket→island table (Archipelago §4.1; native
+	// store only, nil on Cassandra).
+	Islands *islandmgr.Manager
 	// Rebal moves mail from over-full nodes to under-full ones (native
 	// store only; nil on Cassandra).
 	Rebal *rebalance.Rebalancer
@@ -374,6 +378,10 @@ func New(o Options) (*Core, error) {
 	c.Queue.Register(c.RPC.Registrar())
 	c.Backup = &backup.Server{Dir: dataDir, DB: db, Node: id, Hold: c.Boxes.HoldFileSweep}
 	c.Backup.Register(c.RPC.Registrar())
+	if c.Rebal != nil {
+		c.Islands = c.newIslandManager(id, o.Island, db, log)
+		c.Islands.Register(c.RPC.Registrar())
+	}
 	if o.Register != nil {
 		o.Register(c.RPC.Registrar())
 	}
@@ -450,6 +458,12 @@ func New(o Options) (*Core, error) {
 	c.Repl.Start(ownWriters{c.Writers, c.Queue}, c.Placer)
 	if c.Rebal != nil {
 		c.Rebal.Start()
+	}
+	if c.Islands != nil {
+		if err := c.Islands.Start(); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	c.stop = make(chan struct{})
 	c.noteAlive()
@@ -651,6 +665,9 @@ const (
 func (c *Core) Close() error {
 	if c.stop != nil {
 		close(c.stop)
+	}
+	if c.Islands != nil {
+		c.Islands.Close() // a change under way resumes from its record
 	}
 	if c.Rebal != nil {
 		c.Rebal.Close() // no moves while the buckets are handed over

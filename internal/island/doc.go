@@ -35,36 +35,12 @@
 //
 // # Wiring
 //
-// Done (see docs/ARCHITECTURE.md, "Islands"): the flag and node meta, the
-// table as the clusterwide object cluster.IslandTableObject installed by
-// cluster.Membership.SetIslandTable, the first table (cluster.NeedInitial),
-// and every placement through cluster.Eligible. Not done: the periodic
-// Rebalance and the Coordinator/Participant driver over RPC. The plan as
-// it was written:
-//
-//   - A node's island comes from `quill serve --island NAME` (ValidName
-//     checks it; no flag means Default, one island: today's behaviour). The
-//     name travels in the node's memberlist meta so every node knows every
-//     member's island.
-//   - The Table is cluster-wide state (internal/clusterwide), stored and
-//     gossiped as Encode's bytes; a node that sees a higher Epoch installs
-//     it. The first table is Initial over the islands present when the
-//     cluster forms.
-//   - Placement: the user manager, the delivery proxy's placer, the
-//     replication manager's repair, the queue and the writer's election
-//     rank only the live members Place returns (cluster.Ranked of all live
-//     members, filtered to the user's island, keeps rank order), and the
-//     user map's manager of a bucket is the first of them. A bucket whose
-//     island has no live member gets *NoLiveMemberError: its users are
-//     unavailable, which is the isolation Archipelago trades for.
-//   - Sessions still reach any user from any node: the IMAP, POP3 and SMTP
-//     proxies forward across islands (functional homogeneity), only the
-//     state stays inside one.
-//   - Rebalance runs on one node (say the lowest node id), periodically and
-//     on island membership changes: it gathers the bytes per bucket, calls
-//     Rebalance, and when it moves anything drives a Coordinator with one
-//     participant per island; each island answers through one of its live
-//     nodes running a Participant. After the commit the moved buckets' users
-//     are copied to their new island and switched, which must lose and
-//     double no message (issue 17's requirement; not decided here).
+// The I/O is elsewhere (docs/ARCHITECTURE.md, "Islands" and "Island table
+// changes"): the flag and node meta, the table as the clusterwide object
+// cluster.IslandTableObject installed by cluster.Membership.SetIslandTable,
+// the first table (cluster.NeedInitial), every placement through
+// cluster.Eligible, and the table changes (the periodic Rebalance, the
+// Coordinator and Participants over RPC, their records) in
+// internal/islandmgr. A changed table moves its buckets' users by the
+// replication manager's repair, copy first.
 package island

@@ -7,11 +7,12 @@ import (
 	"slices"
 )
 
-// DefaultThreshold is how far, as a share of its target, an island's bytes
-// may drift before Rebalance moves buckets: the 20%, the band the
+// DefaultThreshold is how far, as a share of its target, an island's
+// weight (Weights: its bytes plus a typical bucket's for each it owns) may
+// drift before Rebalance moves buckets: the 20%, the band the
 // node rebalancer (internal/rebalance) also keeps. Moving a bucket copies
 // every user in it to another island, so small drifts are left alone
-// (Archipelago §4.1 expects a rebalance "once every weekend").
+// (Archipelago §4.1 expects table changes to be rare, on the scale of days).
 const DefaultThreshold = 0.2
 
 // Island is an island as Rebalance sees it.
@@ -57,9 +58,14 @@ type Move struct {
 //     the least that perfect balance needs (the sum of every island's
 //     excess over its target) by less than one bucket per losing island.
 //
-// A bucket's weight is its bytes plus one, so that in a cluster holding
-// no mail yet the buckets themselves are shared out evenly (an added
-// island then gets its share of the buckets that future mail will fill).
+// A bucket's weight is its bytes plus the mean bytes of the buckets that
+// hold mail (at least 1: Weights), which stands for the mail its users
+// will get: a bucket empty today fills like a typical one. Weighing bytes
+// alone would fill an added island's share with the buckets that hold
+// little yet (in a young cluster, most of them), so it would own most of
+// the buckets and get most of the new mail; with the mean added, islands
+// end with shares of both bytes and buckets, and in a cluster holding no
+// mail yet the buckets are shared out evenly.
 // Every choice is deterministic: ties between buckets go to the lower
 // bucket number, between islands to the name that sorts first.
 //
@@ -166,8 +172,8 @@ func newPacking(t Table, caps map[string]float64, loads Loads, threshold float64
 		p.isl[i].name = n
 		capSum += caps[n]
 	}
+	p.w = Weights(loads)
 	for b := range Buckets {
-		p.w[b] = float64(loads[b]) + 1
 		total += p.w[b]
 		i, _ := slices.BinarySearch(names, t.Island(uint8(b)))
 		p.owner[b] = i
@@ -182,6 +188,25 @@ func newPacking(t Table, caps map[string]float64, loads Loads, threshold float64
 		is.loses = !is.present || is.load > is.target
 	}
 	return p
+}
+
+// Weights returns Rebalance's weight of each bucket: its bytes plus the
+// mean bytes of the buckets holding any, at least 1.
+func Weights(loads Loads) [Buckets]float64 {
+	var sum float64
+	used := 0
+	for _, l := range loads {
+		sum += float64(l)
+		if l > 0 {
+			used++
+		}
+	}
+	base := max(1, sum/float64(max(used, 1)))
+	var w [Buckets]float64
+	for b, l := range loads {
+		w[b] = float64(l) + base
+	}
+	return w
 }
 
 func (p *packing) presentNames() []string {

@@ -27,7 +27,7 @@ func uniform(bytes int64) Loads {
 }
 
 // view is what the tests measure of a table under given loads, in
-// Rebalance's weights (bytes + 1 per bucket).
+// Rebalance's weights (Weights: bytes + a typical bucket's per bucket).
 type view struct {
 	load, target map[string]float64
 	maxW         float64
@@ -36,8 +36,9 @@ type view struct {
 func measure(tab Table, islands []Island, loads Loads) view {
 	v := view{load: map[string]float64{}, target: map[string]float64{}}
 	var total, capSum float64
+	ws := Weights(loads)
 	for b := range Buckets {
-		w := float64(loads[b]) + 1
+		w := ws[b]
 		total += w
 		v.load[tab.Island(uint8(b))] += w
 		v.maxW = max(v.maxW, w)
@@ -141,8 +142,9 @@ func checkRebalance(t *testing.T, label string, before Table, islands []Island, 
 	// its excess over its target (a removed island exactly its load).
 	v := measure(before, islands, loads)
 	var moved, bound float64
+	ws := Weights(loads)
 	for _, m := range moves {
-		moved += float64(m.Bytes) + 1
+		moved += ws[m.Bucket]
 	}
 	for n, l := range v.load {
 		if e := l - v.target[n]; e > 0 {
@@ -171,10 +173,11 @@ func TestRebalanceNoMoveWithinThreshold(t *testing.T) {
 	if err != nil || len(moves) != 0 || !next.Equal(tab) {
 		t.Fatalf("balanced table: moves %v, table %v (%v)", moves, next, err)
 	}
-	// Drift to 15% above the mean on a: still inside 20%.
+	// Drift to about 17% above the mean on a (in weights, which add the
+	// mean bytes per bucket to each): still inside 20%.
 	loads := uniform(1000)
 	for _, b := range tab.Owned("a") {
-		loads[b] = 1250
+		loads[b] = 1600
 	}
 	v := measure(tab, equal("a", "b", "c"), loads)
 	if d := v.load["a"]/v.target["a"] - 1; d < 0.14 || d > 0.2 {
@@ -183,9 +186,10 @@ func TestRebalanceNoMoveWithinThreshold(t *testing.T) {
 	if _, moves, _ := Rebalance(tab, equal("a", "b", "c"), loads, DefaultThreshold); len(moves) != 0 {
 		t.Fatalf("drift inside the threshold moved %v", moves)
 	}
-	// Past it (a at 1.3 times the others), buckets leave a for b and c.
+	// Past it (a's weight at 1.28 times the mean), buckets leave a for b
+	// and c.
 	for _, b := range tab.Owned("a") {
-		loads[b] = 1500
+		loads[b] = 2200
 	}
 	next, moves = checkRebalance(t, "drift", tab, equal("a", "b", "c"), loads, DefaultThreshold)
 	if len(moves) == 0 {

@@ -8,10 +8,9 @@ import (
 	"time"
 )
 
-// The two-phase commit of a table change (Archipelago §4.1: "the hash
-// table is updated in all islands atomically in the face of partial
-// failures ... or aborted if any island is inaccessible"), as two pure state
-// machines: messages in, records to persist and messages to send out. The
+// The two-phase commit of a table change (Archipelago §4.1: every island
+// installs the new table or none does, and the change is abandoned when an
+// island cannot be reached), as two pure state machines: messages in, records to persist and messages to send out. The
 // I/O layer ships the messages over Quill's RPC, turns its deadlines into
 // Timeout messages and failed calls into Unreachable ones, and writes each
 // Record durably before it sends what came with it.

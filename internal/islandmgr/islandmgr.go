@@ -32,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -47,15 +46,15 @@ import (
 )
 
 const (
-	// planInterval is how often the coordinator node looks at the islands.
-	// A table change moves whole buckets of users; nothing about it is
-	// urgent, so a slow look costs nothing.
-	planInterval = 10 * time.Second
+	// planInterval is how often the coordinator node looks at the islands:
+	// a look is one Loads call per live node, cheap, and a new island
+	// starts taking its users within seconds of settling.
+	planInterval = 5 * time.Second
 	// settleAfterChange is how long the live set must have been stable
 	// before a plan: the nodes of a starting island arrive one by one, and
 	// a plan per arrival would move buckets to an island of one node, then
 	// again when its second node appears.
-	settleAfterChange = 20 * time.Second
+	settleAfterChange = 10 * time.Second
 	// loadsTimeout bounds one Loads call; a node that does not answer
 	// leaves the plan for the next round.
 	loadsTimeout = 5 * time.Second
@@ -100,9 +99,20 @@ type Config struct {
 	// Publish writes a committed table to the cluster state (the
 	// clusterwide object island/table).
 	Publish func(ctx context.Context, t island.Table) error
+	// Removals are the islands an administrator asked to remove, kept as
+	// cluster state so that any node takes the request and the
+	// coordinator, whichever node it is, sees it.
+	Removals Removals
 	// Threshold is Rebalance's band (island.DefaultThreshold if 0).
 	Threshold float64
 	Log       *slog.Logger
+}
+
+// Removals is the cluster's list of islands to remove.
+type Removals interface {
+	List() []string
+	Add(ctx context.Context, name string) error
+	Drop(ctx context.Context, name string) error
 }
 
 // Status is what the manager shows (GET /api/islands).
@@ -128,11 +138,10 @@ type Status struct {
 type Manager struct {
 	cfg Config
 
-	mu       sync.Mutex
-	part     *island.Participant // nil until a table is installed here
-	coord    *island.Coordinator // the change this node coordinates, if any
-	removing map[string]bool
-	status   Status
+	mu     sync.Mutex
+	part   *island.Participant // nil until a table is installed here
+	coord  *island.Coordinator // the change this node coordinates, if any
+	status Status
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -146,7 +155,7 @@ func New(cfg Config) *Manager {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{cfg: cfg, removing: map[string]bool{}, stop: make(chan struct{})}
+	return &Manager{cfg: cfg, stop: make(chan struct{})}
 }
 
 // Register adds the Islands service to the node's RPC server.
@@ -195,7 +204,7 @@ func (m *Manager) Status() Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.status
-	s.Removing = sortedKeys(m.removing)
+	s.Removing = m.cfg.Removals.List()
 	if m.coord != nil {
 		s.Change = fmt.Sprintf("epoch %d: %s", m.coord.Next().Epoch(), m.coord.Phase())
 	}
@@ -205,10 +214,10 @@ func (m *Manager) Status() Status {
 	return s
 }
 
-// Remove asks that an island lose all its buckets at the next plan (the
-// administrator's `quill island remove`); its nodes must stay up until its
-// users' mail has moved.
-func (m *Manager) Remove(name string) error {
+// Remove asks that an island lose all its buckets at the coordinator's
+// next plan (the administrator's `quill island remove`); its nodes must
+// stay up until its users' mail has moved.
+func (m *Manager) Remove(ctx context.Context, name string) error {
 	if err := island.ValidName(name); err != nil {
 		return err
 	}
@@ -219,19 +228,20 @@ func (m *Manager) Remove(name string) error {
 	if !t.Has(name) {
 		return fmt.Errorf("island %s is not in the table (epoch %d)", name, t.Epoch())
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	removing := map[string]bool{name: true}
+	for _, n := range m.cfg.Removals.List() {
+		removing[n] = true
+	}
 	kept := 0
 	for _, n := range t.Islands() {
-		if n != name && !m.removing[n] {
+		if !removing[n] {
 			kept++
 		}
 	}
 	if kept == 0 {
 		return fmt.Errorf("island %s: removing it would leave no island", name)
 	}
-	m.removing[name] = true
-	return nil
+	return m.cfg.Removals.Add(ctx, name)
 }
 
 func (m *Manager) loop() {
@@ -480,9 +490,7 @@ func (m *Manager) plan(ctx context.Context) {
 		m.setWaiting(fmt.Sprintf("membership changed %s ago", since.Round(time.Second)))
 		return
 	}
-	m.mu.Lock()
-	removing := maps.Clone(m.removing)
-	m.mu.Unlock()
+	removing := m.removals(ctx, t, alive)
 	in, why := Inputs(t, alive, m.cfg.IslandOf, removing)
 	if why != "" {
 		m.setWaiting(why)
@@ -515,6 +523,28 @@ func (m *Manager) plan(ctx context.Context) {
 	m.cfg.Log.Info("islands: changing the table", "from_epoch", t.Epoch(), "to_epoch", next.Epoch(),
 		"islands", next.Islands(), "moved_buckets", len(moves), "moved_bytes", bytes)
 	m.drive(ctx, c, eff, len(moves))
+}
+
+// removals returns the islands being removed. A removal stays while the
+// island is in the table or any of its nodes runs (so a removed island
+// whose nodes are still up is not added back); it is dropped once both
+// are over, and nodes started later with that island add it anew.
+func (m *Manager) removals(ctx context.Context, t island.Table, alive []cluster.MemberInfo) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range m.cfg.Removals.List() {
+		up := false
+		for _, mi := range alive {
+			up = up || m.cfg.IslandOf(mi) == n
+		}
+		if !up && !t.Has(n) {
+			if err := m.cfg.Removals.Drop(ctx, n); err != nil {
+				m.cfg.Log.Warn("islands: dropping a finished removal", "island", n, "err", err)
+			}
+			continue
+		}
+		out[n] = true
+	}
+	return out
 }
 
 // Inputs returns the islands Rebalance should keep, with their capacities
@@ -709,14 +739,6 @@ func (m *Manager) finish(c *island.Coordinator, moved int) {
 	if c.Phase() == island.Committed {
 		if err := m.cfg.DB.DeleteAll([][]byte{keyCoordinator}, store.Sync); err != nil {
 			m.cfg.Log.Warn("islands: dropping the finished commit record", "err", err)
-		}
-		for _, n := range c.Next().Islands() {
-			delete(m.removing, n) // still in the table: a removal asked again later
-		}
-		for n := range m.removing {
-			if len(c.Next().Owned(n)) == 0 {
-				delete(m.removing, n)
-			}
 		}
 		metrics.IslandChanges.WithLabelValues("committed").Inc()
 		m.status.Commits++

@@ -26,6 +26,28 @@ type world struct {
 	nodes map[cluster.NodeID]*testNode
 	wide  island.Table // the published table (the clusterwide object)
 	pubs  int
+	// removing is the removal requests (clusterwide objects in a node).
+	removing map[string]bool
+}
+
+func (w *world) List() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return sortedKeys(w.removing)
+}
+
+func (w *world) Add(_ context.Context, name string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.removing[name] = true
+	return nil
+}
+
+func (w *world) Drop(_ context.Context, name string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.removing, name)
+	return nil
 }
 
 type testNode struct {
@@ -118,7 +140,7 @@ func (c conn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallO
 // each bucket its island owns.
 func newWorld(t *testing.T, t0 island.Table, islands map[string]int, load int64) *world {
 	t.Helper()
-	w := &world{nodes: map[cluster.NodeID]*testNode{}, wide: t0}
+	w := &world{nodes: map[cluster.NodeID]*testNode{}, wide: t0, removing: map[string]bool{}}
 	for isl, count := range islands {
 		for i := range count {
 			id := cluster.NodeID(fmt.Sprintf("n-%s-%d", isl, i))
@@ -153,7 +175,8 @@ func newManager(w *world, n *testNode) *Manager {
 			}
 			return conn{o}, nil
 		},
-		Loads: func() ([cluster.Buckets]int64, bool) { return n.loads, true },
+		Loads:    func() ([cluster.Buckets]int64, bool) { return n.loads, true },
+		Removals: w,
 		Publish: func(_ context.Context, t island.Table) error {
 			w.mu.Lock()
 			defer w.mu.Unlock()
@@ -310,23 +333,40 @@ func TestRemovedIslandEmpties(t *testing.T) {
 	t0 := initial(t, "a", "b", "c")
 	w := newWorld(t, t0, map[string]int{"a": 1, "b": 1, "c": 1}, 1000)
 	coord := w.lowest()
-	if err := coord.mgr.Remove("c"); err != nil {
+	ctx := context.Background()
+	// Asked through a node that does not coordinate: the request is
+	// cluster state, and the coordinator acts on it.
+	if err := w.nodes["n-c-0"].mgr.Remove(ctx, "c"); err != nil {
 		t.Fatal(err)
 	}
-	if err := coord.mgr.Remove("zz"); err == nil {
+	if err := coord.mgr.Remove(ctx, "zz"); err == nil {
 		t.Error("removing an island not in the table was accepted")
 	}
-	coord.mgr.plan(context.Background())
+	coord.mgr.plan(ctx)
 	if got := w.wide.Owned("c"); len(got) != 0 || w.wide.Has("c") {
 		t.Fatalf("island c after its removal: owns %d buckets, in table %v", len(got), w.wide.Has("c"))
 	}
-	if st := coord.mgr.Status(); len(st.Removing) != 0 {
-		t.Errorf("removal still pending after the commit: %+v", st)
+	// c's node still runs: the removal stands, so c is not added back.
+	for _, n := range w.nodes {
+		n.loads = [cluster.Buckets]int64{}
+		for _, b := range w.wide.Owned(n.island) {
+			n.loads[b] = 1000
+		}
 	}
-	if err := coord.mgr.Remove("a"); err != nil {
+	coord.mgr.plan(ctx)
+	if w.wide.Has("c") || coord.mgr.Status().Commits != 1 {
+		t.Fatalf("a removed island whose node still runs was added back: %+v", coord.mgr.Status())
+	}
+	// c's node stopped: the removal is over, and dropped.
+	w.nodes["n-c-0"].down = true
+	coord.mgr.plan(ctx)
+	if st := coord.mgr.Status(); len(st.Removing) != 0 {
+		t.Errorf("removal still pending after island c's table entry and nodes are gone: %+v", st)
+	}
+	if err := coord.mgr.Remove(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := coord.mgr.Remove("b"); err == nil {
+	if err := coord.mgr.Remove(ctx, "b"); err == nil {
 		t.Error("removing the last island was accepted")
 	}
 }

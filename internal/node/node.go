@@ -609,7 +609,7 @@ func (n *Node) startListeners() error {
 	if err != nil {
 		return err
 	}
-	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Domains: n.Core, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
+	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Domains: n.Core, Islands: nodeIslands{n}, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
 		UserMap: n.Members.UserMap, Members: n.Members.Members, IslandTable: n.Members.IslandTable,
 		Replication: func() admin.ReplicationStatus {

@@ -334,3 +334,183 @@ func (n *Node) inStore(t *testing.T, fn func(db *store.DB) error) {
 		fatalf(t, "scan the store of %s: %v", n.ID, err)
 	}
 }
+
+// islandView is GET /api/islands as the tests read it.
+type islandView struct {
+	Table   bool     `json:"table"`
+	Epoch   uint64   `json:"epoch"`
+	Owners  []string `json:"owners"`
+	Islands []struct {
+		Name    string `json:"name"`
+		Buckets int    `json:"buckets"`
+		InTable bool   `json:"in_table"`
+	} `json:"islands"`
+	Manager *struct {
+		Coordinator bool   `json:"coordinator"`
+		Commits     int    `json:"commits"`
+		Aborts      int    `json:"aborts"`
+		Last        string `json:"last"`
+		Waiting     string `json:"waiting"`
+	} `json:"manager"`
+}
+
+// tableEverywhere waits until every node has installed the same table at
+// epoch want or above, and returns it (bucket -> island).
+func tableEverywhere(t *testing.T, nodes []*Node, what string, timeout time.Duration, ok func(v islandView) bool) islandView {
+	t.Helper()
+	var got islandView
+	waitFor(t, what, timeout, func() bool {
+		var first *islandView
+		for _, n := range nodes {
+			var v islandView
+			if err := n.get("/api/islands", &v); err != nil || !v.Table || !ok(v) {
+				return false
+			}
+			if first != nil && (first.Epoch != v.Epoch || !slices.Equal(first.Owners, v.Owners)) {
+				return false
+			}
+			first = &v
+		}
+		got = *first
+		return allReady(nodes)
+	})
+	return got
+}
+
+// Archipelago's table change (§3.1, §4.1) on real nodes: islands a and b
+// hold mail; nodes of a new island c join, and the coordinator (the lowest
+// node id) moves buckets to c by monotonic bin packing under the two-phase
+// commit; repair moves the moved users' mail to c, copy first; then island
+// c is removed (quill island remove) and its buckets go back. Through each
+// change every user reads every message exactly once, and at the end every
+// copy is in its user's island.
+func TestIslandTableChangesByTwoPhaseCommit(t *testing.T) {
+	const (
+		users = 16
+		sends = 3
+		pw    = "pw"
+	)
+	isl := []string{"a", "b", "c"}
+	nodes := startSet(t, 2, func(i int, nd *Node) { nd.extra = []string{"--island", isl[i], "--replicas", "1"} })
+	v1 := tableEverywhere(t, nodes, "the first table over a and b", 40*time.Second, func(v islandView) bool { return v.Epoch >= 1 })
+	addrs := nodes[0].addUsers(t, "tpc", users, pw)
+	for i := range sends {
+		for _, u := range addrs {
+			if err := nodes[i%2].send(u, fmt.Sprintf("m-%d", i)); err != nil {
+				fatalf(t, "send m-%d to %s: %v", i, u, err)
+			}
+		}
+	}
+	readEach := func(what string) {
+		t.Helper()
+		for i, u := range addrs {
+			via := nodes[i%len(nodes)]
+			_, subj, _, err := via.imapView(u, pw)
+			if err != nil {
+				errorf(t, "%s: %s through %s: %v", what, u, via.ID, err)
+				continue
+			}
+			count := map[string]int{}
+			for _, s := range subj {
+				count[s]++
+			}
+			for k := range sends {
+				if c := count[fmt.Sprintf("m-%d", k)]; c != 1 {
+					errorf(t, "%s: %s through %s sees m-%d %d times, want once (%v)", what, u, via.ID, k, c, subj)
+				}
+			}
+			if len(subj) != sends {
+				errorf(t, "%s: %s through %s sees %d messages, want %d", what, u, via.ID, len(subj), sends)
+			}
+		}
+	}
+	// Repair has moved the users' mail when every node names only nodes
+	// of the user's island as holding it (the mail map drops a node whose
+	// fragment empties).
+	islandOf := map[string]string{nodes[0].ID: "a", nodes[1].ID: "b"}
+	settled := func(what string, owners []string) {
+		t.Helper()
+		waitFor(t, what, 2*time.Minute, func() bool {
+			for _, u := range addrs {
+				for _, n := range nodes {
+					var shown struct {
+						Holders []string `json:"holders"`
+					}
+					if err := n.get("/api/users/"+url.PathEscape(u), &shown); err != nil || len(shown.Holders) == 0 {
+						return false
+					}
+					for _, h := range shown.Holders {
+						if islandOf[h] != owners[cluster.Bucket(u)] {
+							return false
+						}
+					}
+				}
+			}
+			return true
+		})
+	}
+
+	// Island c joins.
+	c := &Node{t: t, Data: t.TempDir(), Gossip: freeAddr(t), HTTP: freeAddr(t), join: []string{nodes[0].Gossip},
+		extra: []string{"--island", "c", "--replicas", "1"}}
+	c.start()
+	t.Cleanup(c.Stop)
+	nodes = append(nodes, c)
+	islandOf[c.ID] = "c"
+	v2 := tableEverywhere(t, nodes, "a table with island c", 90*time.Second, func(v islandView) bool { return v.Epoch > v1.Epoch })
+	gained := 0
+	for b := range v2.Owners {
+		switch {
+		case v2.Owners[b] == "c":
+			gained++
+		case v2.Owners[b] != v1.Owners[b]:
+			errorf(t, "bucket %d went from %s to %s: only the new island may gain", b, v1.Owners[b], v2.Owners[b])
+		}
+	}
+	if gained < 60 || gained > 110 {
+		errorf(t, "island c gained %d buckets of 256, want about a third", gained)
+	}
+	t.Logf("table epoch %d -> %d: island c gained %d buckets", v1.Epoch, v2.Epoch, gained)
+	readEach("during the move to c")
+	settled("repair to move the moved users' mail to island c", v2.Owners)
+	readEach("after the move to c")
+	onC := 0
+	for _, u := range addrs {
+		if v2.Owners[cluster.Bucket(u)] == "c" {
+			onC++
+		}
+	}
+
+	// Island c is removed: its buckets go back to a and b.
+	if err := nodes[1].api("POST", "/api/islands/c/remove", nil, nil); err != nil {
+		fatalf(t, "remove island c: %v", err)
+	}
+	v3 := tableEverywhere(t, nodes, "a table without island c", 90*time.Second, func(v islandView) bool { return v.Epoch > v2.Epoch })
+	for b, o := range v3.Owners {
+		if o == "c" {
+			errorf(t, "bucket %d still on island c after its removal", b)
+		}
+		if v2.Owners[b] != "c" && o != v2.Owners[b] {
+			errorf(t, "bucket %d went from %s to %s while only c was to lose buckets", b, v2.Owners[b], o)
+		}
+	}
+	readEach("during the move back")
+	settled("repair to move island c's users back", v3.Owners)
+	readEach("after the move back")
+	copies := 0
+	for _, n := range nodes {
+		n.inStore(t, func(db *store.DB) error {
+			return mailbox.New(db).Scan(func(h replica.Held) error {
+				copies++
+				if islandOf[n.ID] != v3.Owners[cluster.Bucket(h.User)] {
+					errorf(t, "%s of island %s still holds %s of %s (island %s)", n.ID, islandOf[n.ID], h.Object, h.User, v3.Owners[cluster.Bucket(h.User)])
+				}
+				return nil
+			})
+		})
+	}
+	if copies != users*sends {
+		errorf(t, "%d message copies in the stores, want %d (R=1)", copies, users*sends)
+	}
+	t.Logf("%d of %d users moved to island c and back; %d copies where they belong", onC, users, copies)
+}
