@@ -58,11 +58,11 @@ var consoleFuncs = template.FuncMap{
 	// islandColor draws islands apart from nodes: a hue hashed from the
 	// island's name.
 	"islandColor": func(name string) template.CSS { return nodeColor("island:" + name) },
-	"bytes": Bytes,
-	"since": Since,
-	"size":  func(n int64) string { return limitText(n, config.FormatSize) },
-	"exact": config.FormatSizeExact,
-	"count": func(n int64) string { return limitText(n, func(n int64) string { return strconv.FormatInt(n, 10) }) },
+	"bytes":       Bytes,
+	"since":       Since,
+	"size":        func(n int64) string { return limitText(n, config.FormatSize) },
+	"exact":       config.FormatSizeExact,
+	"count":       func(n int64) string { return limitText(n, func(n int64) string { return strconv.FormatInt(n, 10) }) },
 	"pct": func(part, whole int64) int {
 		if whole <= 0 {
 			return 0
