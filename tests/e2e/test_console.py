@@ -188,3 +188,39 @@ def test_console_in_a_real_browser(trio):
             expect(card).to_contain_text("figures from")
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(STORE != "native", reason="islands are kept by the native store's nodes")
+def test_console_draws_the_islands(quill_factory):
+    """Two nodes in islands a and b: the overview draws the bucket→island
+    table as a grid, each bucket in its island's colour, with each island's
+    buckets and live node; the same table `quill island status` prints."""
+    g = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    a = quill_factory("--cluster", g[0], "--island", "a")
+    b = quill_factory("--cluster", g[1], "--join", g[0], "--island", "b")
+
+    def table():
+        code, body = a.api("GET", "/api/islands")
+        return json.loads(body) if code == 200 else {}
+
+    wait_for("the first island table", lambda: table().get("table") and len(table().get("islands", [])) == 2, timeout=40)
+    st = table()
+    owned = {i["name"]: i["buckets"] for i in st["islands"]}
+    assert owned["a"] + owned["b"] == 256 and min(owned.values()) >= 100, owned
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(15_000)
+            page.goto(f"{b.http_url}/?token={b.admin_token}")
+            expect(page.locator("#islands")).to_contain_text(f"epoch {st['epoch']}")
+            expect(page.locator("#islands")).to_contain_text(f"a: {owned['a']} bucket(s), 1 live node(s)")
+            expect(page.locator('div.b[title$=": island a"]')).to_have_count(owned["a"])
+            expect(page.locator('div.b[title$=": island b"]')).to_have_count(owned["b"])
+            colours = page.eval_on_selector_all(
+                'div.b[title*=": island "]', "els => [...new Set(els.map(e => e.style.background))]")
+            assert len(colours) == 2, colours
+            page.locator("#islands").scroll_into_view_if_needed()
+            shot(page, "islands")
+        finally:
+            browser.close()
