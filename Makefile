@@ -97,7 +97,8 @@ rebalance:
 
 # Archipelago's availability figure (issue 17 item 2, docs/reliability.md):
 # n = 2, 3, 4 islands of two nodes, one island killed during a stream of
-# deliveries and reads, beside the same nodes without islands (~15 min).
+# deliveries and reads, beside the same nodes without islands and two
+# nodes of different islands killed (~15 min).
 availability:
 	QUILL_AVAILABILITY=1 QUILL_AVAILABILITY_OUT=$(CURDIR)/availability.md $(GO) test -count=1 -timeout 60m -run 'TestIslandAvailability$$' -v ./tests/cluster/
 
