@@ -27,6 +27,10 @@ import (
 // an internal name in the reply); island a back, its users' mail is all
 // there.
 func TestIslandsConfineUsersAndFailures(t *testing.T) {
+	// The two island tests run beside each other, after the package's
+	// other tests: each mostly waits on membership and repair, and CI's
+	// time is short.
+	t.Parallel()
 	const (
 		users = 24
 		pw    = "pw"
@@ -385,6 +389,7 @@ func tableEverywhere(t *testing.T, nodes []*Node, what string, timeout time.Dura
 // change every user reads every message exactly once, and at the end every
 // copy is in its user's island.
 func TestIslandTableChangesByTwoPhaseCommit(t *testing.T) {
+	t.Parallel() // beside TestIslandsConfineUsersAndFailures
 	const (
 		users = 16
 		sends = 3
