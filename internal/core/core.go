@@ -234,6 +234,11 @@ type Options struct {
 	// TextIndexDelay is how long a stored message waits before the text
 	// index reads it (0: at once; quill serve: mailbox.DefaultTextIndexDelay).
 	TextIndexDelay time.Duration
+	// Placement and DiskDelay are experiments' settings (Porcupine §6.3,
+	// docs/benchmarks.md): how new mail is placed ("": balance.Dynamic)
+	// and a delay on every sync of the store's log (a slow disk).
+	Placement balance.Policy
+	DiskDelay time.Duration
 }
 
 // DefaultReplicas is how many copies of each message a cluster keeps unless
@@ -278,7 +283,7 @@ func New(o Options) (*Core, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(dataDir)
+	db, err := store.OpenWith(dataDir, store.Options{SyncDelay: o.DiskDelay})
 	if err != nil {
 		return nil, err
 	}
@@ -353,6 +358,9 @@ func New(o Options) (*Core, error) {
 		c.Writers.EnableRedo(db, c.Repl)
 	}
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, o.Spread)
+	if o.Placement != "" {
+		c.Placer.SetPolicy(o.Placement)
+	}
 	if o.Cassandra == nil {
 		c.Rebal = rebalance.New(id, c.Boxes, c.Peers, c.Writers, float64(o.RebalanceRate), log)
 	}

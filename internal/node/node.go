@@ -118,6 +118,11 @@ type Config struct {
 	// of the nodes already holding the user's mail plus random others up
 	// to the spread; at least the replica count).
 	Spread int `flag:"spread" help:"nodes a user's mail may spread over, for users who set none (native store; at least --replicas)"`
+	// Placement and DiskDelay are for experiments only (Porcupine §6.3,
+	// docs/benchmarks.md): they make a node place mail as a statically
+	// partitioned or load-blind server would, or write to a slow disk.
+	Placement string        `flag:"placement" help:"EXPERIMENTAL, for benchmarks: how new mail is placed: dynamic (Porcupine's load-aware choice within the spread; the only setting for real use), random (the same candidates, blind to load) or static (fixed nodes hashed from the user's name)"`
+	DiskDelay time.Duration `flag:"disk-delay" help:"EXPERIMENTAL, for benchmarks: delay every sync of the store's write-ahead log, so every durable write, by this much (a slow disk; native store; 0: none)"`
 	// Store says where the hard state of mail and users lives: the native
 	// Porcupine store, or Apache Cassandra (issue 15, docs/cassandra.md).
 	Store          string   `flag:"store" help:"where mail and profiles live: native (the nodes' data directories, replicated among them) or cassandra (the keyspace --keyspace of --cassandra)"`
@@ -202,6 +207,7 @@ func DefaultConfig() Config {
 		Replicas:            core.DefaultReplicas,
 		WritePolicy:         string(replica.One),
 		Spread:              balance.DefaultSpread,
+		Placement:           string(balance.Dynamic),
 		Store:               "native",
 		Keyspace:            cassandra.DefaultKeyspace,
 		CassandraRF:         "1",
@@ -311,6 +317,13 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.RebalanceRate < 0 {
 		return nil, fmt.Errorf("--rebalance-rate %d: a rate of messages per second is 0 (off) or more", cfg.RebalanceRate)
 	}
+	placement, err := balance.ParsePolicy(cfg.Placement)
+	if err != nil {
+		return nil, fmt.Errorf("--placement: %w", err)
+	}
+	if cfg.DiskDelay < 0 {
+		return nil, fmt.Errorf("--disk-delay %v: a delay is 0 or more", cfg.DiskDelay)
+	}
 	if cfg.Spread < 1 {
 		return nil, fmt.Errorf("--spread %d: a user's mail needs at least one node", cfg.Spread)
 	}
@@ -324,7 +337,7 @@ func Start(cfg Config) (*Node, error) {
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, Spread: cfg.Spread, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, RebalanceRate: cfg.RebalanceRate, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
-		TextIndexDelay: cfg.TextIndexDelay,
+		TextIndexDelay: cfg.TextIndexDelay, Placement: placement, DiskDelay: cfg.DiskDelay,
 		Register: func(r grpc.ServiceRegistrar) {
 			relaySvc.Register(r)
 			reporter.Register(r)
