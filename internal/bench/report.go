@@ -52,6 +52,11 @@ type Report struct {
 
 	// CPU is the CPU use during the run (Linux only).
 	CPU *CPUReport `json:"cpu,omitempty"`
+
+	// StartUnixMS is when the run began; Series what finished in each of
+	// its seconds.
+	StartUnixMS int64    `json:"start_unix_ms"`
+	Series      []Second `json:"series,omitempty"`
 }
 
 // TLSTotals are the handshakes of a run over TLS.
