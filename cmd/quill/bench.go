@@ -91,7 +91,9 @@ IMAP to any server: give --imap, --user and --password-file (or --password).
 
 --smtp, --pop3 and --imap each take one address or a comma-separated list
 (the nodes of a cluster); every session then connects to one of them at random,
-as Porcupine's generator did. The JSON report has the run's per-second series
+as Porcupine's generator did, and if that connection is refused it tries the
+others in turn, as a mail client tries a name's several addresses (the report
+counts the refusals). The JSON report has the run's per-second series
 (what was delivered, retrieved and failed in each second, with wall-clock
 times), from which a timeline through a node's failure is drawn.
 

@@ -156,8 +156,10 @@ type recorder struct {
 	step  *Stats
 	total Stats
 
-	// Counters for the progress line.
-	delivered, pop, imap, errs atomic.Int64
+	// Counters for the progress line and the per-second series; refused
+	// counts the connections a session could not open before another
+	// address answered (runner.connect).
+	delivered, pop, imap, errs, refused atomic.Int64
 }
 
 func (r *recorder) add(res Result) {
@@ -234,6 +236,34 @@ func splitAddrs(s string) []string {
 	return out
 }
 
+// connect runs one session through do on one of addrs chosen at random;
+// if the connection cannot be opened, it tries the others in turn, as a
+// mail client tries a name's several addresses (RFC 5321 §5.1), so a node
+// that is down costs its sessions a refused connection each, not the
+// session. Each address tried in vain is counted (Second.Refused); the
+// session is a connect error only when none answered.
+func (rn *runner) connect(addrs []string, rng *rand.Rand, do func(addr string) (Result, error)) (Result, error) {
+	first := pickAddr(addrs, rng)
+	res, err := do(first)
+	if res.Err != ErrConnect || len(addrs) < 2 {
+		return res, err
+	}
+	rest := make([]string, 0, len(addrs)-1)
+	for _, a := range addrs {
+		if a != first {
+			rest = append(rest, a)
+		}
+	}
+	rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
+	for _, a := range rest {
+		rn.rec.refused.Add(1)
+		if res, err = do(a); res.Err != ErrConnect {
+			break
+		}
+	}
+	return res, err
+}
+
 // pickAddr is the server of one session: one of addrs at random ("" if
 // there is none; check has refused that for the protocols used).
 func pickAddr(addrs []string, rng *rand.Rand) string {
@@ -294,7 +324,7 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 			}
 			u := rn.cfg.Users[users.Next()]
 			seq := rn.seq.Add(1)
-			t := smtpTarget{addr: pickAddr(rn.smtpAddrs, rng), tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain, from: from, to: []string{u.Address}}
+			t := smtpTarget{tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain, from: from, to: []string{u.Address}}
 			if sub := rn.cfg.Submit; sub != nil {
 				// The user sends, to addresses of the remote domain.
 				t.from, t.to = u.Address, nil
@@ -319,17 +349,24 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 				buf = AppendMessage(buf[:0], rng, spec)
 			}
 			t.msg = buf
-			res, err = deliver(rn.abort, t)
+			res, err = rn.connect(rn.smtpAddrs, rng, func(addr string) (Result, error) {
+				t.addr = addr
+				return deliver(rn.abort, t)
+			})
 		case OpPOP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
-			res, err = retrieveAll(rn.abort, popTarget{addr: pickAddr(rn.popAddrs, rng), tls: rn.cfg.TLS, user: u.Address, pass: u.Password})
+			res, err = rn.connect(rn.popAddrs, rng, func(addr string) (Result, error) {
+				return retrieveAll(rn.abort, popTarget{addr: addr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password})
+			})
 			rn.readerBusy[k].Store(false)
 		case OpIMAP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
-			res, err = imapSession(rn.abort, imapTarget{addr: pickAddr(rn.imapAddrs, rng), tls: rn.cfg.TLS, user: u.Address, pass: u.Password,
-				pick: rng.IntN})
+			res, err = rn.connect(rn.imapAddrs, rng, func(addr string) (Result, error) {
+				return imapSession(rn.abort, imapTarget{addr: addr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password,
+					pick: rng.IntN})
+			})
 			rn.readerBusy[k].Store(false)
 		}
 		_ = err // classified into res
@@ -472,6 +509,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer rec.mu.Unlock()
 	rep := newReport(cfg, &rec.total, end.Sub(start), steps)
 	rep.CPU = cpuReport(cpu0, cpu1, len(cfg.ServerPIDs) > 0)
+	rep.Total.Refused = rec.refused.Load()
 	rep.StartUnixMS = start.UnixMilli()
 	rep.Series = rn.series
 	if ctx.Err() != nil {
@@ -493,16 +531,19 @@ type Second struct {
 	POP        int64   `json:"pop_sessions"`
 	IMAP       int64   `json:"imap_sessions,omitempty"`
 	Errors     int64   `json:"errors"`
+	// Refused counts the connections that could not be opened before
+	// another address of the list answered (a node down).
+	Refused int64 `json:"refused_connections,omitempty"`
 }
 
 // counts are the running totals the series is cut from.
-type counts struct{ delivered, pop, imap, errs int64 }
+type counts struct{ delivered, pop, imap, errs, refused int64 }
 
 // second is the interval from (then, prev) to (now, cur).
 func second(start, then, now time.Time, prev, cur counts) Second {
 	s := Second{T: round2(now.Sub(start).Seconds()), UnixMS: now.UnixMilli(),
 		Delivered: cur.delivered - prev.delivered, POP: cur.pop - prev.pop,
-		IMAP: cur.imap - prev.imap, Errors: cur.errs - prev.errs}
+		IMAP: cur.imap - prev.imap, Errors: cur.errs - prev.errs, Refused: cur.refused - prev.refused}
 	if d := now.Sub(then); d > 0 {
 		s.MsgsPerSec = round2(float64(s.Delivered) / d.Seconds())
 	}
@@ -521,7 +562,7 @@ func (rn *runner) progress(start time.Time, done <-chan struct{}) {
 		case <-done:
 			return
 		case now := <-t.C:
-			cur := counts{rn.rec.delivered.Load(), rn.rec.pop.Load(), rn.rec.imap.Load(), rn.rec.errs.Load()}
+			cur := counts{rn.rec.delivered.Load(), rn.rec.pop.Load(), rn.rec.imap.Load(), rn.rec.errs.Load(), rn.rec.refused.Load()}
 			sec := second(start, lastT, now, last, cur)
 			rn.series = append(rn.series, sec)
 			d, rate := cur.delivered, sec.MsgsPerSec

@@ -588,8 +588,42 @@ func TestSplitAndPickAddrs(t *testing.T) {
 
 func TestSecond(t *testing.T) {
 	start := time.Unix(1000, 0)
-	s := second(start, start.Add(time.Second), start.Add(3*time.Second), counts{10, 1, 0, 2}, counts{50, 4, 0, 3})
-	if s.T != 3 || s.UnixMS != 1003000 || s.Delivered != 40 || s.MsgsPerSec != 20 || s.POP != 3 || s.Errors != 1 {
+	s := second(start, start.Add(time.Second), start.Add(3*time.Second), counts{10, 1, 0, 2, 0}, counts{50, 4, 0, 3, 7})
+	if s.T != 3 || s.UnixMS != 1003000 || s.Delivered != 40 || s.MsgsPerSec != 20 || s.POP != 3 || s.Errors != 1 || s.Refused != 7 {
 		t.Fatalf("second: %+v", s)
+	}
+}
+
+// A node that refuses connections costs a session a retry on another
+// address, not the session: nothing fails, the refusals are counted.
+func TestRunTriesTheNextAddress(t *testing.T) {
+	st := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
+	live := fakeSMTP(t, func() smtp.Session { return &smtpSession{st: st} })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close() // nothing listens there now: connections are refused
+	rep, err := Run(context.Background(), Config{
+		SMTPAddr: dead + "," + live, Users: GenerateUsers(20, "next.example", "pw"),
+		Duration: 1500 * time.Millisecond, Deadline: DefaultDeadline, Concurrency: 2, Mix: 1, Seed: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tot := rep.Total
+	if tot.Delivered < 10 || tot.Errors["connect"] != 0 || tot.Refused < tot.Delivered/4 || tot.Refused > tot.Delivered {
+		t.Fatalf("delivered %d, connect errors %d, refused %d: want every session delivered, about half of them after a refusal",
+			tot.Delivered, tot.Errors["connect"], tot.Refused)
+	}
+	// With the one dead address alone, the session is a connect error.
+	rep, err = Run(context.Background(), Config{SMTPAddr: dead, Users: GenerateUsers(2, "next.example", "pw"),
+		Duration: 300 * time.Millisecond, Deadline: DefaultDeadline, Concurrency: 1, Mix: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Total.Errors["connect"] == 0 || rep.Total.Refused != 0 {
+		t.Fatalf("one dead address: %d connect errors, %d refused", rep.Total.Errors["connect"], rep.Total.Refused)
 	}
 }
