@@ -36,7 +36,7 @@ mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/poll.tsv "$OUT"/events.tsv
 poller=""
 finish() {
-	[ -n "$poller" ] && kill "$poller" 2>/dev/null
+	if [ -n "$poller" ]; then kill "$poller" 2>/dev/null || true; fi
 	stop_nodes
 }
 trap finish EXIT INT TERM

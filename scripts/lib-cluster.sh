@@ -22,8 +22,14 @@ port_of() { # node kind: kind is 0 SMTP, 1 POP3, 2 IMAP, 3 HTTP, 4 gossip
 # start_node I LOG [FLAGS...]: starts node I (a new data directory unless
 # it has one already: a restart keeps it), joining node 1.
 start_node() {
-	local i=$1 log=$2 join=()
+	local i=$1 log=$2 join=() k
 	shift 2
+	for k in 0 1 2 3 4; do
+		if [ -n "$(ss -Hltun "sport = :$(port_of "$i" "$k")")" ]; then
+			echo "port $(port_of "$i" "$k") of node $i is taken (another run? BASE_PORT=... moves them)" >&2
+			exit 1
+		fi
+	done
 	[ -n "${NODE_DIRS[$i]:-}" ] || NODE_DIRS[i]=$(mktemp -d /tmp/quill-exp.XXXXXX)
 	[ "$i" -gt 1 ] && join=(--join "127.0.0.1:$(port_of 1 4)")
 	"$Q" serve --data "${NODE_DIRS[$i]}" --smtps= --imaps= --pop3s= --submission= \

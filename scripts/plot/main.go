@@ -30,7 +30,7 @@ import (
 const (
 	width, height = 760.0, 340.0
 	left, right   = 60.0, 20.0
-	top, bottom   = 40.0, 44.0
+	top, bottom   = 48.0, 44.0
 )
 
 // palette colours the series in order.
@@ -138,12 +138,14 @@ func frame(b *strings.Builder, title, yLabel string, yTop float64, series []stri
 		fmt.Fprintf(b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, y+4, label(v))
 	}
 	fmt.Fprintf(b, `<text transform="translate(14 %.0f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", top+plotH/2, html.EscapeString(yLabel))
-	x := width - right
-	for i := len(series) - 1; i >= 0; i-- {
-		fmt.Fprintf(b, `<text x="%.1f" y="32" text-anchor="end">%s</text>`+"\n", x, html.EscapeString(series[i]))
-		x -= 7*float64(len(series[i])) + 4
-		fmt.Fprintf(b, `<rect x="%.1f" y="23" width="10" height="10" fill="%s"/>`+"\n", x-10, palette[i%len(palette)])
-		x -= 24
+	// The legend on the line under the title, left to right: a square,
+	// then the name (a width estimated from its length: an error leaves
+	// a gap between items, never between a square and its name).
+	x := left
+	for i, name := range series {
+		fmt.Fprintf(b, `<rect x="%.1f" y="24" width="10" height="10" fill="%s"/>`+"\n", x, palette[i%len(palette)])
+		fmt.Fprintf(b, `<text x="%.1f" y="33">%s</text>`+"\n", x+14, html.EscapeString(name))
+		x += 14 + 7*float64(len(name)) + 18
 	}
 }
 
