@@ -10,9 +10,10 @@
 # is a fresh cluster; the variants alternate round by round (the machine
 # is shared: policies are compared only within one round). quill bench
 # spreads its sessions over the four nodes at random. It prints a table:
-# msg/s, POP sessions/s, SMTP latency, errors, the load average at the
-# start of each run, and each policy's rate over dynamic's in the same
-# round and condition; scripts/plot draws it (PLOT=FILE.svg).
+# msg/s, POP sessions/s, SMTP latency, errors, node 4's share of the bytes
+# written to the nodes' logs, the load average at the start of each run,
+# and each policy's rate over dynamic's in the same round and condition;
+# scripts/plot draws it (PLOT=FILE.svg).
 #
 # Usage: scripts/bench-placement.sh [QUILL_BIN] [OUTDIR]
 # ROUNDS (1), DURATION (40s), CONCURRENCY (16), USERS (500), POLICIES
@@ -56,13 +57,18 @@ run() { # name policy condition
 	"$Q" bench --no-create --users "$USERS" --smtp "$(addrs 0)" --pop3 "$(addrs 1)" --concurrency "$CONCURRENCY" \
 		--duration "$DURATION" --server-pid "$(IFS=,; echo "${pids[*]}")" --quiet --json-file "$OUT/$name.json" >"$OUT/$name.txt"
 	grep -E "delivered|POP sessions" "$OUT/$name.txt" | head -2 >&2
+	# Where the writes went: each node's bytes written to its log
+	# (message bodies, replica copies, profiles, the writers' REDO log).
+	for i in $(seq "$NODES"); do
+		metrics "$i" | awk -v i="$i" '/^quill_pebble_wal_written_bytes_total\{/ { print i, $NF }'
+	done >"$OUT/$name.wal"
 	stop_nodes
 }
 
 # table prints one row per run found in OUTDIR, and each policy's rate over
 # dynamic's of the same round and condition.
 table() {
-	printf "%-22s %8s %7s %13s %7s %12s %15s %8s\n" run msg/s POP/s "SMTP p50/p99" errors "server cores" "load 1/5/15" "/dynamic"
+	printf "%-22s %8s %7s %13s %7s %12s %10s %15s %8s\n" run msg/s POP/s "SMTP p50/p99" errors "server cores" "node $NODES log" "load 1/5/15" "/dynamic"
 	for round in $(seq "$ROUNDS"); do
 		for cond in $CONDITIONS; do
 			for p in $POLICIES; do
@@ -70,11 +76,14 @@ table() {
 				[ -s "$f" ] || continue
 				ratio=-
 				[ -s "$d" ] && ratio=$(jq -n --slurpfile a "$f" --slurpfile b "$d" '$a[0].total.msgs_per_sec / $b[0].total.msgs_per_sec * 100 | round / 100')
-				jq -r --arg run "$p-$cond-$round" --arg load "$(cat "$OUT/$p-$cond-$round.load")" --arg ratio "$ratio" '
+				# Node N's share of the bytes written to every node's log.
+				share=-
+				[ -s "$OUT/$p-$cond-$round.wal" ] && share=$(awk -v n="$NODES" '{ s += $2 } $1 == n { v = $2 } END { if (s > 0) printf "%.0f%%", v / s * 100 }' "$OUT/$p-$cond-$round.wal")
+				jq -r --arg run "$p-$cond-$round" --arg load "$(cat "$OUT/$p-$cond-$round.load")" --arg ratio "$ratio" --arg share "$share" '
 					[$run, .total.msgs_per_sec, .total.pop_sessions_per_sec,
 					 "\(.total.smtp_latency.p50_ms | round)/\(.total.smtp_latency.p99_ms | round)",
-					 .total.error_count, (.cpu.server_cores // 0), $load, $ratio] | @tsv' "$f" |
-					awk -F'\t' '{ printf "%-22s %8.1f %7.1f %13s %7s %12.2f %15s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
+					 .total.error_count, (.cpu.server_cores // 0), $share, $load, $ratio] | @tsv' "$f" |
+					awk -F'\t' '{ printf "%-22s %8.1f %7.1f %13s %7s %12.2f %10s %15s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }'
 			done
 		done
 	done

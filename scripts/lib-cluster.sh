@@ -7,6 +7,12 @@
 # kill -9 comes back on its own addresses, and below Linux's ephemeral range
 # (32768 up), where outgoing connections could take them first.
 
+# shellcheck source=scripts/lib-idle.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib-idle.sh"
+# A cluster run waits for less than one busy core: the machine is shared
+# with builds and tests, which a run must not wait out entirely.
+IDLE_CORES=${IDLE_CORES:-1.0}
+
 # settleWait bounds the wait for a new cluster to see itself whole (4 nodes
 # on 2 busy cores join in a few seconds).
 settleWait=120
@@ -97,21 +103,4 @@ stop_nodes() {
 create_users() {
 	QUILL_ADMIN_TOKEN=$(cat "${NODE_DIRS[1]}/admin.token") "$Q" bench --admin "http://127.0.0.1:$(port_of 1 3)" \
 		--smtp "127.0.0.1:$(port_of 1 0)" --users "$1" --concurrency 1 --duration 1ms --mix 1 --quiet >/dev/null
-}
-
-# idle: wait (at most 60 s) until the machine's busy cores over 3 s fall
-# below IDLE_CORES (1.0: another helper may be compiling), so a run does
-# not start in the previous one's tail; the load average printed beside
-# each figure says what else ran.
-idle() {
-	local a b
-	for _ in $(seq 20); do
-		a=$(awk '/^cpu / {print $2+$3+$4+$7+$8, $5+$6}' /proc/stat)
-		sleep 3
-		b=$(awk '/^cpu / {print $2+$3+$4+$7+$8, $5+$6}' /proc/stat)
-		if awk -v lim="${IDLE_CORES:-1.0}" -v a="$a" -v b="$b" 'BEGIN { split(a, x, " "); split(b, y, " ");
-			busy = y[1] - x[1]; all = busy + y[2] - x[2]; exit !(all > 0 && busy / all * 2 < lim) }'; then
-			return
-		fi
-	done
 }
