@@ -361,6 +361,9 @@ func New(o Options) (*Core, error) {
 	if o.Placement != "" {
 		c.Placer.SetPolicy(o.Placement)
 	}
+	if (o.Placement != "" && o.Placement != balance.Dynamic) || o.DiskDelay > 0 {
+		log.Warn("experimental settings in force, for benchmarks only", "placement", o.Placement, "disk_delay", o.DiskDelay)
+	}
 	if o.Cassandra == nil {
 		c.Rebal = rebalance.New(id, c.Boxes, c.Peers, c.Writers, float64(o.RebalanceRate), log)
 	}
