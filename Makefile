@@ -7,7 +7,7 @@ GO ?= go
 SHELL := /bin/bash
 BIN := bin/quill
 
-.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance availability island-move repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim
+.PHONY: build run test deps unit e2e e2e-cassandra e2e-large fuzz faults faults-long rebalance availability island-move repair-bench testssl vet proto clean cassandra-3 cassandra-3-stop cassandra-3-test cassandra-large migrate-large cassandra-faults cassandra-serve-faults cassandra-bench bench-cassmail bench-memory bench-porcupine bench-disk bench-scale bench-sim bench-placement bench-failover
 
 build:
 	$(GO) build -o $(BIN) ./cmd/quill
@@ -242,6 +242,23 @@ WAMP_DURATION ?= 1h
 bench-disk: build
 	QUILL=$(BIN) scripts/bench-disk.sh footprint 10000 100000
 	QUILL=$(BIN) scripts/bench-disk.sh wamp $(WAMP_DURATION)
+
+# Porcupine Fig. 10/11 redone (issue 17): a 4-node cluster under Zipf
+# users with the static, random and dynamic placement policies of quill
+# serve --placement, every node alike and then node 4 slowed (--disk-delay);
+# fresh nodes per run, the variants interleaved round by round
+# (scripts/bench-placement.sh, about 75 s a run, 12 runs at ROUNDS=2).
+# docs/benchmarks.md, "Issue 17: Porcupine's placement and failure
+# experiments"; PLOT redraws the figure.
+bench-placement: build
+	ROUNDS=$${ROUNDS:-2} PLOT=$${PLOT:-docs/img/porcupine-fig10-11.svg} scripts/bench-placement.sh $(CURDIR)/$(BIN)
+
+# Porcupine Fig. 12-14 redone (issue 17): throughput second by second
+# through a kill -9 of one node of four and its restart, with the instants
+# of the membership change and the new user maps (scripts/bench-failover.sh,
+# about 3 minutes). Same section of docs/benchmarks.md.
+bench-failover: build
+	PLOT=$${PLOT:-docs/img/porcupine-fig12-14.svg} scripts/bench-failover.sh $(CURDIR)/$(BIN)
 
 clean:
 	rm -rf bin

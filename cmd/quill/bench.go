@@ -89,6 +89,14 @@ many messages its answer named beside how many it should, and with
 --server-pid the CPU the server and the rest of the machine used meanwhile. It speaks plain
 IMAP to any server: give --imap, --user and --password-file (or --password).
 
+--smtp, --pop3 and --imap each take one address or a comma-separated list
+(the nodes of a cluster); every session then connects to one of them at random,
+as Porcupine's generator did, and if that connection is refused it tries the
+others in turn, as a mail client tries a name's several addresses (the report
+counts the refusals). The JSON report has the run's per-second series
+(what was delivered, retrieved and failed in each second, with wall-clock
+times), from which a timeline through a node's failure is drawn.
+
 Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -235,9 +243,9 @@ Progress goes to stderr once a second, the report to stdout (--json for JSON).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&smtpAddr, "smtp", "127.0.0.1:2525", "SMTP server address")
-	f.StringVar(&pop3Addr, "pop3", "127.0.0.1:1110", "POP3 server address")
-	f.StringVar(&imapAddr, "imap", "127.0.0.1:1143", "IMAP server address (used with --mix-imap or --workload imap)")
+	f.StringVar(&smtpAddr, "smtp", "127.0.0.1:2525", "SMTP server address, or a comma-separated list (a cluster's nodes: each session connects to one at random)")
+	f.StringVar(&pop3Addr, "pop3", "127.0.0.1:1110", "POP3 server address, or a comma-separated list as for --smtp")
+	f.StringVar(&imapAddr, "imap", "127.0.0.1:1143", "IMAP server address, or a comma-separated list as for --smtp (used with --mix-imap or --workload imap)")
 	f.DurationVar(&duration, "duration", bench.DefaultDuration,
 		"length of the run (3m when --probe is given without --duration)")
 	f.Float64Var(&paceRate, "rate", 0, "cap the requests started per second across all workers (0: none); runs of two servers at the same rate compare latencies under the same load")

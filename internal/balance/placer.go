@@ -24,6 +24,9 @@ type Placer struct {
 	members Members
 	loads   *Tracker
 	spread  int // the cluster's default spread
+	// policy is Dynamic but for the experiments of Porcupine §6.3
+	// (SetPolicy).
+	policy Policy
 
 	mu  sync.Mutex
 	rnd *rand.Rand
@@ -35,8 +38,35 @@ func NewPlacer(members Members, loads *Tracker, spread int) *Placer {
 	if spread <= 0 {
 		spread = DefaultSpread
 	}
-	return &Placer{members: members, loads: loads, spread: spread,
+	return &Placer{members: members, loads: loads, spread: spread, policy: Dynamic,
 		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+}
+
+// SetPolicy sets how new mail is placed (Dynamic unless an experiment says
+// otherwise); call it before the node serves.
+func (p *Placer) SetPolicy(pol Policy) { p.policy = pol }
+
+// Place picks the replica set of a new message of user: Set under the
+// Dynamic and Random policies, the user's fixed nodes (among those that may
+// hold the user's state) under Static.
+func (p *Placer) Place(user string, holders []cluster.NodeID, spread, r int, exclude map[cluster.NodeID]bool) []cluster.NodeID {
+	bucket := cluster.Bucket(user)
+	if p.policy != Static {
+		return p.Set(bucket, holders, spread, r, exclude)
+	}
+	if spread <= 0 {
+		spread = p.spread
+	}
+	var live []cluster.NodeID
+	eligible, _ := p.members.Eligible(bucket)
+	for _, m := range eligible {
+		if !exclude[m.ID] {
+			live = append(live, m.ID)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return StaticSet(user, live, spread, r, p.loads.Get, p.rnd)
 }
 
 // Set picks the r nodes of a new message's replica set for a user of
@@ -101,7 +131,11 @@ func (p *Placer) choose(bucket uint8, holders []cluster.NodeID, spread int, excl
 			live = append(live, m.ID)
 		}
 	}
+	load := p.loads.Get
+	if p.policy == Random {
+		load = blind(load)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Choose(holders, live, spread, p.loads.Get, p.rnd)
+	return Choose(holders, live, spread, load, p.rnd)
 }

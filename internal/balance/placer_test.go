@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -113,5 +114,87 @@ func TestSetStaysInTheUsersIsland(t *testing.T) {
 		if table.Island(uint8(b)) == "a" && len(set) != 0 {
 			t.Fatalf("bucket %d of island a, which is down: set %v, want none", b, set)
 		}
+	}
+}
+
+// The Random policy picks among the same candidates as Dynamic but blind to
+// load: a node with a long disk queue still gets about its share, where
+// Dynamic never picks it while another candidate is idle.
+func TestRandomPolicyIsBlindToLoad(t *testing.T) {
+	all := members{member("a", "alive"), member("b", "alive")}
+	loads := NewTracker()
+	loads.Observe("a", Load{Pending: 50})
+	p := NewPlacer(all, loads, 2)
+	for range 50 {
+		if set := p.Place("u@x", nil, 2, 1, nil); set[0] != "b" {
+			t.Fatalf("dynamic placed on %v, the busy node", set)
+		}
+	}
+	p.SetPolicy(Random)
+	onA := 0
+	for range 400 {
+		if p.Place("u@x", nil, 2, 1, nil)[0] == "a" {
+			onA++
+		}
+	}
+	if onA < 120 || onA > 280 {
+		t.Fatalf("random placed %d of 400 on the busy node, want about half", onA)
+	}
+}
+
+// The Static policy gives a user the same nodes whatever their load and
+// mail map, spreads users over the cluster, and moves only the users of a
+// node that leaves.
+func TestStaticPolicyKeepsAUsersNodes(t *testing.T) {
+	all := members{member("a", "alive"), member("b", "alive"), member("c", "alive"), member("d", "alive")}
+	loads := NewTracker()
+	p := NewPlacer(all, loads, 2)
+	p.SetPolicy(Static)
+	first := map[string]cluster.NodeID{}
+	count := map[cluster.NodeID]int{}
+	for i := range 400 {
+		u := fmt.Sprintf("user%d@x", i)
+		set := p.Place(u, []cluster.NodeID{"d"}, 1, 1, nil)
+		loads.Observe(set[0], Load{Pending: i}) // load changes nothing
+		if again := p.Place(u, nil, 1, 1, nil); len(set) != 1 || again[0] != set[0] {
+			t.Fatalf("%s: placed on %v, then %v", u, set, again)
+		}
+		first[u] = set[0]
+		count[set[0]]++
+	}
+	for _, n := range []cluster.NodeID{"a", "b", "c", "d"} {
+		if count[n] < 60 {
+			t.Fatalf("node %s holds %d of 400 users, want about 100: %v", n, count[n], count)
+		}
+	}
+	// d leaves: its users move, no other user does.
+	p = NewPlacer(all[:3], NewTracker(), 2)
+	p.SetPolicy(Static)
+	for u, n := range first {
+		if got := p.Place(u, nil, 1, 1, nil)[0]; n != "d" && got != n {
+			t.Fatalf("%s moved from %s to %s when d left", u, n, got)
+		}
+	}
+	// Two replicas within a spread of 2: always the same two nodes.
+	set := p.Place("user1@x", nil, 2, 2, nil)
+	for range 20 {
+		again := p.Place("user1@x", nil, 2, 2, nil)
+		slices.Sort(again)
+		s := slices.Clone(set)
+		slices.Sort(s)
+		if len(again) != 2 || !slices.Equal(again, s) {
+			t.Fatalf("replica sets %v and %v", set, again)
+		}
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	for in, want := range map[string]Policy{"": Dynamic, "dynamic": Dynamic, "random": Random, "static": Static} {
+		if got, err := ParsePolicy(in); err != nil || got != want {
+			t.Errorf("ParsePolicy(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParsePolicy("roundrobin"); err == nil {
+		t.Error("ParsePolicy(roundrobin): no error")
 	}
 }

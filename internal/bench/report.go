@@ -52,6 +52,11 @@ type Report struct {
 
 	// CPU is the CPU use during the run (Linux only).
 	CPU *CPUReport `json:"cpu,omitempty"`
+
+	// StartUnixMS is when the run began; Series what finished in each of
+	// its seconds.
+	StartUnixMS int64    `json:"start_unix_ms"`
+	Series      []Second `json:"series,omitempty"`
 }
 
 // TLSTotals are the handshakes of a run over TLS.
@@ -93,8 +98,11 @@ type Totals struct {
 	ErrorCount       int64                       `json:"error_count"`
 	ErrorSamples     map[string]string           `json:"error_samples,omitempty"` // first error of each kind
 	Aborted          int64                       `json:"aborted"`                 // cut off at the end of the run
-	MeanMessageSize  float64                     `json:"mean_message_size"`
-	BytesSent        int64                       `json:"bytes_sent"`
+	// Refused counts connections refused before another address of the
+	// list answered (the session then went on there).
+	Refused         int64   `json:"refused_connections"`
+	MeanMessageSize float64 `json:"mean_message_size"`
+	BytesSent       int64   `json:"bytes_sent"`
 }
 
 // StepReport is one step of a run (a fixed run has one).
@@ -429,6 +437,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		if m, ok := t.ErrorSamples[string(k)]; ok {
 			fmt.Fprintf(&b, "    first %s: %s\n", k, m)
 		}
+	}
+	if t.Refused > 0 {
+		fmt.Fprintf(&b, "  connections refused, the session then taken by another address: %d\n", t.Refused)
 	}
 	fmt.Fprintf(&b, "  aborted at the end of the run: %d\n", t.Aborted)
 	if c := r.CPU; c != nil {

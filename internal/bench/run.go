@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +29,13 @@ const (
 
 // Config describes one run.
 type Config struct {
-	SMTPAddr string // host:port of the SMTP server
-	POP3Addr string // host:port of the POP3 server
-	IMAPAddr string // host:port of the IMAP server
+	// SMTPAddr, POP3Addr and IMAPAddr are the servers' host:port; each may
+	// be a comma-separated list (the nodes of a cluster), and every
+	// session then connects to one of them chosen at random, as
+	// Porcupine's generator did (§6.1).
+	SMTPAddr string
+	POP3Addr string
+	IMAPAddr string
 	// Users are the mailboxes, most popular first (the Zipf rank order).
 	Users []User
 	// Domain names the sender (bench-sender@Domain) and the Message-IDs.
@@ -105,11 +110,11 @@ func (cfg *Config) check() error {
 		return errors.New("bench: mix must be within [0, 1]")
 	case cfg.IMAPMix < 0 || cfg.IMAPMix > 1:
 		return errors.New("bench: IMAP mix must be within [0, 1]")
-	case cfg.SMTPAddr == "" && cfg.IMAPMix < 1 && cfg.Mix > 0:
+	case len(splitAddrs(cfg.SMTPAddr)) == 0 && cfg.IMAPMix < 1 && cfg.Mix > 0:
 		return errors.New("bench: no SMTP address")
-	case cfg.POP3Addr == "" && cfg.IMAPMix < 1 && cfg.Mix < 1:
+	case len(splitAddrs(cfg.POP3Addr)) == 0 && cfg.IMAPMix < 1 && cfg.Mix < 1:
 		return errors.New("bench: no POP3 address")
-	case cfg.IMAPAddr == "" && cfg.IMAPMix > 0:
+	case len(splitAddrs(cfg.IMAPAddr)) == 0 && cfg.IMAPMix > 0:
 		return errors.New("bench: no IMAP address")
 	case len(cfg.Users) == 0:
 		return errors.New("bench: no users")
@@ -151,8 +156,10 @@ type recorder struct {
 	step  *Stats
 	total Stats
 
-	// Counters for the progress line.
-	delivered, pop, imap, errs atomic.Int64
+	// Counters for the progress line and the per-second series; refused
+	// counts the connections a session could not open before another
+	// address answered (runner.connect).
+	delivered, pop, imap, errs, refused atomic.Int64
 }
 
 func (r *recorder) add(res Result) {
@@ -212,6 +219,61 @@ type runner struct {
 	active  atomic.Int64
 	// pace, if set, hands out the Config.Rate starts per second.
 	pace *rate.Limiter
+	// The servers' addresses (Config.SMTPAddr and the others, split).
+	smtpAddrs, popAddrs, imapAddrs []string
+	// series is the per-second record of the run (sample).
+	series []Second
+}
+
+// splitAddrs splits a comma-separated list of addresses.
+func splitAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// connect runs one session through do on one of addrs chosen at random;
+// if the connection cannot be opened, it tries the others in turn, as a
+// mail client tries a name's several addresses (RFC 5321 §5.1), so a node
+// that is down costs its sessions a refused connection each, not the
+// session. Each address tried in vain is counted (Second.Refused); the
+// session is a connect error only when none answered.
+func (rn *runner) connect(addrs []string, rng *rand.Rand, do func(addr string) (Result, error)) (Result, error) {
+	first := pickAddr(addrs, rng)
+	res, err := do(first)
+	if res.Err != ErrConnect || len(addrs) < 2 {
+		return res, err
+	}
+	rest := make([]string, 0, len(addrs)-1)
+	for _, a := range addrs {
+		if a != first {
+			rest = append(rest, a)
+		}
+	}
+	rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
+	for _, a := range rest {
+		rn.rec.refused.Add(1)
+		if res, err = do(a); res.Err != ErrConnect {
+			break
+		}
+	}
+	return res, err
+}
+
+// pickAddr is the server of one session: one of addrs at random ("" if
+// there is none; check has refused that for the protocols used).
+func pickAddr(addrs []string, rng *rand.Rand) string {
+	switch len(addrs) {
+	case 0:
+		return ""
+	case 1:
+		return addrs[0]
+	}
+	return addrs[rng.IntN(len(addrs))]
 }
 
 // setConcurrency starts or stops workers so that n run.
@@ -262,7 +324,7 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 			}
 			u := rn.cfg.Users[users.Next()]
 			seq := rn.seq.Add(1)
-			t := smtpTarget{addr: rn.cfg.SMTPAddr, tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain, from: from, to: []string{u.Address}}
+			t := smtpTarget{tls: rn.cfg.TLS, helo: "bench-client." + rn.cfg.Domain, from: from, to: []string{u.Address}}
 			if sub := rn.cfg.Submit; sub != nil {
 				// The user sends, to addresses of the remote domain.
 				t.from, t.to = u.Address, nil
@@ -287,17 +349,24 @@ func (rn *runner) work(id uint64, quit <-chan struct{}) {
 				buf = AppendMessage(buf[:0], rng, spec)
 			}
 			t.msg = buf
-			res, err = deliver(rn.abort, t)
+			res, err = rn.connect(rn.smtpAddrs, rng, func(addr string) (Result, error) {
+				t.addr = addr
+				return deliver(rn.abort, t)
+			})
 		case OpPOP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
-			res, err = retrieveAll(rn.abort, popTarget{addr: rn.cfg.POP3Addr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password})
+			res, err = rn.connect(rn.popAddrs, rng, func(addr string) (Result, error) {
+				return retrieveAll(rn.abort, popTarget{addr: addr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password})
+			})
 			rn.readerBusy[k].Store(false)
 		case OpIMAP:
 			k := rn.lockReader(users)
 			u := rn.cfg.Users[k]
-			res, err = imapSession(rn.abort, imapTarget{addr: rn.cfg.IMAPAddr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password,
-				pick: rng.IntN})
+			res, err = rn.connect(rn.imapAddrs, rng, func(addr string) (Result, error) {
+				return imapSession(rn.abort, imapTarget{addr: addr, tls: rn.cfg.TLS, user: u.Address, pass: u.Password,
+					pick: rng.IntN})
+			})
 			rn.readerBusy[k].Store(false)
 		}
 		_ = err // classified into res
@@ -372,7 +441,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rec := &recorder{deadline: cfg.Deadline, step: new(Stats)}
 	rn := &runner{cfg: cfg, rec: rec, stop: stop, end: stopRun, abort: abort,
 		runID:      strconv.FormatInt(time.Now().UnixNano(), 36),
-		readerBusy: make([]atomic.Bool, len(cfg.Users))}
+		readerBusy: make([]atomic.Bool, len(cfg.Users)),
+		smtpAddrs:  splitAddrs(cfg.SMTPAddr), popAddrs: splitAddrs(cfg.POP3Addr), imapAddrs: splitAddrs(cfg.IMAPAddr)}
 	if cfg.Rate > 0 {
 		// A burst of one: starts are spread evenly, not bunched at the top
 		// of each second.
@@ -389,13 +459,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	progressDone := make(chan struct{})
 	var progressWG sync.WaitGroup
-	if cfg.Progress != nil {
-		progressWG.Add(1)
-		go func() {
-			defer progressWG.Done()
-			rn.progress(start, progressDone)
-		}()
-	}
+	progressWG.Add(1)
+	go func() {
+		defer progressWG.Done()
+		rn.progress(start, progressDone)
+	}()
 
 	var steps []StepReport
 	stepStart := start
@@ -441,25 +509,67 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer rec.mu.Unlock()
 	rep := newReport(cfg, &rec.total, end.Sub(start), steps)
 	rep.CPU = cpuReport(cpu0, cpu1, len(cfg.ServerPIDs) > 0)
+	rep.Total.Refused = rec.refused.Load()
+	rep.StartUnixMS = start.UnixMilli()
+	rep.Series = rn.series
 	if ctx.Err() != nil {
 		rep.Interrupted = true
 	}
 	return rep, nil
 }
 
-// progress prints one line per interval until done.
+// Second is one interval (progressInterval) of a run's per-second series:
+// what finished in it. A timeline (a node killed and restarted during the
+// run, docs/benchmarks.md) is read from these.
+type Second struct {
+	// T is the end of the interval in seconds from the start of the run,
+	// UnixMS the same instant on the wall clock.
+	T          float64 `json:"t_s"`
+	UnixMS     int64   `json:"unix_ms"`
+	Delivered  int64   `json:"delivered"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	POP        int64   `json:"pop_sessions"`
+	IMAP       int64   `json:"imap_sessions,omitempty"`
+	Errors     int64   `json:"errors"`
+	// Refused counts the connections that could not be opened before
+	// another address of the list answered (a node down).
+	Refused int64 `json:"refused_connections,omitempty"`
+}
+
+// counts are the running totals the series is cut from.
+type counts struct{ delivered, pop, imap, errs, refused int64 }
+
+// second is the interval from (then, prev) to (now, cur).
+func second(start, then, now time.Time, prev, cur counts) Second {
+	s := Second{T: round2(now.Sub(start).Seconds()), UnixMS: now.UnixMilli(),
+		Delivered: cur.delivered - prev.delivered, POP: cur.pop - prev.pop,
+		IMAP: cur.imap - prev.imap, Errors: cur.errs - prev.errs, Refused: cur.refused - prev.refused}
+	if d := now.Sub(then); d > 0 {
+		s.MsgsPerSec = round2(float64(s.Delivered) / d.Seconds())
+	}
+	return s
+}
+
+// progress records the per-second series and, with Config.Progress,
+// prints one line per interval, until done.
 func (rn *runner) progress(start time.Time, done <-chan struct{}) {
 	t := time.NewTicker(progressInterval)
 	defer t.Stop()
-	last, lastT := int64(0), start
+	var last counts
+	lastT := start
 	for {
 		select {
 		case <-done:
 			return
 		case now := <-t.C:
-			d := rn.rec.delivered.Load()
-			rate := float64(d-last) / now.Sub(lastT).Seconds()
-			last, lastT = d, now
+			cur := counts{rn.rec.delivered.Load(), rn.rec.pop.Load(), rn.rec.imap.Load(), rn.rec.errs.Load(), rn.rec.refused.Load()}
+			sec := second(start, lastT, now, last, cur)
+			rn.series = append(rn.series, sec)
+			d, rate := cur.delivered, sec.MsgsPerSec
+			last, lastT = cur, now
+			if rn.cfg.Progress == nil {
+				continue
+			}
 			imap := ""
 			if rn.cfg.IMAPMix > 0 {
 				imap = fmt.Sprintf("  imap %6d", rn.rec.imap.Load())

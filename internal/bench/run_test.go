@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -525,5 +526,104 @@ func TestRunSizeRange(t *testing.T) {
 	if _, err := Run(context.Background(), Config{SMTPAddr: "127.0.0.1:1", Users: GenerateUsers(1, "x", "pw"),
 		Duration: time.Second, Deadline: time.Second, Concurrency: 1, Mix: 1, Range: &SizeRange{Min: 10, Max: 5}}); err == nil {
 		t.Error("a range whose MAX is below its MIN was accepted")
+	}
+}
+
+// A comma-separated SMTP address spreads the sessions over the servers
+// (each session one at random, as Porcupine's generator picks a node), and
+// the report's per-second series adds up to what was delivered in it.
+func TestRunSpreadsSessionsAndRecordsSeries(t *testing.T) {
+	a := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
+	b := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
+	addrA := fakeSMTP(t, func() smtp.Session { return &smtpSession{st: a} })
+	addrB := fakeSMTP(t, func() smtp.Session { return &smtpSession{st: b} })
+	rep, err := Run(context.Background(), Config{
+		SMTPAddr: addrA + ", " + addrB, Users: GenerateUsers(20, "spread.example", "pw"),
+		Duration: 2500 * time.Millisecond, Deadline: DefaultDeadline, Concurrency: 4, Mix: 1, Seed: 7,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	b.mu.Lock()
+	defer a.mu.Unlock()
+	defer b.mu.Unlock()
+	if a.received+b.received != rep.Total.Delivered || a.received < rep.Total.Delivered/4 || b.received < rep.Total.Delivered/4 {
+		t.Fatalf("servers received %d and %d of %d delivered: want about half each", a.received, b.received, rep.Total.Delivered)
+	}
+	if len(rep.Series) < 2 {
+		t.Fatalf("series of %d seconds in a 2.5 s run", len(rep.Series))
+	}
+	var sum int64
+	for i, s := range rep.Series {
+		sum += s.Delivered
+		if i > 0 && (s.T <= rep.Series[i-1].T || s.UnixMS <= rep.Series[i-1].UnixMS) {
+			t.Fatalf("series out of order: %+v", rep.Series)
+		}
+	}
+	if sum == 0 || sum > rep.Total.Delivered || rep.StartUnixMS <= 0 || rep.Series[0].UnixMS <= rep.StartUnixMS {
+		t.Fatalf("series delivers %d of %d, starts %d: %+v", sum, rep.Total.Delivered, rep.StartUnixMS, rep.Series)
+	}
+}
+
+func TestSplitAndPickAddrs(t *testing.T) {
+	addrs := splitAddrs(" a:1,b:2,, c:3 ")
+	if strings.Join(addrs, "|") != "a:1|b:2|c:3" {
+		t.Fatalf("splitAddrs: %q", addrs)
+	}
+	if len(splitAddrs(" , ")) != 0 || pickAddr(nil, nil) != "" || pickAddr([]string{"x"}, nil) != "x" {
+		t.Fatal("empty or single address lists")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	seen := map[string]int{}
+	for range 300 {
+		seen[pickAddr(addrs, rng)]++
+	}
+	for _, a := range addrs {
+		if seen[a] < 60 {
+			t.Fatalf("picks %v: want each of %v about 100 times", seen, addrs)
+		}
+	}
+}
+
+func TestSecond(t *testing.T) {
+	start := time.Unix(1000, 0)
+	s := second(start, start.Add(time.Second), start.Add(3*time.Second), counts{10, 1, 0, 2, 0}, counts{50, 4, 0, 3, 7})
+	if s.T != 3 || s.UnixMS != 1003000 || s.Delivered != 40 || s.MsgsPerSec != 20 || s.POP != 3 || s.Errors != 1 || s.Refused != 7 {
+		t.Fatalf("second: %+v", s)
+	}
+}
+
+// A node that refuses connections costs a session a retry on another
+// address, not the session: nothing fails, the refusals are counted.
+func TestRunTriesTheNextAddress(t *testing.T) {
+	st := &mailStore{boxes: map[string][][]byte{}, locked: map[string]bool{}}
+	live := fakeSMTP(t, func() smtp.Session { return &smtpSession{st: st} })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close() // nothing listens there now: connections are refused
+	rep, err := Run(context.Background(), Config{
+		SMTPAddr: dead + "," + live, Users: GenerateUsers(20, "next.example", "pw"),
+		Duration: 1500 * time.Millisecond, Deadline: DefaultDeadline, Concurrency: 2, Mix: 1, Seed: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tot := rep.Total
+	if tot.Delivered < 10 || tot.Errors["connect"] != 0 || tot.Refused < tot.Delivered/4 || tot.Refused > tot.Delivered {
+		t.Fatalf("delivered %d, connect errors %d, refused %d: want every session delivered, about half of them after a refusal",
+			tot.Delivered, tot.Errors["connect"], tot.Refused)
+	}
+	// With the one dead address alone, the session is a connect error.
+	rep, err = Run(context.Background(), Config{SMTPAddr: dead, Users: GenerateUsers(2, "next.example", "pw"),
+		Duration: 300 * time.Millisecond, Deadline: DefaultDeadline, Concurrency: 1, Mix: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Total.Errors["connect"] == 0 || rep.Total.Refused != 0 {
+		t.Fatalf("one dead address: %d connect errors, %d refused", rep.Total.Errors["connect"], rep.Total.Refused)
 	}
 }

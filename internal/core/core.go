@@ -240,6 +240,11 @@ type Options struct {
 	TextIndexDelay time.Duration
 	// Island is the node's island (internal/island; "": island.Default).
 	Island string
+	// Placement and DiskDelay are experiments' settings (Porcupine §6.3,
+	// docs/benchmarks.md): how new mail is placed ("": balance.Dynamic)
+	// and a delay on every sync of the store's log (a slow disk).
+	Placement balance.Policy
+	DiskDelay time.Duration
 }
 
 // DefaultReplicas is how many copies of each message a cluster keeps unless
@@ -284,7 +289,7 @@ func New(o Options) (*Core, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := store.Open(dataDir)
+	db, err := store.OpenWith(dataDir, store.Options{SyncDelay: o.DiskDelay})
 	if err != nil {
 		return nil, err
 	}
@@ -359,6 +364,12 @@ func New(o Options) (*Core, error) {
 		c.Writers.EnableRedo(db, c.Repl)
 	}
 	c.Placer = balance.NewPlacer(c.Peers, c.Loads, o.Spread)
+	if o.Placement != "" {
+		c.Placer.SetPolicy(o.Placement)
+	}
+	if (o.Placement != "" && o.Placement != balance.Dynamic) || o.DiskDelay > 0 {
+		log.Warn("experimental settings in force, for benchmarks only", "placement", o.Placement, "disk_delay", o.DiskDelay)
+	}
 	if o.Cassandra == nil {
 		c.Rebal = rebalance.New(id, c.Boxes, c.Peers, c.Writers, float64(o.RebalanceRate), log)
 	}

@@ -123,6 +123,11 @@ type Config struct {
 	// island): a user's state stays on the nodes of the island owning the
 	// user's bucket, so losing an island touches only its users.
 	Island string `flag:"island" help:"island this node belongs to (a-z, 0-9, '.', '-', '_'); a user's mail, profile, queue entries and writer stay within one island; every node in one island is the cluster without islands"`
+	// Placement and DiskDelay are for experiments only (Porcupine §6.3,
+	// docs/benchmarks.md): they make a node place mail as a statically
+	// partitioned or load-blind server would, or write to a slow disk.
+	Placement string        `flag:"placement" help:"EXPERIMENTAL, for benchmarks: how new mail is placed: dynamic (Porcupine's load-aware choice within the spread; the only setting for real use), random (the same candidates, blind to load) or static (fixed nodes hashed from the user's name)"`
+	DiskDelay time.Duration `flag:"disk-delay" help:"EXPERIMENTAL, for benchmarks: delay every sync of the store's write-ahead log, so every durable write, by this much (a slow disk; native store; 0: none)"`
 	// Store says where the hard state of mail and users lives: the native
 	// Porcupine store, or Apache Cassandra (issue 15, docs/cassandra.md).
 	Store          string   `flag:"store" help:"where mail and profiles live: native (the nodes' data directories, replicated among them) or cassandra (the keyspace --keyspace of --cassandra)"`
@@ -208,6 +213,7 @@ func DefaultConfig() Config {
 		WritePolicy:         string(replica.One),
 		Spread:              balance.DefaultSpread,
 		Island:              island.Default,
+		Placement:           string(balance.Dynamic),
 		Store:               "native",
 		Keyspace:            cassandra.DefaultKeyspace,
 		CassandraRF:         "1",
@@ -317,6 +323,13 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.RebalanceRate < 0 {
 		return nil, fmt.Errorf("--rebalance-rate %d: a rate of messages per second is 0 (off) or more", cfg.RebalanceRate)
 	}
+	placement, err := balance.ParsePolicy(cfg.Placement)
+	if err != nil {
+		return nil, fmt.Errorf("--placement: %w", err)
+	}
+	if cfg.DiskDelay < 0 {
+		return nil, fmt.Errorf("--disk-delay %v: a delay is 0 or more", cfg.DiskDelay)
+	}
 	if cfg.Spread < 1 {
 		return nil, fmt.Errorf("--spread %d: a user's mail needs at least one node", cfg.Spread)
 	}
@@ -333,7 +346,7 @@ func Start(cfg Config) (*Node, error) {
 	c, err := core.New(core.Options{DataDir: cfg.DataDir, ClusterAddr: cfg.ClusterAddr, Join: cfg.Join, Log: cfg.Logger,
 		MinFree: cfg.MinFree, Replicas: cfg.Replicas, WritePolicy: policy, Spread: cfg.Spread, ReplaceAfter: cfg.ReplaceAfter,
 		LogMaxAge: cfg.LogMaxAge, RebalanceRate: cfg.RebalanceRate, ClockSkew: cfg.ClockSkew, AuditInterval: auditInterval(cfg.AuditInterval),
-		TextIndexDelay: cfg.TextIndexDelay, Island: cfg.Island,
+		TextIndexDelay: cfg.TextIndexDelay, Island: cfg.Island, Placement: placement, DiskDelay: cfg.DiskDelay,
 		Register: func(r grpc.ServiceRegistrar) {
 			relaySvc.Register(r)
 			reporter.Register(r)

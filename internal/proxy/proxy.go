@@ -441,7 +441,7 @@ func (p *Proxy) placeTracked(ctx context.Context, users []string, name string, f
 			if policy == "" {
 				policy = p.Policy
 			}
-			set := p.Placer.Set(cluster.Bucket(u), a.MailMap, a.Spread, max(want, 1), failed)
+			set := p.Placer.Place(u, a.MailMap, a.Spread, max(want, 1), failed)
 			if len(set) == 0 || len(set) < policy.Need(want) {
 				p.confirm(ctx, &writer.ConfirmRequest{Place: a.Place, Cancel: true})
 				why := "no earlier attempt"

@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
@@ -92,12 +93,24 @@ func (d *DB) PointReads() int64 { return d.reads.Load() }
 var ErrInUse = errors.New("in use by a running quill (stop it first)")
 
 // Open opens (creating if needed) the database under dir/store.
-func Open(dir string) (*DB, error) {
+func Open(dir string) (*DB, error) { return OpenWith(dir, Options{}) }
+
+// Options are the settings of a store that are not Quill's fixed choices.
+type Options struct {
+	// SyncDelay delays every sync of the write-ahead log, and so every
+	// durable write: a slow disk on demand, for the heterogeneity
+	// experiment of Porcupine §6.3.3 (`quill serve --disk-delay`,
+	// docs/benchmarks.md). 0 in any real deployment.
+	SyncDelay time.Duration
+}
+
+// OpenWith is Open with options.
+func OpenWith(dir string, o Options) (*DB, error) {
 	path := filepath.Join(dir, "store")
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
-	return open(path, false)
+	return open(path, false, o)
 }
 
 // OpenReadOnly opens an existing database under dir/store without writing
@@ -109,7 +122,7 @@ func OpenReadOnly(dir string) (*DB, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
-	return open(path, true)
+	return open(path, true, Options{})
 }
 
 // Pebble's memory and disk sizes, chosen for a node that must stay within
@@ -145,7 +158,7 @@ const (
 	walBytesPerSync = 512 << 10
 )
 
-func open(path string, readOnly bool) (*DB, error) {
+func open(path string, readOnly bool, o Options) (*DB, error) {
 	cache := pebble.NewCache(blockCacheSize)
 	defer cache.Unref() // the database holds its own reference
 	opts := &pebble.Options{
@@ -155,7 +168,7 @@ func open(path string, readOnly bool) (*DB, error) {
 		WALBytesPerSync:             walBytesPerSync,
 		Logger:                      quietLogger{},
 		Cleaner:                     walCleaner{},
-		FS:                          walFS{vfs.Default},
+		FS:                          walFS{FS: vfs.Default, syncDelay: o.SyncDelay},
 		ReadOnly:                    readOnly,
 	}
 	// Bloom filters let a point read of a key that is not there (a UID

@@ -216,3 +216,28 @@ func TestWALAllocatedInSteps(t *testing.T) {
 		t.Fatalf("WAL files take %d bytes on disk, less than the 400 KB written", blocks)
 	}
 }
+
+// Options.SyncDelay holds every durable write for at least the delay (the
+// slow disk of the heterogeneity experiment), and the data still lands.
+func TestSyncDelay(t *testing.T) {
+	const delay, writes = 40 * time.Millisecond, 5
+	d, err := OpenWith(t.TempDir(), Options{SyncDelay: delay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	start := time.Now()
+	for i := range writes {
+		if err := d.Set([]byte{'k', byte(i)}, []byte("v"), Sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took < writes*delay {
+		t.Fatalf("%d synced writes took %v, want at least %v", writes, took, writes*delay)
+	}
+	v, c, err := d.Get([]byte{'k', writes - 1})
+	if err != nil || string(v) != "v" {
+		t.Fatalf("read back: %q, %v", v, err)
+	}
+	c.Close()
+}

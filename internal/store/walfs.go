@@ -2,6 +2,7 @@ package store
 
 import (
 	"strings"
+	"time"
 
 	"github.com/cockroachdb/pebble/vfs"
 )
@@ -17,8 +18,12 @@ import (
 const walPreallocChunk = 4 << 20
 
 // walFS is the store's file system: Pebble's, with WAL files allocated
-// ahead in walPreallocChunk steps instead of Pebble's.
-type walFS struct{ vfs.FS }
+// ahead in walPreallocChunk steps instead of Pebble's, and each WAL sync
+// delayed by syncDelay (Options.SyncDelay; 0 but in experiments).
+type walFS struct {
+	vfs.FS
+	syncDelay time.Duration
+}
 
 // Create wraps a new WAL file (Pebble names them NNNNNN.log).
 func (fs walFS) Create(name string) (vfs.File, error) {
@@ -26,7 +31,7 @@ func (fs walFS) Create(name string) (vfs.File, error) {
 	if err != nil || !strings.HasSuffix(name, ".log") {
 		return f, err
 	}
-	return &walFile{File: f}, nil
+	return &walFile{File: f, syncDelay: fs.syncDelay}, nil
 }
 
 // walFile is a WAL file being written: Pebble writes it from one
@@ -34,6 +39,24 @@ func (fs walFS) Create(name string) (vfs.File, error) {
 type walFile struct {
 	vfs.File
 	size, allocated int64
+	syncDelay       time.Duration
+}
+
+// Sync makes the written log durable, after syncDelay: every durable
+// write of the store waits on one of these (Pebble's group commit).
+func (f *walFile) Sync() error {
+	if f.syncDelay > 0 {
+		time.Sleep(f.syncDelay)
+	}
+	return f.File.Sync()
+}
+
+// SyncData is Sync without the file's metadata, delayed the same.
+func (f *walFile) SyncData() error {
+	if f.syncDelay > 0 {
+		time.Sleep(f.syncDelay)
+	}
+	return f.File.SyncData()
 }
 
 // Preallocate ignores Pebble's allocation of 1.1× the memtable: Write
