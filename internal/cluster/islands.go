@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/quillmail/quill/internal/island"
@@ -57,15 +56,7 @@ func metaIsland(name string) string {
 // rankInfo orders members by their weight for a bucket, highest first
 // (Ranked's order).
 func rankInfo(bucket uint8, ms []MemberInfo) []MemberInfo {
-	out := slices.Clone(ms)
-	sort.SliceStable(out, func(i, j int) bool {
-		wi, wj := nodeWeights(out[i].ID)[bucket], nodeWeights(out[j].ID)[bucket]
-		if wi != wj {
-			return wi > wj
-		}
-		return out[i].ID < out[j].ID
-	})
-	return out
+	return rankBy(bucket, ms, func(m MemberInfo) NodeID { return m.ID })
 }
 
 // Eligible returns the members of alive that may hold the state of a

@@ -138,13 +138,20 @@ func weight(bucket int, n NodeID) uint64 {
 // first: the first is the bucket's manager, the next ones are where hard
 // state that must survive the manager (user profiles) is kept.
 func Ranked(bucket uint8, members []Member) []Member {
-	out := append([]Member(nil), members...)
-	sort.Slice(out, func(i, j int) bool {
-		wi, wj := nodeWeights(out[i].ID)[bucket], nodeWeights(out[j].ID)[bucket]
+	return rankBy(bucket, members, func(m Member) NodeID { return m.ID })
+}
+
+// rankBy returns a copy of xs ordered by their nodes' weights for a
+// bucket, highest first, ties by node id (Ranked's order).
+func rankBy[T any](bucket uint8, xs []T, id func(T) NodeID) []T {
+	out := append([]T(nil), xs...)
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := id(out[i]), id(out[j])
+		wi, wj := nodeWeights(a)[bucket], nodeWeights(b)[bucket]
 		if wi != wj {
 			return wi > wj
 		}
-		return out[i].ID < out[j].ID
+		return a < b
 	})
 	return out
 }
