@@ -31,7 +31,9 @@ proto:
 unit:
 	$(GO) test -count=1 ./cmd/... ./internal/...
 	cd third_party/imapserver && $(GO) test -count=1 ./...
-	$(GO) test -count=1 -p 1 -timeout 40m ./tests/cluster/
+	# The cluster tests that mostly wait (t.Parallel: the island tests,
+	# ACME, two replace-after tests) run together once the others are done.
+	$(GO) test -count=1 -p 1 -parallel 8 -timeout 40m ./tests/cluster/
 
 # The end-to-end suite runs in three pytest-xdist workers (the tests wait on
 # clients and deadlines more than they compute; each has its own ports and

@@ -79,6 +79,10 @@ func startPebble(t *testing.T) (dirURL, caFile string) {
 // cluster orders the certificate from a real ACME CA (Pebble), every node
 // serves it, and it is renewed before it ends (issue 11, item 3).
 func TestACMECertificateForTheCluster(t *testing.T) {
+	// Beside the island tests, after the package's other tests: it mostly
+	// waits on Pebble's challenges, and CI's time is short. The only
+	// ACME test: Pebble's fixed challenge port is its alone.
+	t.Parallel()
 	dirURL, caFile := startPebble(t)
 	const name = "mail.acme.test"
 	nodes := startClusterWith(t, 3, "--acme-email", "postmaster@acme.test", "--acme-directory", dirURL,

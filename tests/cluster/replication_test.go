@@ -316,6 +316,7 @@ func managerOf(t *testing.T, n *Node, user string) string {
 // week by default) comes back as a new node with no hard state, and the
 // repair restores what it had from the other replicas.
 func TestNodeAwayTooLongRejoinsAsNew(t *testing.T) {
+	t.Parallel() // waits on timers; beside the other parallel tests (CI's time is short)
 	nodes := startReplicated(t, 3, "--log-max-age", "3s", "--replace-after", "2s")
 	u := "away@repl.example"
 	nodes[0].addUser(t, u, "pw")
@@ -390,6 +391,7 @@ func TestWritePolicyAllPerUser(t *testing.T) {
 // mail; the user's manager finds it in its scan of the returning node and
 // has it dropped, and other users' mail there stays.
 func TestDeletedUserMailLeavesReturningNode(t *testing.T) {
+	t.Parallel() // waits on timers; beside the other parallel tests (CI's time is short)
 	nodes := startReplicated(t, 2, "--replace-after", "10m")
 	gone, stays := "gone@repl.example", "stays@repl.example"
 	nodes[0].addUser(t, gone, "pw")
