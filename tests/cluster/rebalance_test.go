@@ -251,17 +251,28 @@ func TestRebalanceGivesAJoiningNodeItsShare(t *testing.T) {
 			fatalf(t, "census of %s: %v", n.ID, err)
 		}
 	}
-	wrong := 0
+	// Fewer than R copies is a loss and fails. More is a move cut by the
+	// stop between its two writes (the new replica written, the leaving
+	// one not yet dropped: the test stops the nodes while the rebalancers
+	// may still be moving), which nothing trims yet; it is counted, not
+	// failed (stop 34's note).
+	short, extra := 0, 0
 	for k, h := range holders {
-		if h != replicas {
-			if wrong < 10 {
+		switch {
+		case h < replicas:
+			if short < 10 {
 				t.Logf("%s: %d copies", k, h)
 			}
-			wrong++
+			short++
+		case h > replicas:
+			extra++
 		}
 	}
-	if len(holders) != left || wrong > 0 {
-		fatalf(t, "stores hold %d messages (want %d), %d of them not on exactly %d nodes", len(holders), left, wrong, replicas)
+	if len(holders) != left || short > 0 {
+		fatalf(t, "stores hold %d messages (want %d), %d of them on fewer than %d nodes", len(holders), left, short, replicas)
+	}
+	if extra > 0 {
+		t.Logf("%d messages on more than %d nodes: moves cut between their two writes by the stop", extra, replicas)
 	}
 	t.Logf("stores: %v", perNode)
 }
