@@ -57,16 +57,16 @@ func (p *Placer) Place(user string, holders []cluster.NodeID, spread, r int, exc
 	if spread <= 0 {
 		spread = p.spread
 	}
-	var live []cluster.NodeID
-	eligible, _ := p.members.Eligible(bucket)
+	var ranked []cluster.NodeID
+	eligible, _ := p.members.Eligible(bucket) // in the bucket's rank order
 	for _, m := range eligible {
 		if !exclude[m.ID] {
-			live = append(live, m.ID)
+			ranked = append(ranked, m.ID)
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return StaticSet(user, live, spread, r, p.loads.Get, p.rnd)
+	return StaticSet(ranked, spread, r, p.loads.Get, p.rnd)
 }
 
 // Set picks the r nodes of a new message's replica set for a user of

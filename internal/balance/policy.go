@@ -2,7 +2,6 @@ package balance
 
 import (
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 
@@ -26,7 +25,7 @@ const (
 	// what load awareness is worth.
 	Random Policy = "random"
 	// Static puts a user's mail on fixed nodes: the first max(spread, r)
-	// live nodes in an order hashed from the user's name (StaticSet), as
+	// live nodes in the rank order of the user's bucket (StaticSet), as
 	// a statically partitioned mail server does (Porcupine's S1, S2, S4).
 	Static Policy = "static"
 )
@@ -48,43 +47,16 @@ func blind(load func(cluster.NodeID) Load) func(cluster.NodeID) Load {
 	return func(n cluster.NodeID) Load { return Load{DiskFull: load(n).DiskFull} }
 }
 
-// StaticSet is the Static policy's replica set for user: the live nodes
-// ranked by a hash of the user's name and the node's (rendezvous hashing:
-// a user keeps its nodes while they live, and losing one moves only the
-// users it held), the first max(spread, r) of them taken as the user's
-// fixed nodes, r of those in random order, blind to load. Nodes whose disk
-// is full are left out, as every policy does.
-func StaticSet(user string, live []cluster.NodeID, spread, r int, load func(cluster.NodeID) Load, rnd *rand.Rand) []cluster.NodeID {
-	ranked := slices.Clone(live)
-	score := func(n cluster.NodeID) uint64 {
-		h := fnv.New64a()
-		h.Write([]byte(user))
-		h.Write([]byte{0})
-		h.Write([]byte(n))
-		return mix64(h.Sum64())
-	}
-	slices.SortFunc(ranked, func(a, b cluster.NodeID) int {
-		sa, sb := score(a), score(b)
-		switch {
-		case sa < sb:
-			return -1
-		case sa > sb:
-			return 1
-		}
-		return 0
-	})
-	ranked = slices.DeleteFunc(ranked, func(n cluster.NodeID) bool { return load(n).DiskFull })
-	fixed := ranked[:min(max(spread, r), len(ranked))]
+// StaticSet is the Static policy's replica set: ranked is the live nodes
+// that may hold the user's state in the rank order of the user's bucket
+// (cluster.Eligible: rendezvous hashing, so a user keeps its nodes while
+// they live, and losing one moves only the users it held); the first
+// max(spread, r) of them are the user's fixed nodes, r of those taken in
+// random order, blind to load. Nodes whose disk is full are left out, as
+// every policy does.
+func StaticSet(ranked []cluster.NodeID, spread, r int, load func(cluster.NodeID) Load, rnd *rand.Rand) []cluster.NodeID {
+	fixed := slices.DeleteFunc(slices.Clone(ranked), func(n cluster.NodeID) bool { return load(n).DiskFull })
+	fixed = fixed[:min(max(spread, r), len(fixed))]
 	rnd.Shuffle(len(fixed), func(i, j int) { fixed[i], fixed[j] = fixed[j], fixed[i] })
 	return fixed[:min(r, len(fixed))]
-}
-
-// mix64 is splitmix64's finalizer: FNV alone ranks nodes of names that
-// differ in a last character unevenly, and every node must rank alike.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
 }

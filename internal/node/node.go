@@ -126,7 +126,7 @@ type Config struct {
 	// Placement and DiskDelay are for experiments only (Porcupine §6.3,
 	// docs/benchmarks.md): they make a node place mail as a statically
 	// partitioned or load-blind server would, or write to a slow disk.
-	Placement string        `flag:"placement" help:"EXPERIMENTAL, for benchmarks: how new mail is placed: dynamic (Porcupine's load-aware choice within the spread; the only setting for real use), random (the same candidates, blind to load) or static (fixed nodes hashed from the user's name)"`
+	Placement string        `flag:"placement" help:"EXPERIMENTAL, for benchmarks: how new mail is placed: dynamic (Porcupine's load-aware choice within the spread; the only setting for real use), random (the same candidates, blind to load) or static (fixed nodes: the first of the rank order of the user's bucket)"`
 	DiskDelay time.Duration `flag:"disk-delay" help:"EXPERIMENTAL, for benchmarks: delay every sync of the store's write-ahead log, so every durable write, by this much (a slow disk; native store; 0: none)"`
 	// Store says where the hard state of mail and users lives: the native
 	// Porcupine store, or Apache Cassandra (issue 15, docs/cassandra.md).
