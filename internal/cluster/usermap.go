@@ -8,6 +8,7 @@ package cluster
 import (
 	"encoding/binary"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -171,3 +172,19 @@ func (m *UserMap) ChangedSince(prev *UserMap) []uint8 {
 // Manager returns the node managing a user's soft state ("" if the
 // user's island has no live member).
 func (m *UserMap) Manager(user string) NodeID { return m.Node[Bucket(user)] }
+
+// NodeSet returns ns as a set: sorted, each node once, no empty id. Replica
+// sets and holder lists are compared and merged in this form.
+func NodeSet(ns []NodeID) []NodeID {
+	out := make([]NodeID, 0, len(ns))
+	for _, n := range ns {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// SameNodes reports whether two node lists name the same nodes.
+func SameNodes(a, b []NodeID) bool { return slices.Equal(NodeSet(a), NodeSet(b)) }

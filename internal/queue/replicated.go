@@ -252,11 +252,11 @@ func (r *Replicated) Rehome(ctx context.Context, moves []replica.Move) error {
 			return err
 		}
 		if len(mv.From) > 0 {
-			if !slices.Equal(sortedIDs(e.Replicas), sortedIDs(mv.From)) {
+			if !cluster.SameNodes(e.Replicas, mv.From) {
 				continue // moved since it was planned: planned again on a fresh scan
 			}
 			both := *e
-			both.Replicas = sortedIDs(append(slices.Clone(mv.From), mv.Replicas...))
+			both.Replicas = cluster.NodeSet(append(slices.Clone(mv.From), mv.Replicas...))
 			if err := write(ctx, r.Repl, &both, body, both.Replicas, replica.All); err != nil {
 				return err
 			}
@@ -270,11 +270,4 @@ func (r *Replicated) Rehome(ctx context.Context, moves []replica.Move) error {
 		r.log().Info("queue entry re-homed", "id", id, "replicas", e.Replicas, "gone", mv.Gone)
 	}
 	return nil
-}
-
-// sortedIDs returns a node set sorted, each node once.
-func sortedIDs(ns []cluster.NodeID) []cluster.NodeID {
-	out := slices.Clone(ns)
-	slices.Sort(out)
-	return slices.Compact(out)
 }

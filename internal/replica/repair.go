@@ -201,9 +201,13 @@ func (m *Manager) RepairOnce(ctx context.Context) {
 	m.mu.Unlock()
 	// Which nodes may hold each bucket's state, asked once per bucket and
 	// node in a round (the scan reads every object).
-	mays := map[[2]string]bool{}
+	type bucketNode struct {
+		b uint8
+		n cluster.NodeID
+	}
+	mays := map[bucketNode]bool{}
 	may := func(b uint8, n cluster.NodeID) bool {
-		k := [2]string{string(rune(b)), string(n)}
+		k := bucketNode{b, n}
 		v, ok := mays[k]
 		if !ok {
 			v = placer.May(b, n)

@@ -371,7 +371,7 @@ func (m *Manager) auditCheck(ctx context.Context, user string, v uint32) AuditRe
 	metrics.AuditRepairs.WithLabelValues("phantom").Add(float64(rep.Phantom))
 	metrics.AuditRepairs.WithLabelValues("alloc").Add(float64(rep.Allocs))
 	m.log.Warn("audit: a mailbox view differed from its fragments; loaded again", "user", user, "mailbox", def.Name,
-		"hidden", rep.Hidden, "stale", rep.Stale, "phantom", rep.Phantom, "unconfirmed", rep.Allocs, "hidden_on", uniq(hiddenOn))
+		"hidden", rep.Hidden, "stale", rep.Stale, "phantom", rep.Phantom, "unconfirmed", rep.Allocs, "hidden_on", cluster.NodeSet(hiddenOn))
 	b.loaded = false
 	if err := m.load(ctx, w, user, p, def, b); err != nil {
 		m.log.Warn("audit: could not load the view again", "user", user, "mailbox", def.Name, "err", err)

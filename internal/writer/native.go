@@ -100,7 +100,7 @@ func (s *Native) Write(ctx context.Context, changes []*Change) {
 		if len(c.Obj.Replicas) == 0 { // stored before replication
 			c.Obj.Replicas = slices.Clone(c.Holders)
 		}
-		targets := uniq(append(slices.Clone(c.Obj.Replicas), c.Leaving...))
+		targets := cluster.NodeSet(append(slices.Clone(c.Obj.Replicas), c.Leaving...))
 		coord := cluster.NodeID("")
 		for _, n := range c.Holders {
 			if !alive[n] || !slices.Contains(targets, n) {

@@ -29,7 +29,7 @@ func moveChange(o *mailbox.Object, vm *ViewMsg, mv replica.Move) *Change {
 		o.Replicas = mv.Replicas
 		return &Change{Obj: o, Holders: vm.Holders, Leaving: mv.Gone}
 	}
-	o.Replicas = uniq(append(slices.Clone(mv.From), mv.Replicas...))
+	o.Replicas = cluster.NodeSet(append(slices.Clone(mv.From), mv.Replicas...))
 	return &Change{Obj: o, Holders: vm.Holders, Policy: replica.All}
 }
 
@@ -50,9 +50,4 @@ func leaveChanges(first []*Change, views []*ViewMsg, moves []replica.Move) ([]*C
 		outViews = append(outViews, views[i])
 	}
 	return out, outViews
-}
-
-// sameSet reports whether two replica sets name the same nodes.
-func sameSet(a, b []cluster.NodeID) bool {
-	return slices.Equal(uniq(a), uniq(b))
 }

@@ -655,7 +655,7 @@ func updateEntry(changes []*Change) *Entry {
 		if c.Err != nil {
 			continue
 		}
-		targets := uniq(append(slices.Clone(c.Obj.Replicas), c.Leaving...))
+		targets := cluster.NodeSet(append(slices.Clone(c.Obj.Replicas), c.Leaving...))
 		u, err := c.Obj.Update(c.Stamp, targets, nil)
 		if err != nil {
 			continue

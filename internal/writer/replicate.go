@@ -2,8 +2,6 @@ package writer
 
 import (
 	"context"
-	"slices"
-	"sort"
 	"strings"
 
 	"github.com/quillmail/quill/internal/cluster"
@@ -15,17 +13,6 @@ import (
 // Repair's side of the writer (rehome), and the conflicts a replica
 // refuses (reload): both are the native store's; a message's writes go
 // through the writer's Storage (native.go).
-
-func uniq(ns []cluster.NodeID) []cluster.NodeID {
-	out := make([]cluster.NodeID, 0, len(ns))
-	for _, n := range ns {
-		if n != "" && !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
 
 func joinIDs(ns []cluster.NodeID) string {
 	s := make([]string, len(ns))
@@ -73,7 +60,7 @@ func (m *Manager) rehome(ctx context.Context, req *RehomeRequest) error {
 						continue
 					}
 					delete(want, vm.ID)
-					if len(mv.From) > 0 && !sameSet(vm.Replicas, mv.From) {
+					if len(mv.From) > 0 && !cluster.SameNodes(vm.Replicas, mv.From) {
 						continue // moved since it was planned: planned again on a fresh scan
 					}
 					o := mailbox.ObjectFrom(p.Address, def.Name, def.UIDValidity, &vm.Message)
@@ -128,7 +115,7 @@ func (m *Manager) writeMoves(ctx context.Context, user string, changes []*Change
 				// The mail map names them too: a node holding a user's
 				// mail must be in it.
 				views[i].Replicas = c.Obj.Replicas
-				views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
+				views[i].Holders = cluster.NodeSet(append(views[i].Holders, c.Obj.Replicas...))
 				for _, n := range c.Obj.Replicas {
 					m.noteUser(user, n)
 				}
@@ -136,7 +123,7 @@ func (m *Manager) writeMoves(ctx context.Context, user string, changes []*Change
 			continue
 		}
 		views[i].Replicas, views[i].Version = c.Obj.Replicas, c.Stamp
-		views[i].Holders = uniq(append(views[i].Holders, c.Obj.Replicas...))
+		views[i].Holders = cluster.NodeSet(append(views[i].Holders, c.Obj.Replicas...))
 		for _, n := range c.Obj.Replicas {
 			m.noteUser(user, n)
 		}

@@ -89,7 +89,7 @@ func emptied(removed []*ViewMsg, left map[uint32]*ViewMsg) []cluster.NodeID {
 			delete(maybe, n)
 		}
 	}
-	return uniq(slices.Collect(maps.Keys(maybe)))
+	return cluster.NodeSet(slices.Collect(maps.Keys(maybe)))
 }
 
 // vacateCandidates decides, from a user's views and mail map, which nodes

@@ -80,7 +80,7 @@ func merge(frags []fragment, removed func(id string, v replica.Stamp) bool) Cont
 				order = append(order, msg.ID)
 				continue
 			}
-			vm.Holders = uniq(append(vm.Holders, f.node))
+			vm.Holders = cluster.NodeSet(append(vm.Holders, f.node))
 			if vm.Version.Less(msg.Version) {
 				vm.Message = msg
 			}

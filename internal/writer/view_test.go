@@ -197,7 +197,7 @@ func mergeSeed(t *testing.T, seed uint64) {
 		if vm.Version != newest.Version || vm.UID != newest.UID {
 			t.Fatalf("%s in the view at version %v UID %d, newest listed is %v UID %d", id, vm.Version, vm.UID, newest.Version, newest.UID)
 		}
-		if want := uniq(holders[id]); !slices.Equal(vm.Holders, want) {
+		if want := cluster.NodeSet(holders[id]); !slices.Equal(vm.Holders, want) {
 			t.Fatalf("%s holders %v, want %v", id, vm.Holders, want)
 		}
 	}

@@ -200,7 +200,7 @@ type ViewMsg struct {
 // later: without them, the loss of the coordinator would leave a session
 // nowhere to read it from.
 func (v *ViewMsg) Sources() []cluster.NodeID {
-	return uniq(append(slices.Clone(v.Holders), v.Replicas...))
+	return cluster.NodeSet(append(slices.Clone(v.Holders), v.Replicas...))
 }
 
 type boxView struct {
@@ -603,7 +603,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 	// A cancelled store names the replica set it tried: one of them may
 	// have stored it all the same (its answer was lost), and the reload
 	// below must read it.
-	for _, n := range uniq(append(slices.Clone(req.Nodes), req.Message.Replicas...)) {
+	for _, n := range cluster.NodeSet(append(slices.Clone(req.Nodes), req.Message.Replicas...)) {
 		if err := m.users.Note(ctx, user, n); err != nil {
 			return err
 		}
@@ -646,7 +646,7 @@ func (m *Manager) confirm(ctx context.Context, req *ConfirmRequest) error {
 			// than hide one of them.
 			b.reloadSoon()
 		}
-		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: reuse(&b.holders, uniq(req.Nodes))}
+		b.msgs[msg.UID] = &ViewMsg{Message: msg, Holders: reuse(&b.holders, cluster.NodeSet(req.Nodes))}
 	}
 	w.changed(m, user, v)
 	return nil
