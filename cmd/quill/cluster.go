@@ -21,17 +21,7 @@ func init() {
 	status := &cobra.Command{
 		Use: "status", Short: "Members, the user map and per-node load", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var st admin.ClusterStatus
-			if err := c.do("GET", "/cluster", nil, &st); err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
-			}
-			printStatus(st)
-			return nil
+			return showStatus(&c, "/cluster", asJSON, printStatus)
 		},
 	}
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -132,4 +122,20 @@ func printStatus(st admin.ClusterStatus) {
 		}
 		fmt.Println(sb.String())
 	}
+}
+
+// showStatus reads a status document from the admin API and prints it as
+// indented JSON or through print.
+func showStatus[T any](c *adminClient, path string, asJSON bool, print func(T)) error {
+	var st T
+	if err := c.do("GET", path, nil, &st); err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	print(st)
+	return nil
 }

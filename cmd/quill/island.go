@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -20,17 +19,7 @@ func init() {
 	status := &cobra.Command{
 		Use: "status", Short: "The bucket→island table, each island's buckets and live nodes, and the table change under way", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var st admin.IslandStatus
-			if err := c.do("GET", "/api/islands", nil, &st); err != nil {
-				return err
-			}
-			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
-			}
-			printIslands(st)
-			return nil
+			return showStatus(&c, "/api/islands", asJSON, printIslands)
 		},
 	}
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")

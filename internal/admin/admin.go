@@ -25,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/quillmail/quill/internal/cluster"
 	"github.com/quillmail/quill/internal/guard"
-	"github.com/quillmail/quill/internal/island"
 	"github.com/quillmail/quill/internal/mailbox"
 	"github.com/quillmail/quill/internal/metrics"
 	"github.com/quillmail/quill/internal/rebalance"
@@ -75,8 +74,6 @@ type NodeInfo struct {
 	Load    func() int // pending disk operations
 	UserMap func() cluster.UserMap
 	Members func() []cluster.MemberInfo
-	// IslandTable returns the installed island table (nil: none).
-	IslandTable func() (island.Table, bool)
 	// Replication reports the replication manager's state.
 	Replication func() ReplicationStatus
 	// Workers reports the node's SNS worker pools (nil: none).
@@ -602,14 +599,15 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 	now := time.Now()
 	st.Managed, st.Ready = s.Users.Reconstruction()
 	count := map[cluster.NodeID]int{}
-	table, islands := s.islandTable()
-	if islands {
-		st.IslandEpoch = table.Epoch()
+	var isl IslandStatus
+	if s.Islands != nil {
+		isl = s.Islands.IslandStatus()
+		st.IslandEpoch = isl.Epoch
 	}
 	for b := 0; b < cluster.Buckets; b++ {
 		bs := BucketStatus{Bucket: b, Node: um.Node[b], Epoch: um.Changed[b]}
-		if islands {
-			bs.Island = table.Island(uint8(b))
+		if isl.Table {
+			bs.Island = isl.Owners[b]
 		}
 		st.Buckets = append(st.Buckets, bs)
 		count[um.Node[b]]++
@@ -635,14 +633,6 @@ func (s *Server) status(ctx context.Context) ClusterStatus {
 		st.TLS = s.Node.TLS()
 	}
 	return st
-}
-
-// islandTable returns the node's installed island table, if any.
-func (s *Server) islandTable() (island.Table, bool) {
-	if s.Node.IslandTable == nil {
-		return island.Table{}, false
-	}
-	return s.Node.IslandTable()
 }
 
 func (s *Server) replication(w http.ResponseWriter, r *http.Request) {

@@ -624,7 +624,7 @@ func (n *Node) startListeners() error {
 	}
 	as := &admin.Server{Users: n.Users, TLS: n, Queue: n.Queue, DKIM: n, Policies: n, Domains: n.Core, Islands: nodeIslands{n}, Token: token, Pprof: cfg.Pprof, Logger: cfg.Logger, Node: admin.NodeInfo{
 		ID: n.ID, Started: n.started, Addrs: n.addrs, Load: n.Boxes.Pending, TLS: n.Certs.Info,
-		UserMap: n.Members.UserMap, Members: n.Members.Members, IslandTable: n.Members.IslandTable,
+		UserMap: n.Members.UserMap, Members: n.Members.Members,
 		Replication: func() admin.ReplicationStatus {
 			return admin.ReplicationStatus{Node: n.ID, Replicas: n.Opts.Replicas, WritePolicy: string(n.Opts.WritePolicy),
 				LogStats: n.Repl.Stats(), RepairStats: n.Repl.RepairStats(), Rebalance: n.rebalanceStatus()}
