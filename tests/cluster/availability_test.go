@@ -185,7 +185,6 @@ func availabilityRun(t *testing.T, n int, islands, spread bool) availResult {
 		err   string
 	}
 	var ops []op
-	var killAt atomic.Pointer[time.Time]
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range availWorkers {
@@ -237,7 +236,6 @@ func availabilityRun(t *testing.T, n int, islands, spread bool) availResult {
 	up = slices.DeleteFunc(slices.Clone(nodes), func(nd *Node) bool { return slices.Contains(victims, nd) }) // clients stop choosing them
 	mu.Unlock()
 	now := time.Now()
-	killAt.Store(&now)
 	for _, v := range victims {
 		v.Kill9()
 	}
